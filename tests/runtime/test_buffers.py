@@ -1,0 +1,93 @@
+import numpy as np
+import pytest
+import torch
+
+from flashrt.errors import InputError
+from flashrt.runtime.buffers import Buffers, BufferSpec
+
+
+def make() -> Buffers:
+    return Buffers(
+        [
+            BufferSpec("x", (2, 3), torch.float32, "input", low=-1.0, high=1.0),
+            BufferSpec("ids", (4,), torch.int64, "input", low=0, high=9, accepts=(torch.int32,)),
+            BufferSpec("y", (2, 3), torch.float32, "output"),
+            BufferSpec("kv", (8, 3), torch.bfloat16, "state"),
+        ]
+    )
+
+
+def graph(buf: Buffers) -> None:
+    buf["y"].copy_(buf["x"] * 2 + buf["ids"][:3].float().sum())
+
+
+def test_nbytes_and_summary():
+    buf = make()
+    assert buf.nbytes("input") == 2 * 3 * 4 + 4 * 8
+    assert buf.nbytes() == 24 + 32 + 24 + 8 * 3 * 2
+    text = buf.summary()
+    assert "kv" in text and "state" in text and f"{buf.nbytes():,d}" in text
+
+
+def test_allocated_once_and_stable_addresses():
+    buf = make()
+    ptrs = {n: buf[n].data_ptr() for n in buf.names()}
+    for _ in range(3):
+        buf.populate({"x": np.full((2, 3), 0.5, np.float32), "ids": np.arange(4)})
+    assert ptrs == {n: buf[n].data_ptr() for n in buf.names()}
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"x": np.zeros((3, 2), np.float32)}, "x: expected shape"),
+        ({"x": np.zeros((2, 3), np.float64)}, "x: expected dtype"),
+        ({"x": np.array([[0, np.nan, 0], [0, 0, 0]], np.float32)}, "x: contains NaN"),
+        ({"x": np.array([[0, np.inf, 0], [0, 0, 0]], np.float32)}, "x: contains NaN or inf"),
+        ({"x": np.full((2, 3), 1.5, np.float32)}, "x: value 1.5 above"),
+        ({"ids": np.array([0, 1, 2, 10])}, "ids: value 10 above"),
+        ({"ids": np.array([0, -1, 2, 3])}, "ids: value -1 below"),
+        ({"nope": np.zeros(1)}, "unknown input"),
+        ({"y": np.zeros((2, 3), np.float32)}, "unknown input"),
+    ],
+)
+def test_bad_input_leaves_buffers_intact_and_next_call_is_correct(bad, field):
+    buf = make()
+    good = {"x": np.full((2, 3), 0.25, np.float32), "ids": np.array([1, 2, 3, 4])}
+    buf.populate(good)
+    graph(buf)
+    before = {n: buf.read(n) for n in buf.names()}
+    # the good field given alongside the bad one must not be written either
+    attempt = {**good, "x": np.full((2, 3), -0.75, np.float32), **bad}
+    with pytest.raises(InputError, match=field.split(":")[0]) as err:
+        buf.populate(attempt)
+    assert field in str(err.value)
+    for n in buf.names():
+        assert torch.equal(buf[n], before[n]), n
+    nxt = {"x": np.full((2, 3), -0.5, np.float32), "ids": np.array([0, 0, 1, 9], np.int32)}
+    buf.populate(nxt)
+    graph(buf)
+    assert torch.equal(buf["y"], torch.full((2, 3), -1.0 + 1.0))
+
+
+def test_missing_input_and_partial():
+    buf = make()
+    with pytest.raises(InputError, match="missing input"):
+        buf.populate({"x": np.zeros((2, 3), np.float32)})
+    buf.populate({"x": np.ones((2, 3), np.float32)}, partial=True)
+    assert torch.equal(buf["x"], torch.ones(2, 3))
+
+
+def test_read_is_a_copy():
+    buf = make()
+    buf.populate({"x": np.ones((2, 3), np.float32), "ids": np.zeros(4, np.int64)})
+    kept = buf.read("x")
+    buf.populate({"x": np.zeros((2, 3), np.float32), "ids": np.zeros(4, np.int64)})
+    assert torch.equal(kept, torch.ones(2, 3))
+
+
+def test_declaration_errors():
+    with pytest.raises(ValueError, match="declared twice"):
+        Buffers([BufferSpec("a", (1,), torch.float32), BufferSpec("a", (2,), torch.float32)])
+    with pytest.raises(ValueError, match="role"):
+        BufferSpec("a", (1,), torch.float32, role="weird")  # type: ignore[arg-type]
