@@ -1,0 +1,79 @@
+"""`flashrt cache ls|verify|rm` through typer's CliRunner (flashrt/quant/cli.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from flashrt.quant.cache import CacheKey, CalibrationCache
+from flashrt.quant.cli import cache_app
+
+runner = CliRunner()
+
+
+def _key(model: str, arch: str = "sm89") -> CacheKey:
+    return CacheKey.create(data_digest="ab" * 32, config={"width": 8}, shapes={"chunk": 4},
+                           recipe={"samples": 2}, precision={"preset": "fp8"}, arch=arch, model=model)
+
+
+@pytest.fixture
+def filled(tmp_path):
+    cache = CalibrationCache(tmp_path / "cal")
+    paths = [cache.store(_key(m), {"fc": torch.tensor(0.5)}) for m in ("alpha", "beta")]
+    return cache, paths
+
+
+def _run(*args):
+    return runner.invoke(cache_app, list(args))
+
+
+def test_ls_table_and_json(filled):
+    cache, paths = filled
+    table = _run("ls", "--dir", str(cache.root))
+    assert table.exit_code == 0, table.output
+    assert "alpha" in table.output and "beta" in table.output and "sm89" in table.output
+    rows = json.loads(_run("ls", "--dir", str(cache.root), "--json").output)
+    assert sorted(r["name"] for r in rows) == sorted(p.name for p in paths)
+    assert all(r["scales"] == 1 and r["problem"] == "" for r in rows)
+
+
+def test_ls_empty_folder(tmp_path):
+    result = _run("ls", "--dir", str(tmp_path / "none"))
+    assert result.exit_code == 0 and "no calibration entries" in result.output
+
+
+def test_verify_good_then_bad(filled):
+    cache, paths = filled
+    ok = _run("verify", "--dir", str(cache.root))
+    assert ok.exit_code == 0 and "2 entries, 0 bad" in ok.output
+    data = bytearray(paths[0].read_bytes())
+    data[-1] ^= 0x40
+    paths[0].write_bytes(bytes(data))
+    bad = _run("verify", "--dir", str(cache.root))
+    assert bad.exit_code == 1
+    assert f"BAD  {paths[0].name}" in bad.output and "scale tensors do not match" in bad.output
+    assert "2 entries, 1 bad" in bad.output
+
+
+def test_rm_by_name_missing_and_all(filled):
+    cache, paths = filled
+    removed = _run("rm", paths[0].stem, "--dir", str(cache.root))
+    assert removed.exit_code == 0 and f"removed {paths[0].name}" in removed.output
+    assert not paths[0].exists() and paths[1].exists()
+    missing = _run("rm", "gamma", "--dir", str(cache.root))
+    assert missing.exit_code == 1 and "no entry matches 'gamma'" in missing.output
+    assert _run("rm", "--dir", str(cache.root)).exit_code == 2
+    everything = _run("rm", "--all", "--dir", str(cache.root))
+    assert everything.exit_code == 0 and cache.files() == []
+
+
+def test_rm_ambiguous_prefix(tmp_path):
+    cache = CalibrationCache(tmp_path)
+    for arch in ("sm89", "sm90"):
+        cache.store(_key("same", arch), {"fc": torch.tensor(1.0)})
+    result = _run("rm", "same", "--dir", str(tmp_path))
+    assert result.exit_code == 2 and "matches 2 entries" in result.output
+    assert len(cache.files()) == 2
