@@ -31,7 +31,7 @@ fi
 step install 120 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
 step info 60 "$PY" -m flashrt.cli info --device cuda
 step cuda-tests 240 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests
-[ -f bench/runtime_block.py ] && step bench-runtime-block 90 "$PY" bench/runtime_block.py --device cuda
+[ -f bench/runtime_block.py ] && step bench-runtime-block 90 "$PY" bench/runtime_block.py --device cuda --out "$OUT/runtime-block"
 [ -f bench/pi0_gpu.py ] && step bench-pi0-gpu 200 "$PY" bench/pi0_gpu.py --out "$OUT"
 echo "gpu_check: $([ $status -eq 0 ] && echo PASS || echo FAIL) (logs in $OUT)"
 exit $status

@@ -21,7 +21,11 @@ SUB_APPS: tuple[tuple[str, str, str], ...] = (
     ("flashrt.quant.cli", "cache_app", "cache"),
 )
 # (module, attribute): plain Typer commands registered on the main app (`flashrt <function name>`).
-COMMANDS: tuple[tuple[str, str], ...] = ()
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("flashrt.bench.cli", "bench"),
+    ("flashrt.bench.cli", "loop"),
+    ("flashrt.bench.cli", "soak"),
+)
 
 
 def _versions() -> dict[str, str | None]:

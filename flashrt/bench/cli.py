@@ -1,0 +1,185 @@
+"""Command-line entry points: `flashrt bench`, `flashrt loop`, `flashrt soak`.
+
+Plain Typer command functions (mounted by `flashrt.cli`: `app.command()(bench)` etc.); imports stay
+inside the functions so `flashrt --help` does not load torch. Each command prints tables for people
+on stderr, writes a results JSON (and a PNG) under `--out`, and prints one JSON line LAST on stdout.
+
+Exit codes: 0 ok, 1 gated out / leak flagged, 2 configuration error, 3 profile refused on this device.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+EXIT = {"ok": 0, "gated-out": 1, "leak": 1, "error": 2, "refused": 3}
+
+ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="profile name (profiles/) or a .toml path")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="output folder [bench/results/<kind>-<name>-...]")]
+CheckpointOpt = Annotated[str | None, typer.Option("--checkpoint", help="checkpoint path (when the "
+                                                   "benchmark loads one; default: tiny/seeded preset)")]
+
+
+def _out_dir(out: Path | None, kind: str, name: str, profile: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return out or Path("bench/results") / f"{kind}-{name}-{Path(profile).stem}-{stamp}"
+
+
+def _finish(record: dict[str, Any], out: Path | None, files: dict[str, str] | None = None) -> None:
+    """Write the results JSON (when `out`), print the JSON line last, exit with the status code."""
+    from flashrt.profile.report import json_line, write_json
+
+    line = record.pop("line", None) or record
+    if out is not None:
+        record.setdefault("files", {}).update(files or {}, json=str(out / "results.json"))
+        write_json(out / "results.json", record)
+    if line is not record and out is not None:
+        line["results"] = record["files"]["json"]
+    typer.echo(json_line(line))
+    raise typer.Exit(EXIT.get(record.get("status", "error"), 2))
+
+
+def _failure(kind: str, name: str, profile: str, exc: Exception) -> dict[str, Any]:
+    from flashrt.errors import DeviceError
+
+    status = "refused" if isinstance(exc, DeviceError) else "error"
+    typer.echo(f"{kind} {name}: {status}: {exc}", err=True)
+    reason = f"{type(exc).__name__}: {exc}"
+    if kind == "bench":  # the full result schema, empty where nothing ran
+        from flashrt.bench.harness import BenchResult
+
+        return BenchResult(name, status, reason, profile={"name": profile}).to_dict()
+    return {"schema": f"flashrt.{kind}.result/1", "kind": kind, "benchmark": name, "status": status,
+            "profile": {"name": profile}, "reason": reason}
+
+
+def _list() -> None:
+    from flashrt.bench.profiles import list_profiles
+    from flashrt.bench.registry import available, discover
+
+    for name, entry in available().items():
+        typer.echo(f"benchmark  {name:20} {entry.description}")
+    for module, error in discover().items():
+        typer.echo(f"(not importable) {module}: {error}")
+    for name, path in list_profiles().items():
+        typer.echo(f"profile    {name:20} {path}")
+
+
+def bench(
+    name: Annotated[str, typer.Argument(help="registered benchmark (see --list)")] = "runtime-block",
+    profile: ProfileOpt = "cpu-tiny",
+    vs: Annotated[str | None, typer.Option(help="second implementation: eager, compile, trace, cuda, "
+                                           "or a reference package (lerobot, vocos ...)")] = None,
+    iters: Annotated[int | None, typer.Option(help="timed calls [profile bench.iters]")] = None,
+    warmup: Annotated[int | None, typer.Option(help="warm-up calls [profile bench.warmup]")] = None,
+    backend: Annotated[str | None, typer.Option(help="graph backend [profile runtime.backend]")] = None,
+    checkpoint: CheckpointOpt = None,
+    trace: Annotated[str | None, typer.Option(help="replay a recorded trace file")] = None,
+    save_trace: Annotated[bool, typer.Option(help="save the frozen trace as trace.pt in --out")] = False,
+    out: OutOpt = None,
+    plot: Annotated[bool, typer.Option(help="write latency.png")] = True,
+    progress: Annotated[bool, typer.Option(help="progress bar on stderr")] = True,
+    list_all: Annotated[bool, typer.Option("--list", help="list benchmarks and profiles")] = False,
+) -> None:
+    """Benchmark a registered frontend: quality gate, per-stage latency, cold start, memory, roofline."""
+    if list_all:
+        return _list()
+    from flashrt.bench.harness import BenchOptions, render, run_benchmark, write_outputs
+    from flashrt.bench.profiles import load_profile
+    from flashrt.errors import FlashRTError
+
+    folder = _out_dir(out, "bench", name, profile)
+    options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress)
+    try:
+        result = run_benchmark(name, load_profile(profile), options)
+    except (FlashRTError, ImportError) as exc:
+        return _finish(_failure("bench", name, profile, exc), folder)
+    write_outputs(result, folder, plot=plot, save_trace=save_trace)
+    render(result)
+    typer.echo(f"results: {result.files.get('json')}  figure: {result.files.get('png', '-')}", err=True)
+    _finish({"line": result.summary_line(), "status": result.status}, None)
+
+
+def loop(
+    name: Annotated[str, typer.Argument(help="registered benchmark offering policy()")] = "runtime-block",
+    profile: ProfileOpt = "cpu-tiny",
+    rate: Annotated[float | None, typer.Option(help="control rate in Hz [profile target_rate_hz]")] = None,
+    steps: Annotated[int, typer.Option(help="ticks to run")] = 500,
+    chunk: Annotated[int, typer.Option(help="chunk size for boundaries (0: from the policy)")] = 0,
+    load: Annotated[int, typer.Option(help="background CPU burners")] = 0,
+    load_kind: Annotated[str, typer.Option(help="process | thread")] = "process",
+    checkpoint: CheckpointOpt = None,
+    out: OutOpt = None,
+    plot: Annotated[bool, typer.Option(help="write loop.png")] = True,
+) -> None:
+    """Control-loop simulator: step(obs) at a fixed rate; deadline misses, action age, chunk boundaries."""
+    from flashrt.bench.loop import LoopConfig, loop_figure, loop_tables, run_loop_benchmark
+    from flashrt.bench.profiles import load_profile
+    from flashrt.errors import FlashRTError
+
+    folder = _out_dir(out, "loop", name, profile)
+    try:
+        prof = load_profile(profile)
+        config = LoopConfig(rate or prof.bench.target_rate_hz, steps, chunk, load, load_kind)
+        record = run_loop_benchmark(name, prof, config, checkpoint)
+    except (FlashRTError, ImportError, ValueError) as exc:
+        return _finish(_failure("loop", name, profile, exc), folder)
+    files = {"png": str(loop_figure(record, folder / "loop.png"))} if plot else {}
+    loop_tables(record)
+    _finish(record | {"line": _loop_line(record)}, folder, files)
+
+
+def _loop_line(record: dict[str, Any]) -> dict[str, Any]:
+    s = record["loop"]
+    return {"schema": record["schema"], "kind": "loop", "benchmark": record["benchmark"], "status": "ok",
+            "rate_hz": s["config"].rate_hz, "executed": s["executed"], "missed": s["missed"],
+            "miss_rate": s["miss_rate"], "dropped_ticks": s["dropped_ticks"],
+            "latency_p50": s["latency"].p50, "latency_p99": s["latency"].p99,
+            "action_age_p50": s["action_age"].p50, "action_age_p99": s["action_age"].p99,
+            "boundaries": s["boundaries"]}
+
+
+def soak(
+    name: Annotated[str, typer.Argument(help="registered benchmark")] = "runtime-block",
+    profile: ProfileOpt = "cpu-tiny",
+    steps: Annotated[int | None, typer.Option(help="steps [profile bench.soak_steps]")] = None,
+    checkpoint: CheckpointOpt = None,
+    out: OutOpt = None,
+    plot: Annotated[bool, typer.Option(help="write soak.png")] = True,
+    progress: Annotated[bool, typer.Option(help="progress bar on stderr")] = True,
+) -> None:
+    """Soak: K steps, memory growth (RSS slope) and latency drift; flags a leaking frontend."""
+    from flashrt.bench.profiles import load_profile
+    from flashrt.bench.soak import SoakConfig, run_soak_benchmark, soak_figure, soak_tables
+    from flashrt.errors import FlashRTError
+
+    folder = _out_dir(out, "soak", name, profile)
+    try:
+        prof = load_profile(profile)
+        config = SoakConfig(steps=steps or prof.bench.soak_steps)
+        record = run_soak_benchmark(name, prof, config, checkpoint, progress)
+    except (FlashRTError, ImportError, ValueError) as exc:
+        return _finish(_failure("soak", name, profile, exc), folder)
+    files = {"png": str(soak_figure(record, folder / "soak.png"))} if plot else {}
+    soak_tables(record)
+    s = record["soak"]
+    line = {"schema": record["schema"], "kind": "soak", "benchmark": name, "status": record["status"],
+            "steps": s["steps"], "failures": s["failures"], "leak": s["leak"],
+            "rss_mib_per_1k_steps": s["rss"]["mib_per_1k_steps"], "rss_growth_mib": s["rss"]["growth_mib"],
+            "drift_ratio": s["drift"]["ratio"]}
+    _finish(record | {"line": line}, folder, files)
+
+
+def main() -> None:
+    """Stand-alone entry (`python -m flashrt.bench.cli`): the three commands under one app."""
+    app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+    for command in (bench, loop, soak):
+        app.command()(command)
+    app()
+
+
+if __name__ == "__main__":
+    main()

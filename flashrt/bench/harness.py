@@ -1,0 +1,398 @@
+"""`flashrt bench`: one benchmark run, from a profile to a results file, a figure and a JSON line.
+
+Protocol (the order matters; each step is in the results):
+1. Lock the configuration: profile (+ overrides), device check (a profile this machine cannot run is
+   refused, status "refused"), environment record.
+2. Cold start, reported apart from steady state: registry import, adapter build (the factory's own
+   phases: load, calibration, capture ...), first call.
+3. Freeze the trace (generated from the profile's seed or loaded from a recorded file); every input is
+   hashed and the digests are saved with the results.
+4. Quality gate before any timing counts: the reference implementation (`quality.reference`) runs the
+   whole trace; the measured implementation (and the `--vs` one) must match it within the profile's
+   atol/rtol on every input, or the run stops with status "gated-out". Timed attempts are gated too.
+5. Warm-up, then timed attempts, A/B/A/B when comparing; failures are counted, never dropped.
+6. Per-stage and total statistics, deadline misses at the target rate, memory, roofline.
+The result is a `BenchResult` (schema below); `write_outputs` adds the JSON file and the PNG.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from flashrt.bench import memory
+from flashrt.bench.env import environment
+from flashrt.bench.gate import compare
+from flashrt.bench.profiles import Profile, check_device
+from flashrt.bench.registry import ReferenceUnavailable, get_benchmark
+from flashrt.bench.roofline import device_peak, roofline
+from flashrt.bench.sidebyside import Side, interleave, pair_speedups, summarize_pairs
+from flashrt.bench.trace import FrozenTrace
+from flashrt.profile.stats import LatencyStats
+from flashrt.profile.timers import StageTimer
+
+SCHEMA = "flashrt.bench.result/1"
+
+
+@dataclass
+class BenchResult:
+    """Results of one `flashrt bench` run; `to_dict()` is the results JSON (keys pinned by a test).
+
+    schema          "flashrt.bench.result/1"
+    kind            "bench"
+    benchmark       registry name; implementation: the measured side's name (e.g. "flashrt:trace")
+    status          "ok" | "gated-out" | "refused" (profile not runnable here) | "error"; reason: why
+    profile         the profile as run (overrides applied)
+    trace           {seed, source, length, digest, inputs: [sha256 per input]}
+    gate            {reference, atol, rtol, passed, checked, failed, max_abs, where, reason, vs}
+    cold_start_ms   {process_start, registry_import, build, <adapter phases: load, capture ...>,
+                     reference_build, first_call, vs_build, vs_first_pass (whole trace; includes
+                     torch.compile's compilation)}
+    steady          {warmup, iters, attempts, failures, errors, total: LatencyStats,
+                     stages: {stage: LatencyStats}}  (LatencyStats keys: see flashrt.profile.stats)
+    vs              null, or {name, status, reason, attempts, failures, errors, total, stages, pairs,
+                     pairs_with_failure, speedup_median, speedup_p10, speedup_p90}
+    memory          {rss_start, rss_end, peak_rss, cuda, adapter: {buffers, weights, ...}}
+    roofline        null, or {basis, flops_per_call, bytes_per_call, achieved_tflops, achieved_gbs,
+                     compute_fraction, bandwidth_fraction, intensity, ridge, bound, peak}
+    env             flashrt.bench.env.environment()
+    files           {json, png, trace} paths written (filled by write_outputs)
+    """
+
+    benchmark: str
+    status: str = "ok"
+    reason: str = ""
+    implementation: str = ""
+    profile: dict[str, Any] = field(default_factory=dict)
+    trace: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] = field(default_factory=dict)
+    cold_start_ms: dict[str, float] = field(default_factory=dict)
+    steady: dict[str, Any] = field(default_factory=dict)
+    vs: dict[str, Any] | None = None
+    memory: dict[str, Any] = field(default_factory=dict)
+    roofline: dict[str, Any] | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    schema: str = SCHEMA
+    kind: str = "bench"
+    plot_data: dict[str, Any] = field(default_factory=dict, repr=False)
+    frozen_trace: FrozenTrace | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        from flashrt.profile.report import to_jsonable
+
+        out = asdict(replace(self, frozen_trace=None, plot_data={}))  # asdict would deep-copy them
+        out.pop("plot_data")
+        out.pop("frozen_trace")
+        head = {"schema": out.pop("schema"), "kind": out.pop("kind")}
+        return to_jsonable(head | out)
+
+    def summary_line(self) -> dict[str, Any]:
+        """The one JSON line for scripts: status, the headline numbers and where the rest is."""
+        total = self.steady.get("total")
+        line = {"schema": self.schema, "kind": self.kind, "benchmark": self.benchmark, "status": self.status,
+                "implementation": self.implementation, "profile": self.profile.get("name"),
+                "trace_digest": self.trace.get("digest"), "reason": self.reason or None}
+        if isinstance(total, LatencyStats):
+            line |= {k: getattr(total, k) for k in ("p50", "p90", "p99", "max", "jitter", "miss_rate")}
+        if self.vs:
+            line |= {"vs": self.vs.get("name"), "vs_status": self.vs.get("status"),
+                     "speedup_median": self.vs.get("speedup_median")}
+        return line | {"results": self.files.get("json")}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """Per-run choices on top of the profile (command-line flags)."""
+
+    checkpoint: str | None = None
+    vs: str | None = None
+    iters: int | None = None
+    warmup: int | None = None
+    backend: str | None = None
+    trace_path: str | None = None
+    progress: bool = True
+
+
+def apply_options(profile: Profile, options: BenchOptions) -> Profile:
+    """The profile with the command-line overrides (validated like a file)."""
+    bench = {k: v for k, v in (("iters", options.iters), ("warmup", options.warmup)) if v is not None}
+    runtime = {"backend": options.backend} if options.backend else {}
+    return profile.with_overrides(bench=bench, runtime=runtime)
+
+
+def process_age_ms() -> float | None:
+    """Milliseconds since this process started (Linux), i.e. interpreter + imports before the bench."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")) * 1e3
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run with `n` torch CPU threads (0: unchanged); the previous count is restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+def build_adapter(name: str, profile: Profile, options: BenchOptions, device: str,
+           cold: dict[str, float]) -> Any:
+    start = time.perf_counter()
+    entry = get_benchmark(name)
+    cold["registry_import"] = _ms_since(start)
+    start = time.perf_counter()
+    adapter = entry.factory(profile, options.checkpoint, device)
+    cold["build"] = _ms_since(start)
+    cold.update({k: float(v) for k, v in getattr(adapter, "cold_start_ms", {}).items()})
+    return adapter
+
+
+def freeze_trace(adapter: Any, profile: Profile, trace_path: str | None) -> FrozenTrace:
+    """The recorded trace at `trace_path`, or the adapter's inputs for the profile's seed."""
+    if trace_path:
+        return FrozenTrace.load(trace_path)
+    seed = profile.bench.seed
+    return FrozenTrace.from_inputs(adapter.make_inputs(seed), seed=seed)
+
+
+def golden_outputs(reference: Any, trace: FrozenTrace) -> list[Any]:
+    """The reference implementation's outputs on every trace input (untimed)."""
+    timer = StageTimer("cpu", nvtx=False)
+    return [reference.run(x, timer) for x in trace]
+
+
+def gate_check(impl: Any, trace: FrozenTrace, golden: list[Any], atol: float, rtol: float) -> dict[str, Any]:
+    """Run `impl` on every trace input and compare with `golden`; errors count as failures."""
+    timer, verdicts = StageTimer("cpu", nvtx=False), []
+    for i, (x, ref) in enumerate(zip(trace, golden)):
+        try:
+            verdicts.append(compare(impl.run(x, timer), ref, atol, rtol, where=f"input {i}"))
+        except Exception as exc:
+            verdicts.append(_error_verdict(i, exc))
+    failed = [v for v in verdicts if not v.passed]
+    worst = failed[0] if failed else max(verdicts, key=lambda v: v.max_abs)
+    return {"passed": not failed, "checked": len(verdicts), "failed": len(failed),
+            "max_abs": max(v.max_abs for v in verdicts), "where": worst.where, "reason": worst.reason}
+
+
+def _error_verdict(i: int, exc: Exception) -> Any:
+    from flashrt.bench.gate import GateResult
+
+    return GateResult(False, where=f"input {i}", reason=f"raised {type(exc).__name__}: {exc}")
+
+
+def _progress(total: int, enabled: bool, label: str) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=label, unit="call", disable=not enabled, leave=False)
+
+
+class _Run:
+    """State of one benchmark run; each method is one protocol step (see module doc)."""
+
+    def __init__(self, name: str, profile: Profile, options: BenchOptions):
+        self.options, self.profile = options, apply_options(profile, options)
+        self.result = BenchResult(benchmark=name, profile=self.profile.to_dict())
+        self.cold: dict[str, float] = {}
+        self.adapter: Any = None
+
+    def prepare(self) -> bool:
+        """Steps 1-4; False when the run stops (refused, error or gated-out)."""
+        age = process_age_ms()
+        if age is not None:
+            self.cold["process_start"] = age
+        self.device = check_device(self.profile)
+        self.result.env = environment()
+        self.result.memory["rss_before_build"] = memory.rss_bytes()
+        self.adapter = build_adapter(self.result.benchmark, self.profile, self.options, self.device,
+                                     self.cold)
+        self.result.implementation = getattr(self.adapter, "name", self.result.benchmark)
+        self.trace = freeze_trace(self.adapter, self.profile, self.options.trace_path)
+        self.result.trace, self.result.frozen_trace = self.trace.record(), self.trace
+        return self._gate()
+
+    def _gate(self) -> bool:
+        q = self.profile.quality
+        start = time.perf_counter()
+        reference = self.adapter.reference(q.reference)
+        self.golden = golden_outputs(reference, self.trace)
+        self.cold["reference_build"] = _ms_since(start)
+        start = time.perf_counter()
+        gate = gate_check(self.adapter, self.trace, self.golden, q.atol, q.rtol)
+        self.cold["first_call"] = _ms_since(start) / len(self.trace)
+        self.result.gate = {"reference": q.reference, "atol": q.atol, "rtol": q.rtol, **gate, "vs": None}
+        if not gate["passed"]:
+            self.result.status = "gated-out"
+            self.result.reason = f"outputs differ from {q.reference!r}: {gate['where']}: {gate['reason']}"
+        return gate["passed"]
+
+    def build_vs(self) -> Any:
+        """The `--vs` implementation, gated; None (and the reason in results) when unavailable."""
+        name = self.options.vs
+        if not name:
+            return None
+        self.result.vs = {"name": name, "status": "ok", "reason": ""}
+        start = time.perf_counter()
+        try:
+            impl = self.adapter.reference(name)
+        except (ReferenceUnavailable, ImportError) as exc:
+            self.result.vs |= {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"}
+            return None
+        self.cold["vs_build"] = _ms_since(start)
+        q, start = self.profile.quality, time.perf_counter()
+        gate = gate_check(impl, self.trace, self.golden, q.atol, q.rtol)
+        self.cold["vs_first_pass"] = _ms_since(start)  # includes compilation for lazy references
+        self.result.gate["vs"] = gate
+        if not gate["passed"]:
+            self.result.vs |= {"status": "gated-out", "reason": f"{gate['where']}: {gate['reason']}"}
+            return None
+        return impl
+
+    def measure(self, vs_impl: Any) -> list[Side]:
+        """Step 5: warm-up, then timed attempts (interleaved when comparing)."""
+        q, b = self.profile.quality, self.profile.bench
+        sides = [Side("A", self.adapter, self.device, q.atol, q.rtol)]
+        if vs_impl is not None:
+            sides.append(Side("B", vs_impl, self.device, q.atol, q.rtol))
+        interleave(sides, self.trace, self.golden, b.warmup)
+        for side in sides:
+            side.reset()
+        memory.reset_cuda_peaks(self.device)
+        self.result.memory["rss_start"] = memory.rss_bytes()
+        with _progress(b.iters, self.options.progress, self.result.benchmark) as bar:
+            interleave(sides, self.trace, self.golden, b.iters, bar)
+        return sides
+
+    def summarize(self, sides: list[Side]) -> None:
+        """Step 6."""
+        rate, b = self.profile.bench.target_rate_hz, self.profile.bench
+        a = sides[0].summary(rate)
+        self.result.steady = {"warmup": b.warmup, "iters": b.iters, **{k: a[k] for k in (
+            "attempts", "failures", "errors", "total", "stages")}}
+        if len(sides) > 1:
+            self.result.vs |= {k: v for k, v in sides[1].summary(rate).items() if k != "name"}
+            self.result.vs |= summarize_pairs(pair_speedups(sides[0].attempts, sides[1].attempts))
+        self.result.memory |= {"rss_end": memory.rss_bytes(), "peak_rss": memory.peak_rss_bytes(),
+                               "cuda": memory.cuda_memory(self.device),
+                               "adapter": dict(getattr(self.adapter, "memory", dict)())}
+        self.result.roofline = self._roofline(a)
+        self.result.cold_start_ms = self.cold
+        self.result.plot_data = _plot_data(sides, rate)
+        if a["failures"]:
+            self.result.reason = f"{a['failures']} of {a['attempts']} timed attempts failed: {a['errors'][0]}"
+
+    def _roofline(self, a: dict[str, Any]) -> dict[str, Any] | None:
+        flops, nbytes = self.adapter.flops_bytes()
+        basis = "replay" if "replay" in a["stages"] else "total"
+        stats = a["stages"][basis] if basis == "replay" else a["total"]
+        if stats.count == 0:
+            return None
+        peak = device_peak(self.device, self.profile.precision)
+        return {"basis": f"{basis} p50", **roofline(flops, nbytes, stats.p50 / 1e3, peak)}
+
+    def close(self) -> None:
+        closer = getattr(self.adapter, "close", None)
+        if callable(closer):
+            closer()
+
+
+def _plot_data(sides: list[Side], rate_hz: float) -> dict[str, Any]:
+    a = sides[0]
+    per_call = a.per_call()
+    names = dict.fromkeys(k for row in per_call for k in row)
+    stages = {s: [row[s] for row in per_call if s in row] for s in names}
+    stages["total"] = [x.total_ms for x in a.attempts if x.ok]
+    compare_series = {f"total {s.name}": [x.total_ms for x in s.attempts if x.ok] for s in sides[1:]}
+    return {"stages": stages, "per_call": per_call, "compare": compare_series, "deadline_ms": 1e3 / rate_hz,
+            "title": f"{a.name}"}
+
+
+def run_benchmark(name: str, profile: Profile, options: BenchOptions | None = None) -> BenchResult:
+    """Run benchmark `name` under `profile`. DeviceError / ConfigError propagate (the CLI reports them
+    as status "refused" / "error"); a gate failure returns a result with status "gated-out"."""
+    run = _Run(name, profile, options or BenchOptions())
+    try:
+        with torch_threads(run.profile.device.threads):
+            if run.prepare():
+                vs_impl = run.build_vs()
+                run.summarize(run.measure(vs_impl))
+    finally:
+        run.close()
+    run.result.cold_start_ms = run.cold
+    return run.result
+
+
+def write_outputs(result: BenchResult, out_dir: str | Path, plot: bool = True,
+                  save_trace: bool = False) -> dict[str, str]:
+    """Write results.json (and latency.png when there are samples, trace.pt with `save_trace`) into
+    `out_dir`; returns the paths. A saved trace replays with `flashrt bench --trace PATH`."""
+    from flashrt.profile.report import write_json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if plot and result.plot_data.get("stages", {}).get("total"):
+        from flashrt.profile.plots import plot_latency
+
+        d = result.plot_data
+        title = f"{result.benchmark} · {d['title']} · profile {result.profile.get('name')}"
+        result.files["png"] = str(plot_latency(out / "latency.png", d["stages"], d["per_call"], title,
+                                               d["deadline_ms"], d["compare"]))
+    if save_trace and result.frozen_trace is not None:
+        result.files["trace"] = str(result.frozen_trace.save(out / "trace.pt"))
+    result.files["json"] = str(out / "results.json")
+    write_json(out / "results.json", result.to_dict())
+    return dict(result.files)
+
+
+def render(result: BenchResult, console: Any = None) -> None:
+    """Tables for people (stderr): stage latencies, comparison, cold start, memory, roofline."""
+    from flashrt.profile.report import kv_table, print_tables, stats_table
+
+    tables = []
+    if result.steady:
+        stats = {**result.steady["stages"], "total": result.steady["total"]}
+        tables.append(stats_table(stats, f"{result.benchmark} · {result.implementation} (ms)"))
+    if result.vs:
+        vs = result.vs
+        if "total" in vs:
+            tables.append(stats_table({**vs["stages"], "total": vs["total"]}, f"vs {vs['name']} (ms)"))
+        tables.append(kv_table({k: v for k, v in vs.items() if k not in ("stages", "total", "errors")},
+                               "side by side (speedup = B ms / A ms)"))
+    tables.append(kv_table(result.cold_start_ms, "cold start (ms)"))
+    tables.append(kv_table({k: _mib(v) for k, v in _flat(result.memory).items()}, "memory"))
+    if result.roofline:
+        tables.append(kv_table({k: v for k, v in _flat(result.roofline).items()}, "roofline"))
+    print_tables(*tables, console=console)
+
+
+def _mib(value: Any) -> Any:
+    return f"{value / 2**20:,.1f} MiB" if isinstance(value, int) else value
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,247 @@
+"""`flashrt loop`: a control loop driven by a simulated sensor clock, against any `step(obs)` policy.
+
+The sensor produces a frame every period (1 / rate_hz) at t_k = t_0 + k·period. The controller waits
+for tick k, takes frame k (timestamp t_k) and calls `policy.step(obs)`; the action is available at
+t_done. Per executed tick:
+
+    latency     t_done - t_start (the step call itself)
+    action age  t_done - t_k (observation time -> action available; includes wake-up lateness)
+    missed      t_done > t_k + period (the action was not ready for the next tick)
+
+A step that overruns makes the loop skip the ticks it covered (`dropped_ticks`); the next frame taken
+is the first one after t_done, as a real controller would. Chunk boundaries (steps where a chunked
+policy replans) come from the policy's `replanned` attribute after each step when it has one, else
+from `chunk_size` (config, or the policy's `chunk_size` attribute): every chunk_size-th executed step.
+Latency is reported for all steps, boundary steps and inner steps separately.
+
+Background load (`BackgroundLoad`) burns CPU while the loop runs: "process" workers (separate
+processes, competing for cores) or "thread" workers (pure-Python threads in this process, competing
+for the GIL), to show how latency holds up on a busy robot computer.
+
+The clock and sleep are injectable, so the accounting is testable with a fake clock.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashrt.profile.stats import LatencyStats
+
+LOAD_KINDS = ("process", "thread")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """rate_hz: control rate; steps: ticks to run; chunk_size: 0 = from the policy; load: workers;
+    warmup: untimed steps on frame 0 before the loop (then `policy.reset()`), so the first tick does
+    not carry one-time costs (lazy allocation, first replay)."""
+
+    rate_hz: float = 50.0
+    steps: int = 500
+    chunk_size: int = 0
+    load_workers: int = 0
+    load_kind: str = "process"
+    warmup: int = 1
+
+    def __post_init__(self) -> None:
+        if (not self.rate_hz > 0 or self.steps < 1 or self.chunk_size < 0 or self.load_workers < 0
+                or self.warmup < 0):
+            raise ValueError(f"bad loop config {self}")
+        if self.load_kind not in LOAD_KINDS:
+            raise ValueError(f"load_kind {self.load_kind!r} is not one of {LOAD_KINDS}")
+
+    @property
+    def period_ms(self) -> float:
+        return 1000.0 / self.rate_hz
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One executed tick (times in ms since the loop started)."""
+
+    index: int
+    obs_ms: float
+    start_ms: float
+    done_ms: float
+    missed: bool
+    boundary: bool
+    dropped_before: int
+    error: str = ""
+
+    @property
+    def latency_ms(self) -> float:
+        return self.done_ms - self.start_ms
+
+    @property
+    def action_age_ms(self) -> float:
+        return self.done_ms - self.obs_ms
+
+
+def _burn_until(stop: Any) -> None:
+    x = 0
+    while not stop.is_set():
+        for i in range(10_000):
+            x = (x * 31 + i) % 1_000_003
+
+
+@dataclass
+class BackgroundLoad:
+    """Context manager running `workers` CPU burners ("process" or "thread") until exit."""
+
+    workers: int = 0
+    kind: str = "process"
+    _stop: Any = field(default=None, init=False)
+    _running: list[Any] = field(default_factory=list, init=False)
+
+    def __enter__(self) -> BackgroundLoad:
+        if self.workers:
+            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+            self._stop = ctx.Event() if self.kind == "process" else threading.Event()
+            make = ctx.Process if self.kind == "process" else threading.Thread
+            self._running = [make(target=_burn_until, args=(self._stop,), daemon=True)
+                             for _ in range(self.workers)]
+            for worker in self._running:
+                worker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        for worker in self._running:
+            worker.join(timeout=5)
+        self._running = []
+
+
+def _boundary(policy: Any, executed: int, chunk_size: int) -> bool:
+    flag = getattr(policy, "replanned", None)
+    if isinstance(flag, bool):
+        return flag
+    return chunk_size > 0 and executed % chunk_size == 0
+
+
+def run_loop(policy: Any, observe: Callable[[int], Any], config: LoopConfig,
+             clock: Callable[[], float] = time.perf_counter,
+             sleep: Callable[[float], None] = time.sleep) -> list[Tick]:
+    """Run the loop (see module doc); `observe(k)` returns frame k. Returns the executed ticks."""
+    chunk = config.chunk_size or int(getattr(policy, "chunk_size", 0) or 0)
+    period = config.period_ms
+    ticks: list[Tick] = []
+    t0 = clock()
+    now_ms = lambda: (clock() - t0) * 1e3
+    k = 0
+    while k < config.steps:
+        wait = k * period - now_ms()
+        if wait > 0:
+            sleep(wait / 1e3)
+        obs, start, error = observe(k), now_ms(), ""
+        try:
+            policy.step(obs)
+        except Exception as exc:  # counted as a missed tick, never dropped
+            error = f"{type(exc).__name__}: {exc}"
+        done = now_ms()
+        missed = bool(error) or done > (k + 1) * period
+        dropped = k - ticks[-1].index - 1 if ticks else 0
+        ticks.append(Tick(k, k * period, start, done, missed, _boundary(policy, len(ticks), chunk),
+                          dropped, error))
+        k = max(k + 1, math.ceil(done / period - 1e-9)) if missed else k + 1
+    return ticks
+
+
+def summarize_loop(ticks: list[Tick], config: LoopConfig) -> dict[str, Any]:
+    """Deadline misses, dropped ticks, latency / action age / interval statistics, chunk boundaries."""
+    ok = [t for t in ticks if not t.error]
+    lat = lambda sel: LatencyStats.from_samples([t.latency_ms for t in sel], config.rate_hz)
+    intervals = [b.done_ms - a.done_ms for a, b in zip(ok, ok[1:])]
+    dropped = sum(t.dropped_before for t in ticks)
+    return {"config": config, "executed": len(ticks), "errors": sum(bool(t.error) for t in ticks),
+            "missed": sum(t.missed for t in ticks), "dropped_ticks": dropped,
+            "miss_rate": sum(t.missed for t in ticks) / max(1, len(ticks)),
+            "latency": LatencyStats.from_samples([t.latency_ms for t in ok], config.rate_hz,
+                                                 failures=len(ticks) - len(ok)),
+            "action_age": LatencyStats.from_samples([t.action_age_ms for t in ok]),
+            "action_interval": LatencyStats.from_samples(intervals),
+            "boundaries": sum(t.boundary for t in ok),
+            "latency_boundary": lat([t for t in ok if t.boundary]),
+            "latency_inner": lat([t for t in ok if not t.boundary])}
+
+
+def warm_up(policy: Any, obs: Any, steps: int) -> None:
+    """`steps` untimed calls of `policy.step(obs)`, then `policy.reset()` when it has one."""
+    for _ in range(steps):
+        policy.step(obs)
+    getattr(policy, "reset", lambda: None)()
+
+
+def _policy_of(adapter: Any, name: str) -> Any:
+    from flashrt.errors import ConfigError
+
+    make = getattr(adapter, "policy", None)
+    if not callable(make):
+        raise ConfigError(f"benchmark {name!r} offers no policy(); `flashrt loop` needs an adapter whose "
+                          "policy() returns an object with step(obs)")
+    return make()
+
+
+def run_loop_benchmark(name: str, profile: Any, config: LoopConfig, checkpoint: str | None = None) -> dict:
+    """Build benchmark `name`'s policy under `profile` and run the loop on its frozen trace."""
+    from flashrt.bench.env import environment
+    from flashrt.bench.harness import BenchOptions, build_adapter, freeze_trace, torch_threads
+    from flashrt.bench.profiles import check_device
+
+    device, cold = check_device(profile), {}
+    with torch_threads(profile.device.threads):
+        adapter = build_adapter(name, profile, BenchOptions(checkpoint=checkpoint), device, cold)
+        policy = _policy_of(adapter, name)
+        trace = freeze_trace(adapter, profile, None)
+        warm_up(policy, trace[0], config.warmup)
+        with BackgroundLoad(config.load_workers, config.load_kind):
+            ticks = run_loop(policy, lambda k: trace[k], config)
+    return {"schema": "flashrt.loop.result/1", "kind": "loop", "benchmark": name, "status": "ok",
+            "profile": profile.to_dict(), "trace": trace.record(), "cold_start_ms": cold,
+            "loop": summarize_loop(ticks, config), "ticks": _columns(ticks), "env": environment()}
+
+
+def _columns(ticks: list[Tick]) -> dict[str, list]:
+    """Per-tick arrays (index, obs/start/done ms, missed, boundary) for plots and later analysis."""
+    return {"index": [t.index for t in ticks], "obs_ms": [t.obs_ms for t in ticks],
+            "start_ms": [t.start_ms for t in ticks], "done_ms": [t.done_ms for t in ticks],
+            "missed": [t.missed for t in ticks], "boundary": [t.boundary for t in ticks]}
+
+
+def loop_tables(record: dict[str, Any], console: Any = None) -> None:
+    """Tables for people: loop counters and the latency / action-age statistics."""
+    from flashrt.profile.report import kv_table, print_tables, stats_table
+
+    s = record["loop"]
+    counters = {k: s[k] for k in ("executed", "missed", "miss_rate", "dropped_ticks", "errors", "boundaries")}
+    stats = {"step latency": s["latency"], "  at chunk boundary": s["latency_boundary"],
+             "  inside a chunk": s["latency_inner"], "action age": s["action_age"],
+             "action interval": s["action_interval"]}
+    cfg = s["config"]
+    title = f"loop {record['benchmark']} @ {cfg.rate_hz:g} Hz, load {cfg.load_workers} {cfg.load_kind}"
+    print_tables(kv_table(counters, title), stats_table(stats, "loop (ms)"), console=console)
+
+
+def loop_figure(record: dict[str, Any], path: Any) -> Any:
+    """Per-tick step latency and action age against the period, misses and boundaries marked."""
+    from flashrt.profile.plots import plot_panels
+
+    t = record["ticks"]
+    lat = [d - s for s, d in zip(t["start_ms"], t["done_ms"])]
+    age = [d - o for o, d in zip(t["obs_ms"], t["done_ms"])]
+    pick = lambda flags, ys, marker: ([i for i, f in zip(t["index"], flags) if f],
+                                      [y for y, f in zip(ys, flags) if f], marker)
+    period = record["loop"]["config"].period_ms
+    panels = [("step latency per tick", "tick", "ms",
+               {"latency": (t["index"], lat), "chunk boundary": pick(t["boundary"], lat, "o"),
+                "missed": pick(t["missed"], lat, "x")}, {"period": period}),
+              ("action age (observation -> action available)", "tick", "ms",
+               {"action age": (t["index"], age), "missed": pick(t["missed"], age, "x")},
+               {"period": period})]
+    return plot_panels(path, panels, f"flashrt loop · {record['benchmark']}")

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from flashrt.bench.cli import bench, loop, soak
+
+from .fakes import register_fake
+
+
+@pytest.fixture
+def app():
+    app = typer.Typer()
+    for command in (bench, loop, soak):
+        app.command()(command)
+    return app
+
+
+@pytest.fixture
+def profile_file(tmp_path):
+    path = tmp_path / "quick.toml"
+    path.write_text('[device]\nkind = "cpu"\nthreads = 1\n[bench]\nwarmup = 1\niters = 5\ntrace_len = 2\n'
+                    'soak_steps = 200\n')
+    return str(path)
+
+
+def _last_json(output):
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def test_bench_prints_json_line_last_and_writes_files(app, tmp_path, profile_file, fake_name):
+    register_fake(fake_name)
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["bench", fake_name, "-p", profile_file, "--vs", "eager", "--out", str(out),
+                                   "--no-progress", "--save-trace"])
+    assert res.exit_code == 0, res.output
+    line = _last_json(res.stdout)
+    assert line["status"] == "ok" and line["vs"] == "eager" and line["results"] == str(out / "results.json")
+    data = json.loads((out / "results.json").read_text())
+    assert data["steady"]["iters"] == 5 and data["files"]["trace"] == str(out / "trace.pt")
+    assert (out / "latency.png").stat().st_size > 20_000
+    again = CliRunner().invoke(app, ["bench", fake_name, "-p", profile_file, "--trace", str(out / "trace.pt"),
+                                     "--out", str(tmp_path / "again"), "--no-progress", "--no-plot"])
+    assert _last_json(again.stdout)["trace_digest"] == line["trace_digest"]
+
+
+def test_bench_gated_out_exit_code(app, tmp_path, profile_file, fake_name):
+    register_fake(fake_name, offset=0.5)
+    res = CliRunner().invoke(app, ["bench", fake_name, "-p", profile_file, "--out", str(tmp_path / "g"),
+                                   "--no-progress", "--no-plot"])
+    assert res.exit_code == 1 and _last_json(res.stdout)["status"] == "gated-out"
+
+
+def test_bench_config_error_and_list(app, tmp_path):
+    res = CliRunner().invoke(app, ["bench", "no-such-bench", "--out", str(tmp_path / "e")])
+    assert res.exit_code == 2 and _last_json(res.stdout)["status"] == "error"
+    listed = CliRunner().invoke(app, ["bench", "--list"])
+    assert "runtime-block" in listed.stdout and "cpu-tiny" in listed.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_profile_refused(app, tmp_path):
+    res = CliRunner().invoke(app, ["bench", "runtime-block", "-p", "h200-bf16", "--out", str(tmp_path / "r")])
+    line = _last_json(res.stdout)
+    assert res.exit_code == 3 and line["status"] == "refused" and "CUDA" in line["reason"]
+
+
+def test_loop_and_soak_commands(app, tmp_path, profile_file, fake_name):
+    register_fake(fake_name)
+    res = CliRunner().invoke(app, ["loop", fake_name, "-p", profile_file, "--steps", "20", "--rate", "500",
+                                   "--out", str(tmp_path / "l")])
+    assert res.exit_code == 0, res.output
+    assert _last_json(res.stdout)["kind"] == "loop" and (tmp_path / "l" / "loop.png").exists()
+    res = CliRunner().invoke(app, ["soak", fake_name, "-p", profile_file, "--out", str(tmp_path / "s"),
+                                   "--no-progress"])
+    assert res.exit_code == 0, res.output
+    line = _last_json(res.stdout)
+    assert line["kind"] == "soak" and line["steps"] == 200 and not line["leak"]
+    assert json.loads((tmp_path / "s" / "results.json").read_text())["soak"]["steps"] == 200

@@ -1,0 +1,92 @@
+import pytest
+
+from flashrt.bench.loop import BackgroundLoad, LoopConfig, run_loop, run_loop_benchmark, summarize_loop
+
+from .fakes import register_fake
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self):
+        return self.t
+
+    def sleep(self, seconds):
+        self.t += max(0.0, seconds)
+
+
+class TimedPolicy:
+    """Each step takes the next latency (ms) of the list on the fake clock; None raises."""
+
+    def __init__(self, clock, latencies_ms, chunk_size=0):
+        self.clock, self.latencies, self.calls = clock, list(latencies_ms), 0
+        if chunk_size:
+            self.chunk_size = chunk_size
+
+    def step(self, obs):
+        ms = self.latencies[self.calls % len(self.latencies)]
+        self.calls += 1
+        if ms is None:
+            self.clock.t += 0.001
+            raise RuntimeError("sensor glitch")
+        self.clock.t += ms / 1e3
+        return obs
+
+
+def _loop(latencies, steps, **cfg):
+    clock = FakeClock()
+    policy = TimedPolicy(clock, latencies, cfg.pop("policy_chunk", 0))
+    config = LoopConfig(rate_hz=100.0, steps=steps, **cfg)
+    ticks = run_loop(policy, lambda k: k, config, clock=clock.now, sleep=clock.sleep)
+    return ticks, summarize_loop(ticks, config)
+
+
+def test_deadline_misses_dropped_ticks_and_action_age():
+    ticks, s = _loop([2, 15, 3, 25, 1, 1], steps=9)
+    assert [t.index for t in ticks] == [0, 1, 3, 4, 7, 8]
+    assert [t.missed for t in ticks] == [False, True, False, True, False, False]
+    assert [t.dropped_before for t in ticks] == [0, 0, 1, 0, 2, 0]
+    assert [round(t.action_age_ms, 6) for t in ticks] == [2, 15, 3, 25, 1, 1]
+    assert s["executed"] == 6 and s["missed"] == 2 and s["dropped_ticks"] == 3
+    assert s["miss_rate"] == pytest.approx(2 / 6)
+    assert s["latency"].max == pytest.approx(25) and s["latency"].deadline_misses == 2
+    assert s["action_interval"].count == 5
+
+
+def test_errors_count_as_misses():
+    ticks, s = _loop([1, None, 1], steps=6)
+    assert s["errors"] == 2 and s["missed"] == 2 and s["latency"].failures == 2 and s["latency"].count == 4
+    assert ticks[1].error == "RuntimeError: sensor glitch"
+
+
+def test_chunk_boundaries_from_config_or_policy():
+    _, s = _loop([5, 1, 1, 1], steps=12, chunk_size=4)
+    assert s["boundaries"] == 3
+    assert s["latency_boundary"].p50 == pytest.approx(5) and s["latency_inner"].p50 == pytest.approx(1)
+    _, s = _loop([5, 1, 1], steps=9, policy_chunk=3)
+    assert s["boundaries"] == 3 and s["latency_inner"].count == 6
+
+
+def test_replanned_flag_wins_and_loop_benchmark_runs(tiny_profile, fake_name):
+    register_fake(fake_name)
+    record = run_loop_benchmark(fake_name, tiny_profile(), LoopConfig(rate_hz=500.0, steps=20))
+    s = record["loop"]
+    assert record["kind"] == "loop" and s["executed"] + s["dropped_ticks"] >= 20
+    assert s["boundaries"] == sum(1 for i in range(s["executed"]) if i % 4 == 0)  # FakePolicy.replanned
+    assert len(record["ticks"]["done_ms"]) == s["executed"] and record["trace"]["length"] == 3
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_background_load_starts_and_stops(kind):
+    with BackgroundLoad(1, kind) as load:
+        assert all(w.is_alive() for w in load._running) and len(load._running) == 1
+        workers = list(load._running)
+    assert not any(w.is_alive() for w in workers)
+
+
+def test_bad_config():
+    with pytest.raises(ValueError):
+        LoopConfig(rate_hz=0)
+    with pytest.raises(ValueError):
+        LoopConfig(load_kind="gpu")
