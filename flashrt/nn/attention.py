@@ -1,0 +1,81 @@
+"""Attention over static key/value buffers, and masks built without host syncs.
+
+Shapes: B batch, L query tokens, S key tokens, H query heads, KV key/value heads (H % KV == 0),
+G = H / KV, D head_dim, T the fixed length of a static K/V buffer, N layers.
+
+`attend` runs `torch.nn.functional.scaled_dot_product_attention` with grouped queries folded into the
+query axis: q (B, L, H, D) becomes (B, KV, L*G, D) (a view when KV == 1, which is Pi0's multi-query
+case), so one SDPA call serves every head of a group without repeating K/V. Folding is exact only
+when the mask does not depend on the query, which holds for every mask used here: they are key-padding
+biases (B, 1, 1, S) (`key_padding_bias`). Masked keys get a large finite negative bias (not -inf), so a
+query with no valid key yields a finite uniform average rather than NaN, as in the reference.
+
+`StaticKV` owns nothing: it wraps two preallocated tensors (normally the frontend's static buffers
+``prefix_k`` / ``prefix_v``) and documents the contract of the Pi0 prefix cache (see its docstring).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+
+def mask_value(dtype: torch.dtype) -> float:
+    """The additive bias of a masked key: 70% of the dtype's most negative value (finite)."""
+    return 0.7 * torch.finfo(dtype).min
+
+
+def key_padding_bias(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, S) bool validity -> (B, 1, 1, S) additive bias: 0 where valid, `mask_value` elsewhere."""
+    zero = torch.zeros((), dtype=dtype, device=valid.device)
+    masked = torch.full((), mask_value(dtype), dtype=dtype, device=valid.device)
+    return torch.where(valid, zero, masked)[:, None, None, :]
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """q (B, L, H, D); k, v (B, KV, S, D); bias (B, 1, 1, S) or None -> (B, L, H*D)."""
+    b, n, h, d = q.shape
+    kv = k.shape[1]
+    g = h // kv
+    qg = q.view(b, n, kv, g, d).permute(0, 2, 1, 3, 4).reshape(b, kv, n * g, d)  # (B, KV, L*G, D)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=d**-0.5)
+    return out.view(b, kv, n, g, d).permute(0, 2, 1, 3, 4).reshape(b, n, h * d)
+
+
+class StaticKV:
+    """Per-layer keys and values at fixed addresses: ``k``, ``v`` each (N, B, KV, T, D).
+
+    Pi0 layout along T: ``[prefix (P) | cached expert tokens (pi0's state token) | per-step tokens]``.
+
+    * Owner: whoever allocated the tensors (the frontend's `Buffers`, names ``prefix_k``/``prefix_v``);
+      this object is a thin view and never reallocates, so captured graphs stay valid.
+    * Lifetime: slots [0, P + cached) are written once per observation (prefill) and stay valid until
+      the next prefill into the same buffers; the per-step slots are rewritten by every denoise step.
+    * Reuse hazard: the buffers fix B and T. Another batch size, camera count or prompt bucket needs
+      its own buffers; writing a longer prefix would overrun the expert slots (checked in `write`
+      only for shapes, never for values, to stay sync-free).
+    """
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        if k.shape != v.shape or k.dim() != 5:
+            raise ValueError(f"StaticKV needs k, v of one shape (N, B, KV, T, D), got {tuple(k.shape)} "
+                             f"and {tuple(v.shape)}")
+        self.k, self.v = k, v
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[3]
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v (B, L, KV, D) at token slots [start, start + L) of ``layer``."""
+        end = start + k.shape[1]
+        if end > self.length:
+            raise ValueError(f"StaticKV.write: slots [{start}, {end}) exceed the buffer length {self.length}")
+        self.k[layer, :, :, start:end].copy_(k.transpose(1, 2))
+        self.v[layer, :, :, start:end].copy_(v.transpose(1, 2))
+
+    def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of slots [0, end) of ``layer``: (B, KV, end, D) each."""
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]

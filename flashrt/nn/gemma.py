@@ -1,0 +1,128 @@
+"""Gemma decoder stack writing its keys and values into static buffers (PaliGemma LM and Pi0 expert).
+
+Shapes: B batch, L tokens of this call, W width, H query heads, KV key/value heads, D head_dim,
+M mlp_dim, T static K/V length, N depth, V vocabulary.
+
+Differences from a textbook Gemma, all exact re-arrangements of the same math:
+
+* q|k|v are one fused projection ``qkv`` (W -> (H + 2 KV) D) and gate|up one ``gate_up``
+  (W -> 2M); the weight map concatenates the checkpoint's separate matrices at load.
+* Every call writes its keys/values at token slots ``[start, start + L)`` of a `StaticKV` and attends
+  to slots ``[0, start + L)`` under a key-padding bias; the caller decides the layout (prefix first,
+  expert tokens after). Nothing is concatenated per call.
+* ``kv_only_last=True`` stops the last layer after its K/V projection: a prefix pass only needs the
+  cache, never the prefix's output (that skips the last attention, MLP and final norm).
+* With ``cond_dim`` (Pi0.5 expert) the norms are adaptive; the caller passes a modulation table
+  ``mods`` (2N + 1, 3, W) (rows: layer i input norm at 2i, post-attention norm at 2i + 1, final norm
+  last), typically precomputed once per denoise schedule (`Gemma.modulation`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from flashrt.nn.attention import StaticKV, attend
+from flashrt.nn.norms import AdaRMSNorm, RMSNorm, gated_residual
+from flashrt.nn.rope import apply_rope
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin half tables: (B, L, 1, D/2)
+
+
+def _norm(width: int, eps: float, cond_dim: int | None) -> nn.Module:
+    return RMSNorm(width, eps) if cond_dim is None else AdaRMSNorm(width, cond_dim, eps)
+
+
+def _apply_norm(norm: nn.Module, x: torch.Tensor, mod: torch.Tensor | None):
+    """(normed, gate); gate is None for a plain RMSNorm."""
+    return (norm(x), None) if mod is None else norm(x, mod)
+
+
+class GemmaLayer(nn.Module):
+    """Pre-norm decoder layer: norm → attention (RoPE, static K/V) → residual → norm → GeGLU → residual."""
+
+    def __init__(self, width: int, mlp_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 eps: float = 1e-6, cond_dim: int | None = None) -> None:
+        super().__init__()
+        self.shape = (num_heads, num_kv_heads, head_dim)
+        self.input_norm = _norm(width, eps, cond_dim)
+        self.qkv = nn.Linear(width, (num_heads + 2 * num_kv_heads) * head_dim, bias=False)
+        self.o = nn.Linear(num_heads * head_dim, width, bias=False)
+        self.post_norm = _norm(width, eps, cond_dim)
+        self.gate_up = nn.Linear(width, 2 * mlp_dim, bias=False)
+        self.down = nn.Linear(mlp_dim, width, bias=False)
+
+    def project(self, x: torch.Tensor, rope: Rope, mod: torch.Tensor | None):
+        """Normed x -> q (B, L, H, D), k, v (B, L, KV, D) with RoPE on q and k; and the input gate."""
+        h, gate = _apply_norm(self.input_norm, x, mod)
+        heads, kv_heads, d = self.shape
+        q, k, v = self.qkv(h).unflatten(-1, (heads + 2 * kv_heads, d)).split((heads, kv_heads, kv_heads), -2)
+        cos, sin = rope
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
+
+    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
+                bias: torch.Tensor, mods: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, W) -> (B, L, W); K/V of x go to slots [start, start + L) of layer ``index``."""
+        q, k, v, gate = self.project(x, rope, None if mods is None else mods[0])
+        kv.write(index, start, k, v)
+        end = start + x.shape[1]
+        keys, values = kv.read(index, end)
+        x = gated_residual(x, self.o(attend(q, keys, values, bias[..., :end])), gate)
+        h, gate = _apply_norm(self.post_norm, x, None if mods is None else mods[1])
+        return gated_residual(x, self.mlp(h), gate)
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return self.down(F.gelu(gate, approximate="tanh") * up)
+
+    def write_kv(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
+                 mods: torch.Tensor | None = None) -> None:
+        """Only the K/V projection of x, stored at [start, start + L) (the last layer of a prefill)."""
+        _, k, v, _ = self.project(x, rope, None if mods is None else mods[0])
+        kv.write(index, start, k, v)
+
+
+class Gemma(nn.Module):
+    """N `GemmaLayer`s and a final norm; optional token embedding (scaled by sqrt(W), Gemma style)."""
+
+    def __init__(self, width: int, depth: int, mlp_dim: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, vocab_size: int = 0, eps: float = 1e-6, cond_dim: int | None = None) -> None:
+        super().__init__()
+        self.width = width
+        self.embed = nn.Embedding(vocab_size, width) if vocab_size else None
+        self.layers = nn.ModuleList(
+            GemmaLayer(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, cond_dim)
+            for _ in range(depth))
+        self.norm = _norm(width, eps, cond_dim)
+        self.register_buffer("embed_scale", torch.tensor(width**0.5), persistent=False)
+
+    def reset_derived(self) -> None:
+        """sqrt(W) rounded to the embedding dtype, as the reference multiplies in that dtype."""
+        dtype = self.embed.weight.dtype if self.embed is not None else torch.float32
+        self.embed_scale = torch.tensor(self.width**0.5, dtype=torch.float32).to(dtype)
+
+    @property
+    def adaptive(self) -> bool:
+        return isinstance(self.norm, AdaRMSNorm)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L) int64 -> (B, L, W) ``embedding * sqrt(W)``."""
+        return self.embed(tokens) * self.embed_scale.to(self.embed.weight.dtype)
+
+    def modulation(self, cond: torch.Tensor) -> torch.Tensor:
+        """adaRMS table for conditioning ``cond`` (..., C) -> (..., 2N + 1, 3, W) float32."""
+        norms = [n for layer in self.layers for n in (layer.input_norm, layer.post_norm)] + [self.norm]
+        return torch.stack([n.modulation(cond) for n in norms], dim=-3)
+
+    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, start: int, bias: torch.Tensor,
+                mods: torch.Tensor | None = None, kv_only_last: bool = False) -> torch.Tensor | None:
+        """x (B, L, W) -> final-normed (B, L, W), or None with ``kv_only_last`` (cache filled only)."""
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            layer_mods = None if mods is None else mods[2 * i: 2 * i + 2]
+            if kv_only_last and i == last:
+                layer.write_kv(x, rope, kv, i, start, layer_mods)
+                return None
+            x = layer(x, rope, kv, i, start, bias, layer_mods)
+        return _apply_norm(self.norm, x, None if mods is None else mods[-1])[0]

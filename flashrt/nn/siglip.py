@@ -1,0 +1,54 @@
+"""SigLIP vision tower as PaliGemma uses it: patch embedding, pre-norm ViT encoder, post LayerNorm.
+
+Shapes: I images, C=3 channels, R image side, P patch side, N = (R/P)² tokens, W width, H heads,
+D = W/H head_dim, M mlp_dim. Input pixels are already normalized to [-1, 1].
+
+There is no pooling head (PaliGemma reads the last hidden state). q|k|v are one fused projection
+``qkv`` (W -> 3W, with bias); the weight map concatenates the checkpoint's separate matrices.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from flashrt.nn.attention import attend
+
+
+class SiglipLayer(nn.Module):
+    """LayerNorm → multi-head self-attention → residual → LayerNorm → GELU(tanh) MLP → residual."""
+
+    def __init__(self, width: int, mlp_dim: int, num_heads: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1 = nn.LayerNorm(width, eps=eps)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.o = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width, eps=eps)
+        self.fc1 = nn.Linear(width, mlp_dim)
+        self.fc2 = nn.Linear(mlp_dim, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(I, N, W) -> (I, N, W)."""
+        q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)  # (I, N, H, D)
+        x = x + self.o(attend(q, k.transpose(1, 2), v.transpose(1, 2)))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+
+
+class Siglip(nn.Module):
+    """(I, 3, R, R) pixels in [-1, 1] -> (I, N, W) last hidden state (post LayerNorm)."""
+
+    def __init__(self, width: int, depth: int, mlp_dim: int, num_heads: int, patch: int, image_size: int,
+                 eps: float = 1e-6) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, kernel_size=patch, stride=patch)
+        self.pos = nn.Parameter(torch.zeros((image_size // patch) ** 2, width))
+        self.layers = nn.ModuleList(SiglipLayer(width, mlp_dim, num_heads, eps) for _ in range(depth))
+        self.post_norm = nn.LayerNorm(width, eps=eps)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = self.patch(pixels.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2) + self.pos  # (I, N, W)
+        for layer in self.layers:
+            x = layer(x)
+        return self.post_norm(x)
