@@ -28,7 +28,6 @@ import logging
 import os
 import pickle
 import struct
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 
 from flashrt.errors import CheckpointError
+from flashrt.io.atomic import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -166,17 +166,11 @@ def save_safetensors(
     metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``tensors`` to ``path`` atomically (temp file in the same folder, then ``os.replace``)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(_unshared(tensors), tmp, metadata=dict(metadata) if metadata else None)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    payload = save(_unshared(tensors), metadata=dict(metadata) if metadata else None)
+    atomic_write_bytes(path, payload, tmp_prefix=f".{path.name}.")
     return path
 
 

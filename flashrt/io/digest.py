@@ -16,17 +16,17 @@ on every platform flashrt supports).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import platformdirs
 import torch
+
+from flashrt.io.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -149,15 +149,4 @@ def _remember(memo_path: Path, key: str, entry: dict) -> None:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_text(path, text, tmp_prefix=f".tmp-{path.name}.")

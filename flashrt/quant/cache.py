@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,6 +51,7 @@ import torch
 
 from flashrt import __version__
 from flashrt.errors import CalibrationError
+from flashrt.io.atomic import atomic_write_bytes
 from flashrt.io.digest import file_digest, tensor_digest
 
 log = logging.getLogger(__name__)
@@ -256,18 +256,7 @@ def _check_scales(scales: Mapping[str, torch.Tensor]) -> Scales:
 
 
 def _atomic_write(path: Path, payload: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TMP_PREFIX, suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, payload, tmp_prefix=_TMP_PREFIX)
     _fsync_dir(path.parent)
 
 
