@@ -22,6 +22,7 @@ SUB_APPS: tuple[tuple[str, str, str], ...] = (
 )
 # (module, attribute): plain Typer commands registered on the main app (`flashrt <function name>`).
 COMMANDS: tuple[tuple[str, str], ...] = (
+    ("flashrt.demo", "demo"),
     ("flashrt.bench.cli", "bench"),
     ("flashrt.bench.cli", "loop"),
     ("flashrt.bench.cli", "soak"),

@@ -38,10 +38,13 @@ def attend(
     """q (B, L, H, D); k, v (B, KV, S, D); bias (B, 1, 1, S) or None -> (B, L, H*D)."""
     b, n, h, d = q.shape
     kv = k.shape[1]
+    if kv == 1:  # multi-query: every head of every token is one more query row (a view if q is dense)
+        out = F.scaled_dot_product_attention(q.reshape(b, 1, n * h, d), k, v, attn_mask=bias, scale=d**-0.5)
+        return out.reshape(b, n, h * d)
     g = h // kv
-    qg = q.view(b, n, kv, g, d).permute(0, 2, 1, 3, 4).reshape(b, kv, n * g, d)  # (B, KV, L*G, D)
+    qg = q.view(b, n, kv, g, d).transpose(1, 2).reshape(b, kv, n * g, d)  # (B, KV, L*G, D)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=d**-0.5)
-    return out.view(b, kv, n, g, d).permute(0, 2, 1, 3, 4).reshape(b, n, h * d)
+    return out.reshape(b, kv, n, g, d).transpose(1, 2).reshape(b, n, h * d)
 
 
 class StaticKV:
@@ -75,6 +78,12 @@ class StaticKV:
             raise ValueError(f"StaticKV.write: slots [{start}, {end}) exceed the buffer length {self.length}")
         self.k[layer, :, :, start:end].copy_(k.transpose(1, 2))
         self.v[layer, :, :, start:end].copy_(v.transpose(1, 2))
+
+    def slots(self, layer: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writable (B, L, KV, D) views of slots [start, end) of ``layer`` (k, v), for ``out=`` writers."""
+        if end > self.length:
+            raise ValueError(f"StaticKV.slots: [{start}, {end}) exceed the buffer length {self.length}")
+        return self.k[layer, :, :, start:end].transpose(1, 2), self.v[layer, :, :, start:end].transpose(1, 2)
 
     def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of slots [0, end) of ``layer``: (B, KV, end, D) each."""

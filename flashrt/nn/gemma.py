@@ -27,7 +27,7 @@ from flashrt.nn.attention import StaticKV, attend
 from flashrt.nn.norms import AdaRMSNorm, RMSNorm, gated_residual
 from flashrt.nn.rope import apply_rope
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin half tables: (B, L, 1, D/2)
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin tables (B, L, 1, D) of `rope_cos_sin`
 
 
 def _norm(width: int, eps: float, cond_dim: int | None) -> nn.Module:
@@ -36,7 +36,12 @@ def _norm(width: int, eps: float, cond_dim: int | None) -> nn.Module:
 
 def _apply_norm(norm: nn.Module, x: torch.Tensor, mod: torch.Tensor | None):
     """(normed, gate); gate is None for a plain RMSNorm."""
-    return (norm(x), None) if mod is None else norm(x, mod)
+    return (norm.forward(x), None) if mod is None else norm.forward(x, mod)
+
+
+def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """``layer(x)`` without the module call (hooks are not used here; ~4 us less per call on the CPU)."""
+    return F.linear(x, layer.weight, layer.bias)
 
 
 class GemmaLayer(nn.Module):
@@ -53,34 +58,41 @@ class GemmaLayer(nn.Module):
         self.gate_up = nn.Linear(width, 2 * mlp_dim, bias=False)
         self.down = nn.Linear(mlp_dim, width, bias=False)
 
-    def project(self, x: torch.Tensor, rope: Rope, mod: torch.Tensor | None):
-        """Normed x -> q (B, L, H, D), k, v (B, L, KV, D) with RoPE on q and k; and the input gate."""
+    def project(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
+                mod: torch.Tensor | None, with_q: bool = True):
+        """Normed x -> q (B, L, H, D) with RoPE (None unless ``with_q``) and the input gate; k (RoPE'd)
+        and v are written straight into slots [start, start + L) of layer ``index`` of ``kv``."""
         h, gate = _apply_norm(self.input_norm, x, mod)
         heads, kv_heads, d = self.shape
-        q, k, v = self.qkv(h).unflatten(-1, (heads + 2 * kv_heads, d)).split((heads, kv_heads, kv_heads), -2)
+        qkv = _linear(h, self.qkv).unflatten(-1, (heads + 2 * kv_heads, d))  # (B, L, H + 2 KV, D)
         cos, sin = rope
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, gate
+        k_slot, v_slot = kv.slots(index, start, start + x.shape[1])
+        apply_rope(qkv[:, :, heads:heads + kv_heads], cos, sin, out=k_slot)
+        v_slot.copy_(qkv[:, :, heads + kv_heads:])
+        return (apply_rope(qkv[:, :, :heads], cos, sin) if with_q else None), gate
 
     def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
                 bias: torch.Tensor, mods: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, L, W) -> (B, L, W); K/V of x go to slots [start, start + L) of layer ``index``."""
-        q, k, v, gate = self.project(x, rope, None if mods is None else mods[0])
-        kv.write(index, start, k, v)
+        """x (B, L, W) -> (B, L, W); K/V of x go to slots [start, start + L) of layer ``index``.
+
+        ``bias`` covers at least slots [0, start + L) (longer is sliced)."""
+        q, gate = self.project(x, rope, kv, index, start, None if mods is None else mods[0])
         end = start + x.shape[1]
         keys, values = kv.read(index, end)
-        x = gated_residual(x, self.o(attend(q, keys, values, bias[..., :end])), gate)
+        bias = bias if bias.shape[-1] == end else bias[..., :end]
+        x = gated_residual(x, _linear(attend(q, keys, values, bias), self.o), gate)
         h, gate = _apply_norm(self.post_norm, x, None if mods is None else mods[1])
         return gated_residual(x, self.mlp(h), gate)
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return self.down(F.gelu(gate, approximate="tanh") * up)
+        """GeGLU: ``down(gelu_tanh(gate) * up)``; the product is formed in place in gelu's output."""
+        gate, up = _linear(h, self.gate_up).chunk(2, dim=-1)
+        return _linear(F.gelu(gate, approximate="tanh").mul_(up), self.down)
 
     def write_kv(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
                  mods: torch.Tensor | None = None) -> None:
         """Only the K/V projection of x, stored at [start, start + L) (the last layer of a prefill)."""
-        _, k, v, _ = self.project(x, rope, None if mods is None else mods[0])
-        kv.write(index, start, k, v)
+        self.project(x, rope, kv, index, start, None if mods is None else mods[0], with_q=False)
 
 
 class Gemma(nn.Module):
@@ -124,5 +136,5 @@ class Gemma(nn.Module):
             if kv_only_last and i == last:
                 layer.write_kv(x, rope, kv, i, start, layer_mods)
                 return None
-            x = layer(x, rope, kv, i, start, bias, layer_mods)
+            x = layer.forward(x, rope, kv, i, start, bias, layer_mods)
         return _apply_norm(self.norm, x, None if mods is None else mods[-1])[0]

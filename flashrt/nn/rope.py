@@ -1,11 +1,13 @@
 """Rotary position embeddings (the "rotate half" convention of Gemma / Llama in transformers).
 
 Shapes: B batch, L tokens, H heads, D head_dim; ``positions`` (B, L) integer or float.
-``rope_cos_sin`` returns half tables (B, L, 1, D/2) (the reference's full tables repeat them twice) that
-broadcast over the heads of ``x`` (B, L, H, D). Dimension i pairs with i + D/2:
-``out[:D/2] = x1 cos - x2 sin``, ``out[D/2:] = x2 cos + x1 sin`` (x1, x2 the halves of x), which is the
-reference's ``x * cos + rotate_half(x) * sin`` without materializing ``rotate_half`` (2-6x faster on
-CPU). Positions are tensors, so tables built from masks (``cumsum(valid) - 1``) need no host sync.
+``rope_cos_sin`` returns full-width tables (B, L, 1, D) that broadcast over the heads of ``x``
+(B, L, H, D): ``cos = [c | c]`` and a signed ``sin = [-s | s]`` (c, s of the angles of the D/2
+frequencies). Dimension i pairs with i + D/2, and with ``swap(x) = [x2 | x1]`` (x1, x2 the halves of x)
+the rotation is ``x * cos + swap(x) * sin``, i.e. ``out[:D/2] = x1 c - x2 s``, ``out[D/2:] = x2 c + x1 s``:
+the reference's ``x * cos + rotate_half(x) * sin`` with the sign folded into the table, so a rotation is
+three ops (mul, roll, addcmul) and can write straight into a destination such as a K/V cache slot.
+Positions are tensors, so tables built from masks (``cumsum(valid) - 1``) need no host sync.
 Tables are computed in float32 and cast to the activation dtype before use, as the reference does.
 """
 
@@ -24,19 +26,26 @@ def rope_inv_freq(head_dim: int, theta: float = 10_000.0,
 def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float = 10_000.0, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin half tables (B, L, 1, D/2) in ``dtype`` for integer or float ``positions`` (B, L)."""
+    """``[c | c]``, ``[-s | s]`` tables (B, L, 1, D) in ``dtype`` for integer or float ``positions`` (B, L)."""
     inv_freq = rope_inv_freq(head_dim, theta, positions.device)
     freqs = (positions.float()[..., None] * inv_freq)[..., None, :]  # (B, L, 1, D/2)
-    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat([cos, cos], -1).to(dtype), torch.cat([-sin, sin], -1).to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (B, L, H, D) by the half tables (B, L, 1, D/2); returns a new contiguous tensor."""
-    x1, x2 = x.chunk(2, dim=-1)
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """``[x2 | x1]`` along the last dim (a new tensor)."""
+    return x.roll(x.shape[-1] // 2, -1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate ``x`` (B, L, H, D) by the tables (B, L, 1, D) of `rope_cos_sin`.
+
+    Returns a new contiguous tensor, or writes into ``out`` (any strides, x's shape; e.g. a K/V slot)."""
     if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad):  # out= ops cannot record grads
-        return torch.cat([torch.addcmul(x1 * cos, x2, sin, value=-1), torch.addcmul(x2 * cos, x1, sin)], -1)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    o1, o2 = out.chunk(2, dim=-1)
-    torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1)
-    torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
-    return out
+        y = x * cos + swap_halves(x) * sin
+        return y if out is None else out.copy_(y)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return torch.mul(x, cos, out=out).addcmul_(swap_halves(x), sin)

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from flashrt.nn.attention import attend
 
 
 class SiglipLayer(nn.Module):
@@ -30,10 +29,17 @@ class SiglipLayer(nn.Module):
         self.fc2 = nn.Linear(mlp_dim, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(I, N, W) -> (I, N, W)."""
-        q, k, v = self.qkv(self.norm1(x)).unflatten(-1, (3, self.num_heads, -1)).unbind(-3)  # (I, N, H, D)
-        x = x + self.o(attend(q, k.transpose(1, 2), v.transpose(1, 2)))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x)), approximate="tanh"))
+        """(I, N, W) -> (I, N, W). Sub-modules run through ``forward``/``F.linear`` (no module hooks)."""
+        i, n, w = x.shape
+        qkv = _linear(self.norm1.forward(x), self.qkv).view(i, n, 3, self.num_heads, w // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (I, H, N, D) strided views, no copies
+        a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(i, n, w)
+        x = _linear(a, self.o).add_(x)
+        return _linear(F.gelu(_linear(self.norm2.forward(x), self.fc1), approximate="tanh"), self.fc2).add_(x)
+
+
+def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    return F.linear(x, layer.weight, layer.bias)
 
 
 class Siglip(nn.Module):
@@ -50,5 +56,5 @@ class Siglip(nn.Module):
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         x = self.patch(pixels.to(self.patch.weight.dtype)).flatten(2).transpose(1, 2) + self.pos  # (I, N, W)
         for layer in self.layers:
-            x = layer(x)
-        return self.post_norm(x)
+            x = layer.forward(x)
+        return self.post_norm.forward(x)

@@ -15,8 +15,15 @@ def test_inv_freq_values():
 
 def test_tables_shape_and_position_zero():
     cos, sin = rope_cos_sin(torch.tensor([[0, 1, 2]]), 16)
-    assert cos.shape == sin.shape == (1, 3, 1, 8)  # half tables
-    assert torch.equal(cos[0, 0], torch.ones(1, 8)) and torch.equal(sin[0, 0], torch.zeros(1, 8))
+    assert cos.shape == sin.shape == (1, 3, 1, 16)  # full width: [c | c], [-s | s]
+    assert torch.equal(cos[0, 0], torch.ones(1, 16)) and torch.equal(sin[0, 0].abs(), torch.zeros(1, 16))
+
+
+def test_tables_repeat_cos_and_sign_sin():
+    cos, sin = rope_cos_sin(torch.tensor([[3, 7]]), 8)
+    ang = torch.tensor([3.0, 7.0])[:, None] * rope_inv_freq(8)
+    assert torch.allclose(cos[0, :, 0], torch.cat([ang.cos(), ang.cos()], -1))
+    assert torch.allclose(sin[0, :, 0], torch.cat([-ang.sin(), ang.sin()], -1))
 
 
 def test_matches_pairwise_rotation_of_half_split_pairs():
@@ -50,8 +57,11 @@ def test_scores_depend_only_on_relative_position():
 def test_matches_the_rotate_half_formulation_in_bf16():
     torch.manual_seed(2)
     x = torch.randn(2, 5, 3, 16).bfloat16()
-    cos, sin = rope_cos_sin(torch.arange(10).view(2, 5) * 3, 16, dtype=torch.bfloat16)
-    full_cos, full_sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+    pos = torch.arange(10).view(2, 5) * 3
+    cos, sin = rope_cos_sin(pos, 16, dtype=torch.bfloat16)
+    ang = pos.float()[..., None, None] * rope_inv_freq(16)  # the reference's full tables repeat the halves
+    full_cos = torch.cat([ang.cos(), ang.cos()], -1).bfloat16()
+    full_sin = torch.cat([ang.sin(), ang.sin()], -1).bfloat16()
     x1, x2 = x.chunk(2, -1)
     want = x * full_cos + torch.cat([-x2, x1], -1) * full_sin
     got = apply_rope(x, cos, sin)
@@ -76,3 +86,15 @@ def test_differentiable_path_matches_inference_path():
     assert x.grad is not None
     with torch.no_grad():
         assert torch.allclose(apply_rope(x, cos, sin), y, atol=1e-6)
+
+
+def test_out_writes_into_a_strided_destination():
+    torch.manual_seed(3)
+    x = torch.randn(2, 5, 1, 8)
+    cos, sin = rope_cos_sin(torch.arange(10).view(2, 5), 8)
+    cache = torch.zeros(2, 1, 9, 8)  # (B, KV, T, D): slots [2, 7) seen as (B, L, KV, D)
+    with torch.no_grad():
+        got = apply_rope(x, cos, sin, out=cache[:, :, 2:7].transpose(1, 2))
+    assert torch.equal(cache[:, :, 2:7].transpose(1, 2), apply_rope(x, cos, sin))
+    assert got.data_ptr() == cache[:, :, 2:7].data_ptr()
+    assert torch.count_nonzero(cache[:, :, :2]) == 0 and torch.count_nonzero(cache[:, :, 7:]) == 0

@@ -1,0 +1,126 @@
+"""Pi0 / Pi0.5 frontend: declared static buffers and one captured graph per prompt-length bucket.
+
+Set up once (`Pi0Frontend.__init__` + `capture`), replay forever (`run`):
+
+* Buffers (`flashrt.runtime.buffers`), allocated once at the LARGEST bucket: the model's io buffers
+  (`vision_images`, `vision_masks`, `prefix_tokens`, `prefix_token_masks`, [`expert_state`],
+  `expert_noise`, `expert_actions`) and its K/V cache (`prefix_k`, `prefix_v`). The graph of a smaller
+  bucket L reads views of them: the first L token columns and the first P(L) + suffix K/V slots. Views
+  never reallocate, so every graph keeps pointing at the same storage.
+* Graphs: a `GraphSet` over the chosen backend ("eager", "trace", "cuda"), captured at load by
+  `capture()`. Hot path: `bucket = bucket_for(n_tokens)` (the smallest bucket holding the prompt; a
+  prompt longer than the largest bucket is an InputError), write the inputs, `run(bucket)`,
+  `actions()`.
+* Noise is a static input: `write_noise(check_noise(array))` copies a caller's array,
+  `write_noise(seed=s)` samples N(0, 1) with a seeded generator on the device, `write_noise()` draws
+  from the frontend's own generator; always outside the graph.
+
+Ownership: the frontend owns its Buffers, graphs and generator; the model's weights must keep their
+storage for as long as the graphs live (see `flashrt.runtime.graphs`). One call at a time.
+
+Shape legend: B batch (1), C cameras, R resolution, L prompt bucket, H chunk, A max action dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from flashrt.errors import InputError
+from flashrt.frontends.pi0.model import Pi0Model, io_buffer_specs, kv_buffer_specs
+from flashrt.nn.attention import StaticKV
+from flashrt.runtime.buffers import Buffers, check_value
+from flashrt.runtime.graphs import GraphSet, get_backend
+
+BUCKET_LADDER = (8, 16, 32, 64, 128, 256, 512)
+
+
+def default_buckets(max_len: int) -> tuple[int, ...]:
+    """Powers of two below the prompt limit, then the limit itself: 48 -> (8, 16, 32, 48)."""
+    return (*(b for b in BUCKET_LADDER if b < max_len), max_len)
+
+
+class Pi0Frontend:
+    """Static buffers + one graph per prompt bucket around a loaded `Pi0Model` (batch 1)."""
+
+    def __init__(self, model: Pi0Model, n_cams: int, buckets: Sequence[int], backend: str = "eager",
+                 backend_opts: Mapping[str, Any] | None = None) -> None:
+        self.model, self.config = model, model.config
+        self.n_cams = int(n_cams)
+        self.device = model.action_in.weight.device
+        self.buckets = tuple(sorted({int(b) for b in buckets}))
+        if not self.buckets or self.buckets[0] <= 0:
+            raise ValueError(f"prompt buckets must be positive, got {buckets}")
+        self.max_len = self.buckets[-1]
+        max_prefix = self.config.prefix_len(self.n_cams, self.max_len)
+        self.buffers = Buffers([*io_buffer_specs(self.config, 1, self.n_cams, self.max_len),
+                                *kv_buffer_specs(self.config, 1, max_prefix, model.dtype)], self.device)
+        self.backend = get_backend(backend, **dict(backend_opts or {}))
+        self.graphs = GraphSet(self.backend, self._build, self.buckets, buffers=self.buffers)
+        self._generator = torch.Generator(self.device)
+        self._generator.seed()
+
+    # ------------------------------------------------------------------------------ capture
+    def _build(self, bucket: int) -> Callable[[], None]:
+        """The no-argument step of one bucket: views of the max-size buffers, nothing allocated."""
+        b, c = self.buffers, self.config
+        t = c.prefix_len(self.n_cams, bucket) + c.suffix_len
+        kv = StaticKV(b["prefix_k"][:, :, :, :t], b["prefix_v"][:, :, :, :t])
+        args = (b["vision_images"], b["vision_masks"], b["prefix_tokens"][:, :bucket],
+                b["prefix_token_masks"][:, :bucket], b["expert_state"] if c.has_state_token else None,
+                b["expert_noise"])
+        out, model = b["expert_actions"], self.model
+
+        def step() -> None:
+            model.sample_actions(*args, kv=kv, out=out)
+
+        return step
+
+    def capture(self) -> dict[str, Any]:
+        """Capture every bucket now (load time); returns the GraphSet report."""
+        self.graphs.capture_all()
+        return self.report()
+
+    def report(self) -> dict[str, Any]:
+        return {**self.graphs.report(), "buffers_bytes": self.buffers.nbytes(),
+                "buffers_by_role": {r: self.buffers.nbytes(r) for r in ("input", "output", "state")}}
+
+    # ------------------------------------------------------------------------------ hot path
+    def bucket_for(self, n_tokens: int) -> int:
+        """The smallest bucket holding `n_tokens` prompt tokens; InputError when none does."""
+        if self.graphs.select(n_tokens) is None:
+            raise InputError(f"prompt of {n_tokens} tokens exceeds the largest bucket {self.max_len}; "
+                             f"buckets: {list(self.buckets)}")
+        return self.graphs.bucket_for(n_tokens)
+
+    def check_noise(self, noise: Any) -> torch.Tensor:
+        """Validate caller noise: (H, A) or (1, H, A), float, finite; returns (1, H, A) float32."""
+        spec = self.buffers.spec("expert_noise")
+        t = noise if isinstance(noise, torch.Tensor) else torch.as_tensor(noise)
+        if t.dim() == len(spec.shape) - 1:
+            t = t[None]
+        if not t.is_floating_point():
+            raise InputError(f"noise: expected a float array of shape {spec.shape[1:]}, got dtype {t.dtype}")
+        return check_value(spec, t.to(torch.float32))
+
+    def write_noise(self, noise: torch.Tensor | None = None, seed: int | None = None) -> None:
+        """Fill the noise buffer: a checked caller array, or N(0, 1) from `seed` / the own generator."""
+        target = self.buffers["expert_noise"]
+        if noise is not None:
+            target.copy_(noise, non_blocking=True)
+            return
+        generator = self._generator
+        if seed is not None:
+            generator = torch.Generator(self.device)
+            generator.manual_seed(int(seed))
+        target.copy_(torch.randn(target.shape, generator=generator, device=self.device))
+
+    def run(self, bucket: int) -> None:
+        """Replay the graph of `bucket` (from `bucket_for`), after the inputs were written."""
+        self.graphs.replay(bucket)
+
+    def actions(self) -> torch.Tensor:
+        """The last replay's actions (H, A) float32, copied to the host."""
+        return self.buffers["expert_actions"][0].to("cpu", copy=True)

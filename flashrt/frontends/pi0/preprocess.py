@@ -1,0 +1,189 @@
+"""Pi0 / Pi0.5 image preprocessing: any size in, the model's square resolution out, values in [-1, 1].
+
+What the reference (lerobot 0.6.1 `PI0Policy._preprocess_images` + `resize_with_pad_torch`, the openpi
+PyTorch port) does, and what this module reproduces:
+
+1. the image becomes float32 in [0, 1] (a uint8 image is divided by 255 first);
+2. if its size differs from the model's (S, S): resize keeping the aspect ratio — ratio
+   ``max(W / S, H / S)``, new size ``int(H / ratio) x int(W / ratio)``, bilinear, ``align_corners=False``,
+   no antialiasing — clamp to [0, 1], then pad with 0 (black) centred, the odd pixel going to the
+   bottom / right; an image already at (S, S) is left untouched;
+3. ``x * 2 - 1`` maps it to [-1, 1] (the padding becomes -1).
+
+A camera missing from an observation is an image of -1 everywhere with its mask off (the reference's
+"empty camera"); at least one camera must be present. Cameras are named openpi-style by the suffix of
+their lerobot key: ``top`` for ``observation.images.top``; either spelling is accepted.
+
+Accepted image layouts: ``H x W x 3`` (uint8 or float) and ``3 x H x W`` (float or uint8); an array with
+3 in both places is read as ``H x W x 3`` when uint8 and ``3 x H x W`` when float, as the reference does.
+Float images must already lie in [0, 1].
+
+Shape legend: N cameras, S model resolution, H/W input height/width.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from flashrt.errors import InputError
+
+CAMERA_PREFIX = "observation.images."
+_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def camera_name(key: str) -> str:
+    """``observation.images.top`` -> ``top``; a plain name is returned unchanged."""
+    return key.removeprefix(CAMERA_PREFIX)
+
+
+def camera_key(name: str) -> str:
+    """``top`` -> ``observation.images.top`` (the lerobot key)."""
+    return name if name.startswith(CAMERA_PREFIX) else CAMERA_PREFIX + name
+
+
+def _as_tensor(name: str, value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise InputError(f"image {name!r}: dtype {value.dtype} is not accepted; pass uint8 or float")
+        try:
+            return torch.from_numpy(np.ascontiguousarray(value))
+        except TypeError:
+            raise InputError(f"image {name!r}: dtype {value.dtype} is not accepted") from None
+    raise InputError(f"image {name!r}: expected a numpy array or torch tensor, got {type(value).__name__}")
+
+
+def _to_chw(name: str, t: torch.Tensor) -> torch.Tensor:
+    """(3, H, W) view of an HxWx3 or 3xHxW image; InputError for any other shape or channel count."""
+    if t.dim() != 3:
+        raise InputError(f"image {name!r}: expected H x W x 3 or 3 x H x W, got shape {tuple(t.shape)}")
+    last, first = t.shape[-1] == 3, t.shape[0] == 3
+    if last and (not first or t.dtype == torch.uint8):
+        t = t.permute(2, 0, 1)
+    elif not first:
+        raise InputError(f"image {name!r}: expected 3 colour channels (H x W x 3 or 3 x H x W), "
+                         f"got shape {tuple(t.shape)}")
+    if t.shape[1] == 0 or t.shape[2] == 0:
+        raise InputError(f"image {name!r}: empty image of shape {tuple(t.shape)}")
+    return t
+
+
+def _check_values(name: str, t: torch.Tensor) -> torch.Tensor:
+    """uint8 (0..255) as is; a float image as float32, checked to be finite and within [0, 1]."""
+    if t.dtype == torch.uint8:
+        return t
+    if t.dtype not in _FLOAT_DTYPES:
+        raise InputError(f"image {name!r}: dtype {t.dtype} is not accepted; "
+                         "pass uint8 (0..255) or float (0..1)")
+    t = t.to(torch.float32)
+    lo, hi = torch.aminmax(t)
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise InputError(f"image {name!r}: contains NaN or inf")
+    if lo < 0.0 or hi > 1.0:
+        raise InputError(f"image {name!r}: float images must lie in [0, 1], got values in "
+                         f"[{lo:.4g}, {hi:.4g}] (pass uint8 for 0..255 data)")
+    return t
+
+
+def resized_size(height: int, width: int, size: int) -> tuple[int, int]:
+    """The reference's resize target for an H x W image into an S x S frame (aspect ratio kept)."""
+    ratio = max(width / size, height / size)
+    return int(height / ratio), int(width / ratio)
+
+
+@dataclass(frozen=True)
+class CheckedImage:
+    """A validated image: (3, H, W) uint8 or float32 in [0, 1] (any memory order, still on the host)
+    and its resize target (None when already S x S)."""
+
+    pixels: torch.Tensor
+    resize_to: tuple[int, int] | None
+
+
+def check_image(name: str, value: Any, size: int) -> CheckedImage:
+    """Validate one image (layout, channels, dtype, range); touches no buffer, converts nothing."""
+    t = _check_values(name, _to_chw(name, _as_tensor(name, value)))
+    h, w = t.shape[1:]
+    if (h, w) == (size, size):
+        return CheckedImage(t, None)
+    target = resized_size(h, w, size)
+    if min(target) == 0:
+        raise InputError(f"image {name!r}: {h} x {w} is too narrow to resize into {size} x {size}")
+    return CheckedImage(t, target)
+
+
+def _unit_float(t: torch.Tensor) -> torch.Tensor:
+    """float32 in [0, 1]; a uint8 image is divided by 255 in one pass in its own memory order (an
+    HxWx3 image stays channels-last; the interpolation reads either), bit-identical to t.float() / 255."""
+    return torch.div(t, 255.0) if t.dtype == torch.uint8 else t
+
+
+def write_image(image: CheckedImage, out: torch.Tensor) -> None:
+    """Resize-with-pad `image` into `out` (3, S, S) on out's device and map it to [-1, 1], in place.
+    The image travels to the device as it came (uint8 is 4x smaller than float) and is converted there."""
+    pixels = _unit_float(image.pixels.to(out.device, non_blocking=True))
+    if image.resize_to is None:
+        out.copy_(pixels)
+    else:
+        rh, rw = image.resize_to
+        resized = F.interpolate(pixels[None], size=(rh, rw), mode="bilinear", align_corners=False)[0]
+        top, left = (out.shape[1] - rh) // 2, (out.shape[2] - rw) // 2
+        out.zero_()
+        out[:, top:top + rh, left:left + rw].copy_(resized.clamp_(0.0, 1.0))
+    out.mul_(2.0).sub_(1.0)
+
+
+def resize_with_pad(image: Any, size: int) -> torch.Tensor:
+    """One image (HxWx3 or 3xHxW, uint8 or float in [0, 1]) -> float32 (3, S, S) in [-1, 1]."""
+    out = torch.empty(3, size, size)
+    write_image(check_image("image", image, size), out)
+    return out
+
+
+class ImagePreprocessor:
+    """Validates a camera dict and writes it into static (N, 3, S, S) pixel and (N,) mask buffers.
+
+    `cameras` fixes the slot of each camera (the checkpoint's order); `check` validates everything
+    and touches nothing, `write` fills the buffers from a checked dict.
+    """
+
+    def __init__(self, cameras: tuple[str, ...], resolution: int) -> None:
+        if not cameras:
+            raise ValueError("a Pi0 policy needs at least one camera")
+        self.cameras = tuple(camera_name(c) for c in cameras)
+        self.resolution = int(resolution)
+        self._slot = {c: i for i, c in enumerate(self.cameras)}
+
+    def check(self, images: Mapping[str, Any]) -> dict[str, CheckedImage]:
+        """Validate every image (names, layout, dtype, range); InputError before any buffer is touched."""
+        if not isinstance(images, Mapping):
+            raise InputError(f"images must be a mapping camera -> image, got {type(images).__name__}")
+        named = {camera_name(str(k)): v for k, v in images.items()}
+        unknown = sorted(set(named) - set(self.cameras))
+        if unknown:
+            raise InputError(f"unknown camera(s) {unknown}; this checkpoint's cameras are "
+                             f"{list(self.cameras)}")
+        present = {c: v for c, v in named.items() if v is not None}
+        if not present:
+            raise InputError(f"no camera image given; at least one of {list(self.cameras)} is required")
+        return {c: check_image(c, v, self.resolution) for c, v in present.items()}
+
+    def write(self, checked: Mapping[str, CheckedImage], pixels: torch.Tensor, masks: torch.Tensor) -> None:
+        """Fill `pixels` (N, 3, S, S) and `masks` (N,); a missing camera is -1 with its mask off."""
+        for camera, slot in self._slot.items():
+            image = checked.get(camera)
+            if image is None:
+                pixels[slot].fill_(-1.0)
+                masks[slot] = False
+            else:
+                write_image(image, pixels[slot])
+                masks[slot] = True

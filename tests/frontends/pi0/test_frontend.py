@@ -1,0 +1,122 @@
+"""Pi0 frontend: declared buffers, one graph per prompt bucket, trace == eager bit for bit, noise."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashrt.errors import InputError
+from flashrt.frontends.pi0.checkpoint import load_checkpoint
+from flashrt.frontends.pi0.frontend import Pi0Frontend, default_buckets
+from flashrt.frontends.pi0.weights import load_pi0
+
+
+def _cases_module():
+    """The shared fixture reader, imported by path (works in any pytest import mode)."""
+    if "_pi0_e2e_cases" not in sys.modules:
+        path = Path(__file__).with_name("_e2e_cases.py")
+        spec = importlib.util.spec_from_file_location("_pi0_e2e_cases", path)
+        sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["_pi0_e2e_cases"]
+
+
+E2E = _cases_module()
+
+
+def _model(name: str):
+    ck = load_checkpoint(E2E.case(name).policy_dir, tokenizer=E2E.TOKENIZER)
+    return ck, load_pi0(ck.model_config, ck.weights)
+
+
+def _feed(frontend: Pi0Frontend, seed: int, n_tokens: int) -> None:
+    """Random valid inputs (the same for every frontend fed with the same seed)."""
+    g = torch.Generator().manual_seed(seed)
+    b, c = frontend.buffers, frontend.config
+    b["vision_images"].copy_(torch.rand(b["vision_images"].shape, generator=g) * 2 - 1)
+    b["vision_masks"].fill_(True)
+    b["vision_masks"][0, -1] = seed % 2 == 0  # sometimes a missing camera
+    b["vision_masks"][0, 0] = True
+    tokens = torch.randint(0, c.vlm.vocab_size, (1, frontend.max_len), generator=g)
+    mask = torch.arange(frontend.max_len)[None] < n_tokens
+    b.populate({"prefix_tokens": tokens, "prefix_token_masks": mask}, partial=True)
+    if c.has_state_token:
+        b["expert_state"].copy_(torch.randn(b["expert_state"].shape, generator=g))
+    frontend.write_noise(seed=seed)
+
+
+def test_default_buckets():
+    assert default_buckets(48) == (8, 16, 32, 48)
+    assert default_buckets(200) == (8, 16, 32, 64, 128, 200)
+    assert default_buckets(10) == (8, 10)
+    assert default_buckets(8) == (8,)
+    assert default_buckets(64) == (8, 16, 32, 64)
+
+
+@pytest.mark.parametrize("name", ["pi0_cam3", "pi05_cam2"])
+def test_trace_replay_equals_eager_bit_for_bit(name):
+    """The trace backend records the step (refusing host syncs, data-dependent shapes, RNG) and its
+    replays equal eager runs exactly, for every bucket and for changing inputs."""
+    _, model = _model(name)
+    eager = Pi0Frontend(model, len(E2E.case(name).info["cameras"]), (16, 32), backend="eager")
+    trace = Pi0Frontend(model, len(E2E.case(name).info["cameras"]), (16, 32), backend="trace")
+    report = trace.capture()
+    assert report["captured"] == [16, 32] and report["buffers_bytes"] == trace.buffers.nbytes()
+    eager.capture()
+    for seed, n_tokens in ((0, 9), (1, 30), (2, 16), (3, 5)):
+        bucket = trace.bucket_for(n_tokens)
+        assert bucket == eager.bucket_for(n_tokens) == (16 if n_tokens <= 16 else 32)
+        for frontend in (trace, eager):
+            _feed(frontend, seed, n_tokens)
+            frontend.run(bucket)
+        assert torch.equal(trace.actions(), eager.actions()), (seed, n_tokens)
+
+
+def test_bucket_choice_does_not_change_actions():
+    """A prompt padded to 16 or to 64 tokens (masked padding) gives the same actions."""
+    _, model = _model("pi0_cam2")
+    small = Pi0Frontend(model, 2, (16, 64))
+    large = Pi0Frontend(model, 2, (64,))
+    for frontend in (small, large):
+        _feed(frontend, 5, 12)
+        frontend.run(frontend.bucket_for(12))
+    assert small.bucket_for(12) == 16 and large.bucket_for(12) == 64
+    assert torch.allclose(small.actions(), large.actions(), atol=1e-5)
+
+
+def test_prompt_longer_than_largest_bucket():
+    _, model = _model("pi05_cam1")
+    frontend = Pi0Frontend(model, 1, (16, 32))
+    with pytest.raises(InputError, match="33 tokens exceeds the largest bucket 32"):
+        frontend.bucket_for(33)
+
+
+def test_noise_is_a_static_input():
+    _, model = _model("pi05_cam1")
+    frontend = Pi0Frontend(model, 1, (16,))
+    noise = frontend.buffers["expert_noise"]
+    frontend.write_noise(seed=7)
+    first = noise.clone()
+    frontend.write_noise(seed=7)
+    assert torch.equal(noise, first)
+    frontend.write_noise(seed=8)
+    assert not torch.equal(noise, first)
+    frontend.write_noise()
+    drawn = noise.clone()
+    frontend.write_noise()
+    assert not torch.equal(noise, drawn)
+    h, a = noise.shape[1:]
+    given = torch.randn(h, a)
+    frontend.write_noise(frontend.check_noise(given))
+    assert torch.equal(noise[0], given)
+    assert torch.equal(frontend.check_noise(given[None].numpy())[0], given)
+    with pytest.raises(InputError, match="expert_noise: expected shape"):
+        frontend.check_noise(torch.randn(h + 1, a))
+    with pytest.raises(InputError, match="float"):
+        frontend.check_noise(torch.zeros(h, a, dtype=torch.int64))
+    with pytest.raises(InputError, match="NaN"):
+        frontend.check_noise(torch.full((h, a), float("nan")))

@@ -1,0 +1,83 @@
+"""The demo: a deterministic random tiny Pi0.5 in the lerobot layout, loaded by the real loader, run in a
+fixed-rate loop. No timing assertions (speed lives in bench/): counts, structure and determinism."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flashrt.demo import SIZES, ToyRobot, demo, ensure_demo_checkpoint, write_demo_checkpoint
+from flashrt.frontends.pi0.checkpoint import detect_layout, load_checkpoint
+from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer
+
+
+def test_checkpoint_is_deterministic_and_lerobot_shaped(tmp_path):
+    a, b = write_demo_checkpoint(tmp_path / "a"), write_demo_checkpoint(tmp_path / "b")
+    for name in ("config.json", "policy_preprocessor.json", "policy_postprocessor.json", "tokenizer.model"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert all(k.startswith("model.") for k in wa)
+    assert detect_layout(a) == "lerobot"
+    ck = load_checkpoint(a)  # the tokenizer ships inside the demo dir
+    c = ck.model_config
+    assert (ck.variant, ck.cameras, ck.state_dim, ck.action_dim) == ("pi05", ("top", "wrist"), 7, 7)
+    assert (c.vlm.width, c.vlm.depth, c.expert.width, c.vision.image_size) == (
+        SIZES.vlm_width, SIZES.depth, SIZES.expert_width, SIZES.image_size)
+    assert (c.chunk_size, c.num_steps, ck.n_action_steps) == (SIZES.chunk_size, SIZES.num_steps,
+                                                              SIZES.n_action_steps)
+    assert json.loads((a / "config.json").read_text())["flashrt_demo"].startswith("RANDOM")
+    tok = PaliGemmaTokenizer(a / "tokenizer.model")
+    assert (tok.pad_id, tok.bos_id, tok.vocab_size) == (0, 2, c.vlm.vocab_size)
+    assert tok.encode("pick up \u00e9")[-2:] == [0xC3 + 4, 0xA9 + 4]  # byte fallback: <0xC3><0xA9>
+
+
+def test_demo_runs_the_loop_and_reports(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    folder = tmp_path / "ckpt"
+    result = demo(rate_hz=40.0, seconds=0.5, device="cpu", checkpoint=str(folder))
+    out = capsys.readouterr().out
+    assert "RANDOM weights" in out and "p99" in out and "deadline" in out
+    assert out.strip().splitlines()[-1].startswith('{"demo":"pi05-tiny-random"')
+    assert result["generated"] and result["ticks"] == 20 and result["step"]["count"] == 20
+    assert result["replan"]["count"] == 20 // SIZES.n_action_steps
+    assert result["step"]["deadline_ms"] == 25.0 and result["backend"] == "eager"
+    assert torch.get_num_threads() == threads
+    again = demo(rate_hz=20.0, seconds=0.25, device="cpu", checkpoint=str(folder), quiet=True)
+    assert not again["generated"] and again["ticks"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary dir left behind
+
+
+def test_generation_is_atomic_and_cached(tmp_path):
+    folder, created = ensure_demo_checkpoint(tmp_path / "c")
+    assert created and (folder / "model.safetensors").is_file()
+    assert ensure_demo_checkpoint(folder) == (folder, False)
+
+
+def test_toy_robot_and_bad_arguments(tmp_path):
+    robot = ToyRobot()
+    obs = robot.observe()
+    assert set(obs) == {"images", "state", "prompt"} and obs["images"]["top"].shape == (48, 64, 3)
+    robot.apply(torch.ones(7).numpy())
+    assert robot.tick == 1 and robot.state.any()
+    with pytest.raises(ValueError, match="positive"):
+        demo(rate_hz=0, checkpoint=str(tmp_path / "x"), quiet=True)
+
+
+def test_never_overwrites_a_foreign_folder(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "config.json").write_text('{"type": "pi05"}')
+    with pytest.raises(ValueError, match="did not generate"):
+        ensure_demo_checkpoint(real)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        ensure_demo_checkpoint(tmp_path / "other")
+    old, _ = ensure_demo_checkpoint(tmp_path / "demo")
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**config, "flashrt_demo_version": "0"}))
+    assert ensure_demo_checkpoint(old) == (old, True)  # an older demo version is regenerated
