@@ -1,0 +1,575 @@
+"""`pi0` / `pi05` benchmarks: the Pi0 / Pi0.5 policy end to end, raw observation in, actions out.
+
+One call (batch 1) = `Policy.infer` on one observation: uint8 camera frames, the raw joint state and a
+prompt in; the un-normalized (H, A) action chunk out, with the flow-matching noise taken from the trace
+so every implementation sees the same draw. Timed stages (`flashrt.bench.registry.STAGES` names):
+
+    validate     observation checks, state normalization, prompt tokenization (nothing written yet)
+    h2d          frames, tokens, state and noise into the static buffers; frames are resized with
+                 padding on the device
+    replay       the captured step of the prompt's bucket (vision + prefix + Euler steps)
+    postprocess  actions to the host, un-normalized
+
+Weights. Without `--checkpoint`, a RANDOM-weight checkpoint in the lerobot 0.6.1 policy-dir layout
+(config.json, model.safetensors, processor JSONs + statistics, the tiny PaliGemma-convention tokenizer
+of `flashrt.demo`) is written to a temporary folder and loaded with `load_policy`, like a downloaded
+one. Sizes come from `profile.shapes.preset` (`PRESETS`):
+
+    tiny    flashrt.demo's embedded sizes (Gemma widths 64 / 32, 2 layers, 56 px), 48 x 64 frames
+    small   the CPU benchmark config of issue #3: Gemma width 256, 4 layers, expert 128, SigLIP 128 x 4
+            layers at 224 px, 10 Euler steps, chunk 50; 480 x 640 frames
+    full    the real sizes: SigLIP So400m/14 at 224 px, Gemma 2B + Gemma 300M expert, the 257,152-token
+            embedding; drawn on the bench device and stored in bf16
+    expert  = full (the preset name of the generic cuda-bf16 profile)
+
+`shapes.views` sets the camera count (default 2), `shapes.chunk` / `shapes.steps` the chunk size and
+Euler steps, `shapes.buckets` the prompt-length buckets (default: the checkpoint's ladder); `[model]`
+takes `seed`. With `--checkpoint DIR` a real lerobot / openpi checkpoint is loaded instead (its variant
+must be the benchmark's; `views` and `chunk` then come from it).
+
+References (`--vs`, `quality.reference`):
+
+    eager    the same weights behind the eager backend (own static buffers, no capture)
+    trace / cuda / eager-backend   the same weights behind that graph backend
+    compile  the step of every bucket under torch.compile (eager backend; compiled on first use)
+    lerobot  lerobot 0.6.1 PI0Policy / PI05Policy and its processor pipelines, built from the same
+             policy dir (only where lerobot imports: the reference venv, with bench/ and tests/ of a
+             checkout next to this package)
+
+Shape letters: C cameras, H chunk size, A the checkpoint's action size, Am max_action_dim, R x W raw
+frame rows x columns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+import time
+import types
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashrt.bench.profiles import Profile
+from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
+from flashrt.demo import ACTION_DIM, SIZES, STATE_DIM, DemoSizes, build_tokenizer, lerobot_pi05_shapes
+from flashrt.errors import ConfigError
+from flashrt.frontends.pi0.frontend import Pi0Frontend
+from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step
+from flashrt.frontends.pi0.preprocess import camera_key
+from flashrt.profile.timers import StageTimer
+
+VARIANTS = ("pi0", "pi05")
+CAMERAS = ("top", "wrist", "side")
+PROMPTS = ("pick up the red cube", "put the block in the box", "open the drawer", "pick up the cube")
+OBS_KEYS = ("images", "state", "prompt")
+TOKENIZER_MAX = {"pi0": 48, "pi05": 200}  # lerobot 0.6.1 defaults (tokenizer_max_length)
+NORMALIZATION = {"pi0": "MEAN_STD", "pi05": "QUANTILES"}  # lerobot defaults for STATE and ACTION
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_MODEL_KEYS = ("seed",)
+_PG = "model.paligemma_with_expert.paligemma."
+
+
+# ------------------------------------------------------------------------------------------ presets
+@dataclass(frozen=True)
+class BenchPreset:
+    """A random-weight benchmark checkpoint: model sizes, cameras, raw frame size, storage.
+
+    vocab 0 keeps the tokenizer's own size (a few hundred rows); the full preset keeps PaliGemma's."""
+
+    sizes: DemoSizes
+    cameras: int = 2
+    frame: tuple[int, int] = (480, 640)
+    vocab: int = 0
+    storage: torch.dtype = torch.float32
+
+
+SMALL = DemoSizes(vision_width=128, vision_depth=4, vision_mlp=512, image_size=224, vlm_width=256,
+                  vlm_mlp=1024, expert_width=128, expert_mlp=512, depth=4, head_dim=32, chunk_size=50,
+                  n_action_steps=50, num_steps=10)
+FULL = DemoSizes(vision_width=1152, vision_depth=27, vision_mlp=4304, image_size=224, vlm_width=2048,
+                 vlm_mlp=16_384, expert_width=1024, expert_mlp=4096, depth=18, head_dim=256, chunk_size=50,
+                 n_action_steps=50, num_steps=10)
+PRESETS: dict[str, BenchPreset] = {
+    "tiny": BenchPreset(SIZES, frame=(48, 64)),
+    "small": BenchPreset(SMALL),
+    "full": BenchPreset(FULL, vocab=257_152, storage=torch.bfloat16),
+}
+PRESETS["expert"] = PRESETS["full"]
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Everything `write_checkpoint` needs: variant, sizes (max_tokens already per variant), cameras."""
+
+    variant: str
+    sizes: DemoSizes
+    cameras: tuple[str, ...]
+    vocab: int = 0
+    storage: torch.dtype = torch.float32
+    seed: int = 0
+
+
+def checkpoint_spec(variant: str, profile: Profile) -> CheckpointSpec:
+    """The random checkpoint a profile asks for (preset, views, chunk, steps, [model] seed)."""
+    where = profile.path or profile.name
+    if profile.shapes.preset not in PRESETS:
+        raise ConfigError(f"{where}: {variant} has no preset {profile.shapes.preset!r}; "
+                          f"presets: {sorted(PRESETS)}")
+    preset, s = PRESETS[profile.shapes.preset], profile.shapes
+    views = s.views or preset.cameras
+    if views > len(CAMERAS):
+        raise ConfigError(f"{where}: shapes.views = {views}; the benchmark checkpoint has at most "
+                          f"{len(CAMERAS)} cameras")
+    chunk = s.chunk or preset.sizes.chunk_size
+    sizes = replace(preset.sizes, chunk_size=chunk, n_action_steps=min(preset.sizes.n_action_steps, chunk),
+                    num_steps=s.steps or preset.sizes.num_steps, max_tokens=TOKENIZER_MAX[variant])
+    return CheckpointSpec(variant, sizes, CAMERAS[:views], preset.vocab, preset.storage,
+                          int(profile.model.get("seed", 0)))
+
+
+# ------------------------------------------------------------------------------------------ checkpoint
+def lerobot_shapes(variant: str, s: DemoSizes, vocab: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a lerobot 0.6.1 PI0Policy / PI05Policy state dict, key -> shape. Pi0 differs from
+    Pi0.5 in its expert: plain RMSNorm gains instead of adaRMS denses, a state projection, and the
+    action-time MLP (input: action and time embedding concatenated) instead of the time MLP."""
+    shapes = lerobot_pi05_shapes(s, vocab)
+    if variant == "pi05":
+        return shapes
+    we, out = s.expert_width, {}
+    for key, shape in shapes.items():
+        if key.endswith(".dense.weight"):
+            out[key.removesuffix(".dense.weight") + ".weight"] = (we,)
+        elif not key.endswith(".dense.bias") and not key.startswith("model.time_mlp_"):
+            out[key] = shape
+    for name, (rows, cols) in {"state_proj": (we, s.max_dim), "action_time_mlp_in": (we, 2 * we),
+                               "action_time_mlp_out": (we, we)}.items():
+        out[f"model.{name}.weight"], out[f"model.{name}.bias"] = (rows, cols), (rows,)
+    return out
+
+
+def random_weights(shapes: dict[str, tuple[int, ...]], seed: int, device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Seeded N(0, 1/fan_in) weights drawn ON `device` (vectors: 0.05 N(0, 1), + 1 for SigLIP LayerNorm
+    gains), in sorted key order, stored as `dtype`; PaliGemma's lm_head is tied to the embedding."""
+    g = torch.Generator(device).manual_seed(seed)
+    out = {}
+    for key in sorted(shapes):
+        shape = shapes[key]
+        t = torch.randn(shape, generator=g, device=device) / math.sqrt(max(math.prod(shape[1:]), 1))
+        if len(shape) == 1:
+            t = t * 0.05 + (1.0 if "layer_norm" in key or "post_layernorm" in key else 0.0)
+        out[key] = t.to(dtype)
+    out[_PG + "lm_head.weight"] = out[_PG + "model.language_model.embed_tokens.weight"].clone()  # tied
+    return out
+
+
+def _feature(kind: str, shape: tuple[int, ...]) -> dict[str, Any]:
+    return {"type": kind, "shape": list(shape)}
+
+
+def _features(spec: CheckpointSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    side = spec.sizes.image_size
+    inputs = {camera_key(c): _feature("VISUAL", (3, side, side)) for c in spec.cameras}
+    inputs["observation.state"] = _feature("STATE", (STATE_DIM,))
+    return inputs, {"action": _feature("ACTION", (ACTION_DIM,))}
+
+
+def config_json(spec: CheckpointSpec) -> dict[str, Any]:
+    """lerobot's config.json (only keys lerobot's PI0Config / PI05Config know, so lerobot reads it too)."""
+    s, (inputs, outputs) = spec.sizes, _features(spec)
+    norm = NORMALIZATION[spec.variant]
+    return {"type": spec.variant, "n_obs_steps": 1, "input_features": inputs, "output_features": outputs,
+            "device": "cpu", "paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m",
+            "dtype": "float32", "chunk_size": s.chunk_size, "n_action_steps": s.n_action_steps,
+            "max_state_dim": s.max_dim, "max_action_dim": s.max_dim, "num_inference_steps": s.num_steps,
+            "min_period": 0.004, "max_period": 4.0, "use_relative_actions": False,
+            "image_resolution": [s.image_size, s.image_size], "empty_cameras": 0,
+            "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": norm, "ACTION": norm},
+            "tokenizer_max_length": s.max_tokens}
+
+
+# lerobot 0.6.1 processor order (make_pi0_pre_post_processors / make_pi05_pre_post_processors).
+PRE_STEPS = {
+    "pi0": ("rename_observations_processor", "to_batch_processor", "pi0_new_line_processor",
+            "tokenizer_processor", "device_processor", "relative_actions_processor", "normalizer_processor"),
+    "pi05": ("rename_observations_processor", "to_batch_processor", "relative_actions_processor",
+             "normalizer_processor", "pi05_prepare_state_tokenizer_processor_step", "tokenizer_processor",
+             "device_processor"),
+}
+POST_STEPS = ("unnormalizer_processor", "absolute_actions_processor", "device_processor")
+
+
+def _step_configs(spec: CheckpointSpec, features: dict[str, Any], post: bool) -> dict[str, dict[str, Any]]:
+    norm = NORMALIZATION[spec.variant]
+    normalizer = {"eps": 1e-8, "features": features,
+                  "norm_map": {"VISUAL": "IDENTITY", "STATE": norm, "ACTION": norm}}
+    return {"rename_observations_processor": {"rename_map": {}}, "to_batch_processor": {},
+            "pi0_new_line_processor": {}, "pi05_prepare_state_tokenizer_processor_step": {},
+            "tokenizer_processor": {"max_length": spec.sizes.max_tokens, "task_key": "task",
+                                    "padding_side": "right", "padding": "max_length", "truncation": True,
+                                    "tokenizer_name": "google/paligemma-3b-pt-224"},
+            "device_processor": {"device": "cpu", "float_dtype": None},
+            "relative_actions_processor": {"enabled": False, "exclude_joints": ["gripper"],
+                                           "action_names": None},
+            "absolute_actions_processor": {"enabled": False},
+            "normalizer_processor" if not post else "unnormalizer_processor": normalizer}
+
+
+def _pipeline(name: str, steps: tuple[str, ...], configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out = []
+    for i, step in enumerate(steps):
+        entry = {"registry_name": step, "config": configs[step]}
+        if step.endswith("normalizer_processor"):
+            entry["state_file"] = f"{name}_step_{i}_{step}.safetensors"
+        out.append(entry)
+    return {"name": name, "steps": out}
+
+
+def processor_jsons(spec: CheckpointSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """policy_preprocessor.json and policy_postprocessor.json as lerobot 0.6.1 saves them."""
+    inputs, outputs = _features(spec)
+    pre = _pipeline("policy_preprocessor", PRE_STEPS[spec.variant],
+                    _step_configs(spec, {**inputs, **outputs}, post=False))
+    post = _pipeline("policy_postprocessor", POST_STEPS, _step_configs(spec, outputs, post=True))
+    return pre, post
+
+
+def statistics(seed: int) -> dict[str, torch.Tensor]:
+    """Plausible joint statistics for state and action (a gripper in [0, 1] last), lerobot's flat keys."""
+    g = torch.Generator().manual_seed(seed + 1)
+    out = {}
+    for key, dim in (("observation.state", STATE_DIM), ("action", ACTION_DIM)):
+        center, spread = torch.randn(dim, generator=g) * 0.5, torch.rand(dim, generator=g) + 0.5
+        center[-1], spread[-1] = 0.5, 0.5
+        stats = {"mean": center, "std": spread / 2, "min": center - 1.2 * spread,
+                 "max": center + 1.2 * spread, "q01": center - spread, "q99": center + spread}
+        out.update({f"{key}.{k}": v.float().contiguous() for k, v in stats.items()})
+    return out
+
+
+def write_metadata(folder: Path, spec: CheckpointSpec) -> None:
+    """config.json, the two processor JSONs and their statistics files (everything but weights and
+    tokenizer) for `spec` into `folder`."""
+    from safetensors.torch import save_file
+
+    (folder / "config.json").write_text(json.dumps(config_json(spec), indent=2))
+    stats = statistics(spec.seed)
+    for pipeline in processor_jsons(spec):
+        (folder / f"{pipeline['name']}.json").write_text(json.dumps(pipeline, indent=2))
+        for step in pipeline["steps"]:
+            if "state_file" in step:
+                save_file(stats, str(folder / step["state_file"]))
+
+
+def write_checkpoint(folder: Path, spec: CheckpointSpec, device: str | torch.device = "cpu") -> Path:
+    """Write a random-weight lerobot 0.6.1 policy dir for `spec` into `folder` (weights drawn on
+    `device`, then saved from the host)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = build_tokenizer(folder / "tokenizer.model")
+    shapes = lerobot_shapes(spec.variant, spec.sizes, spec.vocab or vocab)
+    weights = random_weights(shapes, spec.seed, device, spec.storage)
+    host = {k: v.to("cpu") for k, v in weights.items()}
+    del weights
+    save_file(host, str(folder / "model.safetensors"))
+    del host
+    write_metadata(folder, spec)
+    return folder
+
+
+# ------------------------------------------------------------------------------------------ hot path
+def staged_infer(policy: Any, inputs: dict[str, Any], timer: StageTimer) -> tuple[dict[str, np.ndarray], int]:
+    """`Policy.infer(obs, noise=inputs["noise"])` with each phase inside `timer.stage(...)` (names in the
+    module doc). Returns ({"actions": (H, A) float32}, the prompt bucket replayed)."""
+    obs = {k: inputs[k] for k in OBS_KEYS}
+    with timer.stage("validate"):
+        checked, state, bucket = policy._prepare(obs, inputs["noise"])
+    with timer.stage("h2d"):
+        policy._write(checked, None)
+    with timer.stage("replay"):
+        policy.frontend.run(bucket)
+    with timer.stage("postprocess"):
+        actions = policy._finish(state)
+    return {"actions": actions}, bucket
+
+
+def observations(policy: Any, n: int, seed: int, frame: tuple[int, int] = (480, 640)) -> list[dict[str, Any]]:
+    """`n` observations for `policy`: C uint8 (R, W, 3) frames, a state near the statistics' center, a
+    prompt, and the flow-matching noise (1, H, Am) float32; deterministic in `seed`."""
+    rng, c = np.random.default_rng(seed), policy.config
+    return [{"images": {cam: rng.integers(0, 256, (*frame, 3), dtype=np.uint8) for cam in policy.cameras},
+             "state": rng.normal(0.0, 0.5, policy.state_dim).astype(np.float32),
+             "prompt": PROMPTS[i % len(PROMPTS)],
+             "noise": rng.normal(0.0, 1.0, (1, c.chunk_size, c.max_action_dim)).astype(np.float32)}
+            for i in range(n)]
+
+
+class PolicyRunner:
+    """One implementation of the benchmark: a loaded `Policy` run through `staged_infer`; counts the
+    prompt buckets it replays (for the FLOP / byte accounting)."""
+
+    def __init__(self, name: str, policy: Any):
+        self.name, self.policy = name, policy
+        self.buckets: Counter[int] = Counter()
+
+    def run(self, inputs: dict[str, Any], timer: StageTimer) -> dict[str, np.ndarray]:
+        out, bucket = staged_infer(self.policy, inputs, timer)
+        self.buckets[bucket] += 1
+        return out
+
+
+class CompiledStepFrontend(Pi0Frontend):
+    """A `Pi0Frontend` whose per-bucket step runs under torch.compile (eager backend: nothing captured;
+    each bucket compiles on its first replay)."""
+
+    def _build(self, bucket: int) -> Any:
+        return torch.compile(super()._build(bucket), dynamic=False)
+
+
+def sibling_policy(policy: Any, backend: str = "eager", frontend_cls: type = Pi0Frontend,
+                   cameras: tuple[str, ...] | None = None) -> Any:
+    """A second `Policy` over the SAME weights (model, tokenizer, normalizers): its own static buffers and
+    graphs on `backend`, optionally for other cameras (the network is camera-count independent)."""
+    from flashrt.policy import Policy
+
+    ck = policy.checkpoint if cameras is None else replace(policy.checkpoint, cameras=tuple(cameras))
+    f = policy.frontend
+    frontend = frontend_cls(f.model, len(ck.cameras), f.buckets, backend)
+    frontend.capture()
+    return Policy(ck, frontend, policy.prompts, policy.n_action_steps)
+
+
+class LoopPolicy:
+    """`flashrt loop`'s view of a Policy: `step(obs)` with the trace's noise, `replanned` set after each
+    step, `chunk_size` = the replan period (n_action_steps)."""
+
+    def __init__(self, policy: Any):
+        self.policy, self.chunk_size, self.replanned = policy, policy.n_action_steps, False
+
+    def step(self, obs: dict[str, Any]) -> np.ndarray:
+        self.replanned = self.policy.queued == 0
+        return self.policy.step({k: obs[k] for k in OBS_KEYS}, noise=obs.get("noise"))
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+
+# ------------------------------------------------------------------------------------------ lerobot
+_CHECKOUT = Path(__file__).resolve().parents[3]
+_VS_LEROBOT = _CHECKOUT / "bench" / "pi0_vs_lerobot.py"
+_LEROBOT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+_UNPATCHED: dict[str, tuple[Any, Any, Any]] = {}
+
+
+def _lerobot_gen() -> Any:
+    """The e2e fixture generator (tests/fixtures/gen/gen_pi0_e2e.py, loaded by bench/pi0_vs_lerobot.py):
+    lerobot's modules, its tiny-size patch `shrink`, the offline tokenizer loader, `lerobot_batch`."""
+    if not _VS_LEROBOT.is_file():
+        raise ReferenceUnavailable(f"the lerobot reference needs a flashrt checkout ({_VS_LEROBOT} is "
+                                   "missing)")
+    _share_sentencepiece_proto()
+    spec = importlib.util.spec_from_file_location("_flashrt_pi0_vs_lerobot", _VS_LEROBOT)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        return module._gen_module()
+    except ImportError as exc:
+        raise ReferenceUnavailable(f"lerobot 0.6.1 is not importable here ({exc}); run under the reference "
+                                   "venv (bench/README.md)") from None
+
+
+def _share_sentencepiece_proto() -> None:
+    """transformers' copy of sentencepiece_model.proto cannot be registered once sentencepiece's own is
+    (the tokenizer writer loaded it: "duplicate file name"); both define the same messages, so the
+    generator's import of transformers' copy is pointed at the loaded one."""
+    loaded = sys.modules.get("sentencepiece.sentencepiece_model_pb2")
+    if loaded is not None:
+        sys.modules.setdefault("transformers.utils.sentencepiece_model_pb2_new", loaded)
+
+
+def _shrink(gen: Any, modeling: Any, config: Any) -> None:
+    """Make lerobot build the sizes of `config` (it hard-codes Gemma 2B / 300M and So400m); undoes an
+    earlier patch of the same module first, so successive sizes do not stack."""
+    names = ("get_gemma_config", "PaliGemmaForConditionalGenerationWithPiGemma", "PiGemmaForCausalLM")
+    saved = _UNPATCHED.setdefault(modeling.__name__, tuple(getattr(modeling, n) for n in names))
+    for name, value in zip(names, saved):
+        setattr(modeling, name, value)
+    gemma = lambda g: dict(width=g.width, depth=g.depth, mlp_dim=g.mlp_dim, num_heads=g.num_heads,
+                           num_kv_heads=g.num_kv_heads, head_dim=g.head_dim)
+    v = config.vision
+    vision = dict(hidden_size=v.width, intermediate_size=v.mlp_dim, num_hidden_layers=v.depth,
+                  num_attention_heads=v.num_heads, patch_size=v.patch)
+    gen.shrink(modeling, config.vlm.vocab_size, gemma(config.vlm), gemma(config.expert), vision)
+
+
+class LerobotRunner:
+    """lerobot 0.6.1 PI0Policy / PI05Policy with its processor pipelines, built from the same policy dir
+    (config.json read by lerobot, model.safetensors loaded strictly). Stages: preprocess (uint8 -> float
+    CHW / 255, the preprocessor pipeline), forward (`predict_action_chunk` with the trace's noise),
+    postprocess (the postprocessor: un-normalize, to the host)."""
+
+    name = "lerobot"
+
+    def __init__(self, folder: Path, config: Any, device: str, precision: str = "float32"):
+        if precision not in _LEROBOT_DTYPES:
+            raise ReferenceUnavailable(f"lerobot runs float32 or bfloat16, not {precision}")
+        self.gen, self.device = _lerobot_gen(), device
+        modeling = self.gen.pi0_modeling if config.variant == "pi0" else self.gen.pi05_modeling
+        _shrink(self.gen, modeling, config)
+        tokenizer = self.gen.load_hf_tokenizer(folder / "tokenizer.model")
+        self.gen.tokenizer_processor.AutoTokenizer = types.SimpleNamespace(
+            from_pretrained=lambda *a, **k: tokenizer)
+        self.policy, cfg = self._policy(folder, modeling, config.variant, precision)
+        from lerobot.policies.factory import make_pre_post_processors
+
+        self.pre, self.post = make_pre_post_processors(
+            cfg, pretrained_path=str(folder), preprocessor_overrides={"device_processor": {"device": device}})
+
+    def _policy(self, folder: Path, modeling: Any, variant: str, precision: str) -> tuple[Any, Any]:
+        from lerobot.configs.policies import PreTrainedConfig
+        from safetensors.torch import load_file
+
+        cfg = PreTrainedConfig.from_pretrained(folder)
+        cfg.device, cfg.dtype = self.device, _LEROBOT_DTYPES[precision]
+        policy = (modeling.PI0Policy if variant == "pi0" else modeling.PI05Policy)(cfg)
+        policy.load_state_dict(load_file(str(folder / "model.safetensors")), strict=True)
+        return policy.to(self.device).eval(), cfg
+
+    def run(self, inputs: dict[str, Any], timer: StageTimer) -> dict[str, np.ndarray]:
+        with timer.stage("preprocess"):
+            batch = self.pre(self.gen.lerobot_batch(inputs))
+        noise = torch.from_numpy(np.asarray(inputs["noise"])).to(self.device)
+        with timer.stage("forward"), torch.no_grad():
+            actions = self.policy.predict_action_chunk(batch, noise=noise)
+        with timer.stage("postprocess"):
+            actions = self.post(actions)
+            return {"actions": actions[0].float().cpu().numpy()}
+
+
+# ------------------------------------------------------------------------------------------ the adapter
+def _precision(profile: Profile) -> str:
+    if profile.precision not in PRECISIONS:
+        raise ConfigError(f"{profile.path or profile.name}: the Pi0 benchmark runs {sorted(PRECISIONS)}, not "
+                          f"{profile.precision!r} (no quantized Pi0 path yet)")
+    return PRECISIONS[profile.precision]
+
+
+def _check_model_keys(profile: Profile) -> None:
+    unknown = sorted(set(profile.model) - set(_MODEL_KEYS))
+    if unknown:
+        raise ConfigError(f"{profile.path or profile.name}: [model] keys {unknown} are not Pi0 benchmark "
+                          f"options {list(_MODEL_KEYS)}")
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+class Pi0Benchmark:
+    """Adapter of the `Benchmark` protocol (flashrt.bench.registry) for one Pi0 / Pi0.5 variant."""
+
+    def __init__(self, variant: str, profile: Profile, checkpoint: str | None, device: str):
+        _check_model_keys(profile)
+        self.variant, self.profile, self.device = variant, profile, device
+        self.cold_start_ms: dict[str, float] = {}
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.spec = checkpoint_spec(variant, profile) if not checkpoint else None
+        self.folder = Path(checkpoint) if checkpoint else self._write_random()
+        self.loaded = self._load(_precision(profile))
+        self.impl = PolicyRunner(f"flashrt:{profile.runtime.backend}", self.loaded)
+        self.name = self.impl.name
+
+    def _write_random(self) -> Path:
+        start = time.perf_counter()
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"flashrt-bench-{self.variant}-")
+        folder = write_checkpoint(Path(self._tmp.name), self.spec, self.device)
+        self.cold_start_ms["write_checkpoint"] = _ms_since(start)
+        return folder
+
+    def _load(self, precision: str) -> Any:
+        from flashrt.policy import load_policy
+
+        start, s = time.perf_counter(), self.profile.shapes
+        policy = load_policy(self.folder, device=self.device, precision=precision, num_steps=s.steps or None,
+                             backend=self.profile.runtime.backend, buckets=s.buckets or None)
+        total, captured = _ms_since(start), policy.frontend.report()["capture_s"]
+        self.cold_start_ms |= {"load": total - 1e3 * sum(captured.values()),
+                               "capture": 1e3 * sum(captured.values())}
+        if policy.config.variant != self.variant:
+            raise ConfigError(f"{self.folder} holds a {policy.config.variant} checkpoint; this is the "
+                              f"{self.variant} benchmark")
+        return policy
+
+    @property
+    def frame(self) -> tuple[int, int]:
+        return PRESETS[self.profile.shapes.preset].frame if self.spec else PRESETS["full"].frame
+
+    def make_inputs(self, trace_seed: int) -> list[dict[str, Any]]:
+        return observations(self.loaded, self.profile.bench.trace_len, trace_seed, self.frame)
+
+    def run(self, inputs: dict[str, Any], timer: StageTimer) -> dict[str, np.ndarray]:
+        return self.impl.run(inputs, timer)
+
+    def reference(self, name: str) -> Any:
+        from flashrt.runtime.graphs import backend_names
+
+        if name == "compile":
+            return PolicyRunner("compile", sibling_policy(self.loaded, "eager", CompiledStepFrontend))
+        if name == "lerobot":
+            if self.loaded.checkpoint.layout != "lerobot":
+                raise ReferenceUnavailable(f"lerobot reads lerobot policy dirs; {self.folder} is "
+                                           f"{self.loaded.checkpoint.layout}")
+            return LerobotRunner(self.folder, self.loaded.config, self.device, _precision(self.profile))
+        backend = name.removesuffix("-backend")
+        if backend in backend_names():
+            return PolicyRunner(name, sibling_policy(self.loaded, backend))
+        raise ReferenceUnavailable(f"{self.variant} has no reference {name!r}; it offers eager, compile, "
+                                   f"lerobot and the graph backends {backend_names()}")
+
+    def flops_bytes(self) -> tuple[float, float]:
+        """Network FLOPs and minimum DRAM bytes per call, averaged over the buckets the calls replayed."""
+        cfg, n_cams = self.loaded.config, len(self.loaded.cameras)
+        buckets = self.impl.buckets or Counter({self.loaded.frontend.max_len: 1})
+        wb = self.loaded.frontend.model.dtype.itemsize
+        calls = sum(buckets.values())
+        flops = sum(n * flops_per_step(cfg, n_cams, b)["total"] for b, n in buckets.items()) / calls
+        nbytes = sum(n * bytes_per_step(cfg, n_cams, b, weight_bytes=wb)["total"] for b, n in buckets.items())
+        return float(flops), float(nbytes / calls)
+
+    def memory(self) -> dict[str, int]:
+        model = self.loaded.frontend.model
+        return {"buffers": self.loaded.frontend.buffers.nbytes(),
+                "weights": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+    def policy(self) -> LoopPolicy:
+        return LoopPolicy(self.loaded)
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def make_pi0_benchmark(profile: Profile, checkpoint: str | None, device: str) -> Pi0Benchmark:
+    """Factory registered as `pi0`."""
+    return Pi0Benchmark("pi0", profile, checkpoint, device)
+
+
+def make_pi05_benchmark(profile: Profile, checkpoint: str | None, device: str) -> Pi0Benchmark:
+    """Factory registered as `pi05`."""
+    return Pi0Benchmark("pi05", profile, checkpoint, device)
+
+
+register_benchmark("pi0", make_pi0_benchmark,
+                   description="Pi0 policy end to end (frames, state, prompt -> action chunk)")
+register_benchmark("pi05", make_pi05_benchmark,
+                   description="Pi0.5 policy end to end (frames, state, prompt -> action chunk)")
