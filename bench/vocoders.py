@@ -1,0 +1,349 @@
+"""Benchmark: vocoders on the CPU, flashrt against each family's reference package, same weights and input.
+
+Regime: batch 1, one utterance of ``--frames`` mel frames decoded in one call, at a realistic size with
+random weights (HiFi-GAN V1 vs transformers ``SpeechT5HifiGan``; BigVGAN-base vs the ``bigvgan``
+package after its own ``remove_weight_norm()``, as its inference scripts do). Metrics: wall time per
+call of each side, real-time factor (time / audio duration), and the speed ratio, measured A/B
+interleaved in one process (median of per-pair ratios reference_ms / flashrt_ms, so load noise on a
+shared machine hits both sides alike); streaming time to first audio (flashrt, features arriving in
+pieces of ``--piece`` frames) next to the reference's only option (decode everything, then play).
+A quality gate (max |flashrt - reference| <= 1e-4) runs before any timing counts.
+
+Runs in the reference environment with flashrt importable::
+
+    PYTHONPATH=/work/main /work/ref/venv/bin/python bench/vocoders.py [--only hifigan-v1] [--pairs 7]
+
+Prints tables on stderr, then ONE JSON line on stdout. ``--threads`` sets the torch threads of both
+sides; ``--plot DIR`` writes one latency PNG per case. bf16 variants of flashrt (same weights; oneDNN
+uses AMX where the CPU has it) are timed and reported apart (``bf16_*``: max |delta| and SNR against the
+fp32 reference): a different precision, not part of the fp32 ratio. Families register their cases in
+``CASES`` (vocoder-B adds vocos/snac entries with `register_case`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashrt.frontends.vocoders import load_vocoder
+from flashrt.profile.report import json_line, kv_table, print_tables
+
+
+@dataclass
+class Case:
+    """One comparison: the flashrt vocoder, the reference callable, one input, and what it decodes to."""
+
+    name: str
+    flashrt: Any                            # a loaded flashrt Vocoder
+    reference: Callable[[Any], torch.Tensor]  # input -> audio (B, N) (any shape that flattens alike)
+    inputs: Any                             # what both sides take (flashrt gets it as voc(*inputs))
+    sample_rate: int
+    notes: dict[str, Any] = field(default_factory=dict)
+    variants: dict[str, Any] = field(default_factory=dict)   # other flashrt vocoders, e.g. {"bf16": voc}
+
+
+CASES: dict[str, Callable[[argparse.Namespace, Path], Case]] = {}
+
+
+def register_case(name: str):
+    """Decorator: ``@register_case("vocos-mel")`` on ``make(args, workdir) -> Case``."""
+    def wrap(make: Callable[[argparse.Namespace, Path], Case]) -> Callable[[argparse.Namespace, Path], Case]:
+        CASES[name] = make
+        return make
+    return wrap
+
+
+def _randomize_(module: torch.nn.Module, seed: int, gain: float = 1.0) -> None:
+    """Weights ~ gain / sqrt(fan_in) (outputs in a normal range), biases ~ 0.05, snake params ~ 0.2 N(0,1)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if name.endswith(("alpha", "beta")):
+                p.copy_(0.2 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.05 * noise)
+            else:
+                p.copy_(gain * noise / (p[0].numel() ** 0.5))
+
+
+def _mel(channels: int, frames: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(1, channels, frames, generator=torch.Generator().manual_seed(seed))
+
+
+@register_case("hifigan-v1")
+def hifigan_v1(args: argparse.Namespace, workdir: Path) -> Case:
+    from transformers import SpeechT5HifiGan, SpeechT5HifiGanConfig
+
+    cfg = SpeechT5HifiGanConfig(model_in_dim=80, upsample_initial_channel=512, upsample_rates=[8, 8, 2, 2],
+                                upsample_kernel_sizes=[16, 16, 4, 4], resblock_kernel_sizes=[3, 7, 11],
+                                resblock_dilation_sizes=[[1, 3, 5]] * 3, sampling_rate=22050,
+                                normalize_before=False)
+    ref = SpeechT5HifiGan(cfg).eval()
+    _randomize_(ref, seed=0)
+    ref.save_pretrained(workdir / "hifigan-v1")
+    voc = load_vocoder(workdir / "hifigan-v1", buckets=(args.frames,), stream_chunk=args.chunk)
+    mel = _mel(80, args.frames)
+    return Case("hifigan-v1", voc, lambda m: ref(m.transpose(1, 2)), (mel,), 22050,
+                {"reference": "transformers SpeechT5HifiGan (V1 sizes)", "params_M": _params(ref)},
+                _bf16(workdir / "hifigan-v1", args))
+
+
+def _bf16(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The same weights at bf16 (oneDNN/AMX on CPUs that have it): a different precision, reported apart."""
+    return {"bf16": load_vocoder(folder, buckets=(args.frames,), precision="bf16")} if args.bf16 else {}
+
+
+@register_case("bigvgan-base")
+def bigvgan_base(args: argparse.Namespace, workdir: Path) -> Case:
+    from bigvgan.bigvgan import BigVGAN
+    from bigvgan.env import AttrDict
+
+    h = AttrDict(dict(num_mels=100, upsample_rates=[8, 8, 2, 2], upsample_kernel_sizes=[16, 16, 4, 4],
+                      upsample_initial_channel=512, resblock="1", resblock_kernel_sizes=[3, 7, 11],
+                      resblock_dilation_sizes=[[1, 3, 5]] * 3, activation="snakebeta", snake_logscale=True,
+                      sampling_rate=24000))
+    ref = BigVGAN(h, use_cuda_kernel=False).eval()
+    _randomize_(ref, seed=1)
+    folder = workdir / "bigvgan-base"
+    folder.mkdir()
+    ref._save_pretrained(folder)                    # {"generator": sd} with weight_g/weight_v + config.json
+    _quiet(ref.remove_weight_norm)
+    voc = load_vocoder(folder, buckets=(args.frames,), stream_chunk=args.chunk)
+    mel = _mel(100, args.frames, seed=1)
+    return Case("bigvgan-base", voc, lambda m: ref(m), (mel,), 24000,
+                {"reference": "bigvgan 2.4.1 BigVGAN (base 24k 100-band sizes)", "params_M": _params(ref)})
+    # no bf16 variant here: measured 3.4x SLOWER than the reference on this CPU (bf16 sin/pad/depthwise
+    # filters run unvectorized), 35.6 dB SNR; the fp32 path is the fast one for BigVGAN.
+
+
+# ---------------------------------------------------------------------------------- vocoder-B entries
+# Vocos (mel 24 kHz and EnCodec 24 kHz sizes) vs the `vocos` package, SNAC 24 kHz vs the `snac` package.
+
+
+def _save_vocos(ref: torch.nn.Module, config: dict, folder: Path) -> None:
+    import yaml
+
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    sd = {k: v for k, v in ref.state_dict().items() if not k.startswith("feature_extractor.encodec.")}
+    torch.save(sd, folder / "pytorch_model.bin")   # as the Vocos releases ship it
+
+
+def _vocos_mel_config() -> dict:
+    return {"feature_extractor": {"class_path": "vocos.feature_extractors.MelSpectrogramFeatures",
+                                  "init_args": {"sample_rate": 24000, "n_fft": 1024, "hop_length": 256,
+                                                "n_mels": 100, "padding": "center"}},
+            "backbone": {"class_path": "vocos.models.VocosBackbone",
+                         "init_args": {"input_channels": 100, "dim": 512, "intermediate_dim": 1536,
+                                       "num_layers": 8}},
+            "head": {"class_path": "vocos.heads.ISTFTHead",
+                     "init_args": {"dim": 512, "n_fft": 1024, "hop_length": 256, "padding": "center"}}}
+
+
+@register_case("vocos-mel-24khz")
+def vocos_mel(args: argparse.Namespace, workdir: Path) -> Case:
+    from vocos import Vocos
+
+    from flashrt.frontends.vocoders.vocos import load_config
+
+    config = _vocos_mel_config()
+    folder = workdir / "vocos-mel"
+    (workdir / "c.yaml").write_text(__import__("yaml").safe_dump(config))
+    torch.manual_seed(2)
+    ref = Vocos.from_hparams(str(workdir / "c.yaml")).eval()
+    _randomize_(ref, seed=2)
+    _save_vocos(ref, config, folder)
+    voc = load_vocoder(folder, config=load_config(folder), buckets=(args.frames,), stream_chunk=args.chunk)
+    mel = _mel(100, args.frames, seed=2)
+    return Case("vocos-mel-24khz", voc, lambda m: ref.decode(m), (mel,), 24000,
+                {"reference": "vocos 0.1.0 Vocos.decode (mel-24khz sizes)", "params_M": _params(ref)})
+
+
+class _Scales(tuple):
+    """SNAC's codes of every scale as ONE bench input: ``x[..., a:b]`` slices frames a..b of every scale
+    (scale i has rates[i] codes per frame) and ``x.shape[-1]`` is the number of frames."""
+
+    rates: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, codes: list[torch.Tensor], rates: list[int]) -> _Scales:
+        out = cls(codes)
+        out.rates = tuple(rates)
+        return out
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (*self[0].shape[:-1], self[0].shape[-1] // self.rates[0])
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple) and key and key[0] is Ellipsis:
+            sl = key[-1]
+            return tuple(c[..., sl.start * r:sl.stop * r] for c, r in zip(self, self.rates))
+        return tuple.__getitem__(self, key)
+
+
+@register_case("snac-24khz")
+def snac_24khz(args: argparse.Namespace, workdir: Path) -> Case:
+    import json
+    import math
+
+    from snac import SNAC
+
+    config = dict(sampling_rate=24000, encoder_dim=48, encoder_rates=[2, 4, 8, 8], decoder_dim=1024,
+                  decoder_rates=[8, 8, 4, 2], attn_window_size=None, codebook_size=4096, codebook_dim=8,
+                  vq_strides=[4, 2, 1], noise=False, depthwise=True)
+    torch.manual_seed(3)
+    ref = SNAC(**config).eval()          # noise off: the released config has noise=true (random draws)
+    folder = workdir / "snac-24khz"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.save(ref.state_dict(), folder / "pytorch_model.bin")
+    frames = math.ceil(args.frames * 256 / 2048)  # the same audio length as --frames mel frames at hop 256
+    voc = load_vocoder(folder, buckets=(frames,), stream_chunk=max(1, args.chunk // 8))
+    g = torch.Generator().manual_seed(3)
+    codes = [torch.randint(0, 4096, (1, frames * s), generator=g) for s in (1, 2, 4)]
+    return Case("snac-24khz", voc, lambda scales: ref.decode(list(scales)), (_Scales.of(codes, [1, 2, 4]),),
+                24000, {"reference": "snac 1.2.1 SNAC.decode (snac_24khz sizes, noise off)",
+                        "params_M": _params(ref), "frames": frames})
+
+
+def _params(module: torch.nn.Module) -> float:
+    return round(sum(p.numel() for p in module.parameters()) / 1e6, 2)
+
+
+def _quiet(fn: Callable[[], Any]) -> None:
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        fn()
+
+
+# ------------------------------------------------------------------------------------------ measure
+
+def _time(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter_ns()
+    out = fn()
+    return (time.perf_counter_ns() - start) / 1e6, out
+
+
+def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    """Quality gate, warm-up, interleaved A/B pairs, then a streaming run."""
+    with torch.inference_mode():
+        want = case.reference(*case.inputs).reshape(-1)
+    got = case.flashrt(*case.inputs).reshape(-1)
+    delta = float((got - want).abs().max())
+    if got.shape != want.shape or delta > 1e-4:
+        raise SystemExit(f"{case.name}: quality gate failed (max |delta| {delta:.3g}); no timing reported")
+    audio_s = got.numel() / case.sample_rate
+    pairs = _pairs(case, args.pairs)
+    ratios = [r / f for f, r in pairs]
+    flash_ms = statistics.median(f for f, _ in pairs)
+    ref_ms = statistics.median(r for _, r in pairs)
+    return {"case": case.name, "max_abs_delta": delta, "audio_s": audio_s, "pairs": len(pairs),
+            "flashrt_ms": [f for f, _ in pairs], "reference_ms": [r for _, r in pairs],
+            "flashrt_ms_p50": flash_ms, "reference_ms_p50": ref_ms, "flashrt_rtf": flash_ms / 1e3 / audio_s,
+            "reference_rtf": ref_ms / 1e3 / audio_s, "speedup_median_of_pairs": statistics.median(ratios),
+            "speedup_min": min(ratios), "speedup_max": max(ratios), **_stream(case, args),
+            **_variants(case, want, ref_ms, args.pairs), **case.notes}
+
+
+def _variants(case: Case, want: torch.Tensor, ref_ms: float, n: int) -> dict[str, Any]:
+    """Each extra flashrt variant (another precision): accuracy against the fp32 reference, median time,
+    and its speed against the reference's median. Not part of the fp32 A/B ratio above."""
+    out: dict[str, Any] = {}
+    for name, voc in case.variants.items():
+        got = voc(*case.inputs).reshape(-1)
+        err = got - want
+        ms = statistics.median(_time(lambda v=voc: v(*case.inputs))[0] for _ in range(n))
+        out.update({f"{name}_ms_p50": ms, f"{name}_speedup_vs_reference": ref_ms / ms,
+                    f"{name}_max_abs_delta": float(err.abs().max()),
+                    f"{name}_snr_db": float(10 * torch.log10(want.pow(2).mean() / err.pow(2).mean()))})
+    return out
+
+
+def _pairs(case: Case, n: int) -> list[tuple[float, float]]:
+    """n interleaved (flashrt_ms, reference_ms) pairs after one warm-up each; order alternates."""
+    flash = lambda: case.flashrt(*case.inputs)
+
+    def ref():
+        with torch.inference_mode():
+            return case.reference(*case.inputs)
+    flash(), ref()
+    out = []
+    for i in range(n):
+        if i % 2:
+            r, f = _time(ref)[0], _time(flash)[0]
+        else:
+            f, r = _time(flash)[0], _time(ref)[0]
+        out.append((f, r))
+    return out
+
+
+def _stream(case: Case, args: argparse.Namespace) -> dict[str, Any]:
+    voc, (features,) = case.flashrt, case.inputs[:1]
+    pieces = [features[..., i:i + args.piece] for i in range(0, features.shape[-1], args.piece)]
+    ttfa, total = [], []
+    for _ in range(3):
+        ms, parts = _time(lambda: list(voc.stream(pieces)))
+        report = voc.report()
+        ttfa.append(report["ttfa_ms"])
+        total.append(ms)
+    whole = voc(*case.inputs)
+    delta = float((torch.cat(parts, -1) - whole).abs().max())
+    return {"stream_chunk_frames": voc.stream_chunk, "stream_context_frames": list(voc.signature.context),
+            "stream_ttfa_ms_p50": statistics.median(ttfa), "stream_total_ms_p50": statistics.median(total),
+            "stream_vs_oneshot_max_abs_delta": delta}
+
+
+def _plot(folder: Path, results: list[dict[str, Any]]) -> None:
+    from flashrt.profile.plots import plot_latency
+
+    for r in results:
+        plot_latency(folder / f"vocoders_{r['case']}.png", {"flashrt": r["flashrt_ms"]},
+                     per_call=[{"flashrt": ms} for ms in r["flashrt_ms"]],
+                     title=f"{r['case']}: one call, {r['audio_s']:.2f} s of audio (ms)",
+                     compare={"reference": r["reference_ms"]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--only", nargs="*", default=None, help=f"cases to run (default all: {sorted(CASES)})")
+    add("--frames", type=int, default=200, help="mel frames per utterance (~2.3 s at hop 256)")
+    add("--pairs", type=int, default=7, help="interleaved A/B pairs per case")
+    add("--chunk", type=int, default=32, help="flashrt stream chunk (frames)")
+    add("--piece", type=int, default=8, help="frames per incoming feature piece when streaming")
+    add("--threads", type=int, default=torch.get_num_threads(), help="torch threads (both sides)")
+    add("--plot", type=Path, default=None, help="folder for one latency PNG per case (needs matplotlib)")
+    add("--no-bf16", dest="bf16", action="store_false", help="skip the bf16 variants")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.only or sorted(CASES):
+            workdir = Path(tmp) / name
+            workdir.mkdir()
+            results.append(run_case(CASES[name](args, workdir), args))
+    print_tables(*(kv_table({k: v if isinstance(v, (int, float)) else str(v) for k, v in r.items()
+                             if k not in ("case", "flashrt_ms", "reference_ms")},
+                            f"{r['case']} (CPU, {args.threads} threads)") for r in results))
+    if args.plot is not None:
+        _plot(args.plot, results)
+    print(json_line({"bench": "vocoders", "device": "cpu", "threads": args.threads, "frames": args.frames,
+                     "torch": torch.__version__, "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

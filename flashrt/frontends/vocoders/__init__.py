@@ -1,0 +1,240 @@
+"""Vocoder frontends: a registry of families and `load_vocoder`.
+
+    from flashrt.frontends.vocoders import load_vocoder
+    voc = load_vocoder("path/to/checkpoint_dir")                 # family detected from config/keys
+    voc = load_vocoder("hifigan-v1", checkpoint="generator.pt")  # a model card (models/*.toml)
+    audio = voc(mel)                                             # (B, N) float32
+    for piece in voc.stream(mel_chunks): ...                     # equals the one-shot output
+    voc.report()                                                 # compute_ms, rtf, ttfa_ms
+
+``load_vocoder(path_or_card, device="cpu", precision="fp32", backend=None, buckets=None, *, family=None,
+config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False)``:
+
+* ``path_or_card``: a checkpoint directory or file (config.json + weights: transformers
+  ``save_pretrained`` dirs, ``{"generator": state_dict}`` .pt files, safetensors), a card name from
+  ``models/`` or a ``.toml`` path, or an in-memory mapping of tensors.
+* Family: ``family=`` if given (and the checkpoint must not look like another family: CheckpointError),
+  else the card's ``family``, else the one registered family whose ``detect`` accepts the checkpoint.
+* Config: ``config=`` (a preset name or a config object) > the card (``preset`` + ``[config]``
+  overrides) > the checkpoint's config.json (``family.config_from_dict``).
+* Weights: always mapped strictly through the family's WeightMap (missing/unexpected/mis-shaped keys in
+  one CheckpointError), weight norm folded once, PyTorch files opened with ``weights_only=True``.
+* precision: "fp32" | "bf16" | "fp16" (module and activations; audio comes back float32).
+* backend: "eager" (CPU default), "trace", "cuda" (CUDA default); buckets: frame counts.
+
+Registering a family (how vocos.py / snac.py plug in; import-time, no other side effects)::
+
+    from flashrt.frontends.vocoders import register_vocoder
+    from flashrt.frontends.vocoders.base import VocoderFamily, VocoderSignature, FeatureInput
+
+    register_vocoder(VocoderFamily(
+        name="vocos",
+        presets=PRESETS,                       # name -> frozen config dataclass (include "tiny")
+        config_from_dict=VocosConfig.from_dict,
+        build=lambda cfg: Vocos(cfg),          # run under the meta device by load_module
+        weight_map=weight_map,                 # (cfg, checkpoint) -> flashrt.io.WeightMap
+        signature=signature,                   # cfg -> VocoderSignature(inputs, hop, sr, context, trim)
+        detect=detect,                         # CheckpointSource(path, config, keys) -> bool
+    ))
+
+and add the module path to `_FAMILY_MODULES` below so `load_vocoder` imports it on demand. The module's
+forward is ``forward(*inputs, valid=EXACT) -> (B, N)``; see `flashrt.frontends.vocoders.base` for the
+full contract and `flashrt.nn.audio.ValidLength` for what ``valid`` must do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashrt.errors import CheckpointError, ConfigError
+from flashrt.frontends.vocoders.base import CheckpointSource, Vocoder, VocoderFamily
+from flashrt.io import Checkpoint, load_module, open_checkpoint
+from flashrt.resources import list_data
+
+__all__ = ["load_vocoder", "register_vocoder", "get_family", "families", "read_card", "Vocoder",
+           "VocoderFamily"]
+
+_FAMILY_MODULES = {
+    "hifigan": "flashrt.frontends.vocoders.hifigan",
+    "bigvgan": "flashrt.frontends.vocoders.bigvgan",
+    "vocos": "flashrt.frontends.vocoders.vocos",
+    "snac": "flashrt.frontends.vocoders.snac",
+}
+_REGISTRY: dict[str, VocoderFamily] = {}
+CARD_KEYS = {"family", "preset", "description", "config", "source", "weights", "runtime", "reference"}
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def register_vocoder(family: VocoderFamily, replace: bool = False) -> VocoderFamily:
+    """Add a family under ``family.name`` (ConfigError if taken, unless replace=True)."""
+    if family.name in _REGISTRY and not replace and _REGISTRY[family.name] is not family:
+        raise ConfigError(f"vocoder family {family.name!r} is already registered")
+    _REGISTRY[family.name] = family
+    return family
+
+
+def _import_families() -> None:
+    for name, module in _FAMILY_MODULES.items():
+        if name in _REGISTRY:
+            continue
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:  # a family not written yet is simply not available
+            if exc.name != module:
+                raise
+
+
+def families() -> dict[str, VocoderFamily]:
+    """Every available family, by name."""
+    _import_families()
+    return dict(_REGISTRY)
+
+
+def get_family(name: str) -> VocoderFamily:
+    known = families()
+    if name not in known:
+        raise ConfigError(f"unknown vocoder family {name!r}; known: {sorted(known)}")
+    return known[name]
+
+
+# ------------------------------------------------------------------------------------------ cards
+
+def read_card(name_or_path: str | Path) -> dict[str, Any]:
+    """A model card as a dict: ``family``, ``preset``, optional ``[config]``/``[weights]``/``[runtime]``."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        cards = list_data("models")
+        if str(name_or_path) not in cards:
+            raise ConfigError(f"no model card {name_or_path!r}; vocoder cards: "
+                              f"{sorted(c for c in cards if _is_vocoder_card(cards[c]))}")
+        path = cards[str(name_or_path)]
+    with open(path, "rb") as f:
+        card = tomllib.load(f)
+    unknown = set(card) - CARD_KEYS
+    if unknown or "family" not in card:
+        raise ConfigError(f"card {path}: needs 'family'; unknown keys {sorted(unknown)}")
+    return card
+
+
+def _is_vocoder_card(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f).get("family") in _FAMILY_MODULES
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+
+
+def _looks_like_card(source: Any) -> bool:
+    if not isinstance(source, (str, Path)):
+        return False
+    path = Path(source)
+    return path.suffix == ".toml" or (not path.exists() and str(source) in list_data("models"))
+
+
+def config_for(family: VocoderFamily, preset: Any = None, overrides: Mapping[str, Any] | None = None) -> Any:
+    """A family config from a preset name (or config object) plus field overrides (unknown: ConfigError)."""
+    if preset is None or isinstance(preset, str):
+        if preset not in family.presets:
+            raise ConfigError(f"{family.name}: unknown preset {preset!r}; presets: {sorted(family.presets)}")
+        preset = family.presets[preset]
+    overrides = dict(overrides or {})
+    fields = {f.name for f in dataclasses.fields(preset)}
+    if set(overrides) - fields:
+        raise ConfigError(f"{family.name}: unknown config keys {sorted(set(overrides) - fields)}")
+    return dataclasses.replace(preset, **_tuplify(overrides))
+
+
+def _tuplify(d: Mapping[str, Any]) -> dict[str, Any]:
+    fix = lambda v: tuple(fix(x) for x in v) if isinstance(v, list) else v
+    return {k: fix(v) for k, v in d.items()}
+
+
+# --------------------------------------------------------------------------------- checkpoints
+
+def _open(source: Any) -> tuple[Checkpoint, Mapping[str, Any] | None, Any]:
+    """(checkpoint, its config.json or None, path or None)."""
+    if isinstance(source, Checkpoint):
+        return source, None, None
+    if isinstance(source, Mapping):
+        return Checkpoint.from_tensors(source), None, None
+    path = Path(source)
+    config_path = (path if path.is_dir() else path.parent) / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else None
+    return open_checkpoint(path), config, path
+
+
+def detect_family(source: CheckpointSource) -> list[str]:
+    """Names of the families whose detector accepts this checkpoint."""
+    return [name for name, fam in families().items() if fam.detect(source)]
+
+
+def _resolve_family(requested: str | None, source: CheckpointSource) -> VocoderFamily:
+    found = detect_family(source)
+    where = source.path or "the given weights"
+    if requested is not None:
+        if found and requested not in found:
+            raise CheckpointError(f"{where} looks like a {'/'.join(found)} checkpoint, not {requested!r}")
+        return get_family(requested)
+    if len(found) != 1:
+        what = "no known vocoder family" if not found else f"several families ({found})"
+        raise CheckpointError(f"{where}: matches {what}; pass family= (known: {sorted(families())})")
+    return get_family(found[0])
+
+
+# -------------------------------------------------------------------------------------- loading
+
+def load_vocoder(
+    path_or_card: Any,
+    device: str | torch.device = "cpu",
+    precision: str = "fp32",
+    backend: str | None = None,
+    buckets: Sequence[int] | None = None,
+    *,
+    family: str | None = None,
+    config: Any = None,
+    checkpoint: Any = None,
+    stream_chunk: int | None = None,
+    batch: int = 1,
+    strict: bool = False,
+    capture: bool = True,
+) -> Vocoder:
+    """Load, map strictly, and capture a vocoder (see the module docstring for every argument)."""
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r}; choose one of {sorted(PRECISIONS)}")
+    card: dict[str, Any] = {}
+    if _looks_like_card(path_or_card):
+        card = read_card(path_or_card)
+        family = family or card["family"]
+        path_or_card = checkpoint or card.get("weights", {}).get("path")
+        if path_or_card is None:
+            raise CheckpointError(f"card {card.get('preset')!r} of {family} names no weight file; "
+                                  "pass checkpoint=<dir or file>")
+    ckpt, ckpt_config, path = _open(path_or_card)
+    fam = _resolve_family(family, CheckpointSource(path, ckpt_config, frozenset(ckpt.keys())))
+    cfg = _pick_config(fam, config, card, ckpt_config)
+    dtype = PRECISIONS[precision]
+    module = load_module(lambda: fam.build(cfg), ckpt, fam.weight_map(cfg, ckpt), device=device, dtype=dtype)
+    runtime = card.get("runtime", {})
+    voc = Vocoder(fam, cfg, module, device=device, backend=backend, dtype=dtype, batch=batch, strict=strict,
+                  buckets=buckets or runtime.get("buckets"),
+                  stream_chunk=stream_chunk or runtime.get("stream_chunk"))
+    return voc.capture() if capture else voc
+
+
+def _pick_config(fam: VocoderFamily, config: Any, card: Mapping[str, Any], ckpt_config: Any) -> Any:
+    if config is not None and not isinstance(config, str):
+        return config
+    if config is not None or card:
+        return config_for(fam, config or card.get("preset"), None if config else card.get("config"))
+    if ckpt_config is None:
+        raise CheckpointError(f"{fam.name}: the checkpoint has no config.json; pass config=<preset or "
+                              f"config> (presets: {sorted(fam.presets)}) or a model card")
+    return fam.config_from_dict(ckpt_config)

@@ -1,0 +1,529 @@
+"""`hifigan`, `bigvgan`, `vocos`, `snac` benchmarks: one utterance decoded in one call (batch 1).
+
+One call = the vocoder's one-shot decode of T frames (mel features, or SNAC's codes of every scale) into
+(1, N) float32 audio. Timed stages (`flashrt.bench.registry.STAGES` names):
+
+    validate     layout, dtype, range and finiteness of the inputs; the bucket is picked
+    h2d          inputs padded to the bucket and copied into the static buffers
+    replay       the captured decode of that bucket
+    d2h          the audio copied back to the host
+
+Sizes (`profile.shapes.preset` -> the family's preset, `SPECS`): `tiny` -> each family's "tiny";
+`small` -> the realistic sizes: HiFi-GAN V1 (22.05 kHz), BigVGAN-base (24 kHz, 100 bands), Vocos mel
+24 kHz, SNAC 24 kHz (noise blocks off); `full` / `expert` -> the largest released sizes (BigVGAN v2
+24 kHz 256x, the others as `small`). Frames per call: `shapes.chunk`, else as many as make
+`TARGET_SAMPLES[preset]` samples (about 2.1-2.3 s of audio for the realistic sizes); buckets:
+`shapes.buckets`, else that one length. `[model]` takes `seed`.
+
+Weights, RANDOM and seeded (latency does not depend on their values):
+
+* where the family's reference package imports (the reference venv), the package builds its own model
+  at these sizes, randomized (bench/vocoders.py's `_randomize_`), and saves it in its release layout;
+  flashrt loads that folder with `load_vocoder`, exactly like a downloaded checkpoint, and the package
+  reference loads the same folder: same weights on both sides;
+* elsewhere, flashrt's module is filled directly with seeded random tensors (its own layout), and the
+  package reference is unavailable;
+* with `--checkpoint DIR` (a real or saved checkpoint) both load DIR.
+
+References (`--vs`, `quality.reference`): eager (the same module behind the eager backend, own static
+buffers), trace / cuda / eager-backend (that graph backend), compile (each bucket's decode under
+torch.compile), and the family's package: transformers (`SpeechT5HifiGan`), bigvgan (`BigVGAN` after
+`remove_weight_norm()`), vocos (`Vocos.decode`), snac (`SNAC.decode`).
+
+FLOPs per call are counted by running the module once under `torch.utils.flop_counter.FlopCounterMode`
+(convolutions, transposed convolutions, matmuls, and the oneDNN fused conv / linear kernels of the CPU
+path: 2 per multiply-add; element-wise work and FFTs are not counted); bytes = weights + inputs + audio
+(activations not counted).
+
+Shape letters: T frames per call, C mel bins, N samples = T * hop - trim.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashrt.bench.profiles import Profile
+from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
+from flashrt.errors import ConfigError, InputError
+from flashrt.frontends.vocoders import PRECISIONS, get_family, load_vocoder
+from flashrt.frontends.vocoders.base import Vocoder, check_inputs
+from flashrt.io import build_on_meta, expected_slots, meta_tensors, reset_derived
+from flashrt.profile.timers import StageTimer
+
+TARGET_SAMPLES = {"tiny": 2048, "small": 51_200, "full": 51_200, "expert": 51_200}
+_MODEL_KEYS = ("seed",)
+_CHECKOUT = Path(__file__).resolve().parents[3]
+_VOCODERS_SCRIPT = _CHECKOUT / "bench" / "vocoders.py"
+
+
+# ------------------------------------------------------------------------------------------ packages
+def _bench_helpers() -> Any:
+    """bench/vocoders.py (its `_randomize_` and `_save_vocos`), loaded by path from the checkout."""
+    if not _VOCODERS_SCRIPT.is_file():
+        raise ImportError(f"{_VOCODERS_SCRIPT} is missing (the package references need a flashrt checkout)")
+    name = "_flashrt_bench_vocoders"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, _VOCODERS_SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it executes
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
+
+def _quiet(fn: Callable[[], Any]) -> Any:
+    with contextlib.redirect_stdout(io.StringIO()):
+        return fn()
+
+
+def _lists(values: Any) -> Any:
+    return [_lists(v) for v in values] if isinstance(values, tuple | list) else values
+
+
+def _write_speecht5(cfg: Any, folder: Path, seed: int) -> None:
+    from transformers import SpeechT5HifiGan, SpeechT5HifiGanConfig
+
+    if cfg.resblock != "1" or not cfg.conv_post_bias or cfg.normalize_before:
+        raise ReferenceUnavailable("transformers SpeechT5HifiGan has ResBlock1, a biased conv_post and no "
+                                   "input normalization in this benchmark; this preset differs")
+    ref = SpeechT5HifiGan(SpeechT5HifiGanConfig(
+        model_in_dim=cfg.in_channels, upsample_initial_channel=cfg.upsample_initial_channel,
+        upsample_rates=_lists(cfg.upsample_rates), upsample_kernel_sizes=_lists(cfg.upsample_kernel_sizes),
+        resblock_kernel_sizes=_lists(cfg.resblock_kernel_sizes),
+        resblock_dilation_sizes=_lists(cfg.resblock_dilation_sizes), leaky_relu_slope=cfg.leaky_relu_slope,
+        sampling_rate=cfg.sample_rate, normalize_before=False)).eval()
+    _bench_helpers()._randomize_(ref, seed)
+    ref.save_pretrained(folder)
+
+
+def _load_speecht5(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
+    from transformers import SpeechT5HifiGan
+
+    ref = SpeechT5HifiGan.from_pretrained(str(folder)).to(device).eval()
+    return lambda mel: ref(mel.transpose(1, 2))
+
+
+_BIGVGAN_KEYS = ("num_mels", "upsample_initial_channel", "upsample_rates", "upsample_kernel_sizes",
+                 "resblock", "resblock_kernel_sizes", "resblock_dilation_sizes", "activation",
+                 "snake_logscale", "use_tanh_at_final", "use_bias_at_final")
+
+
+def _write_bigvgan(cfg: Any, folder: Path, seed: int) -> None:
+    from bigvgan.bigvgan import BigVGAN
+    from bigvgan.env import AttrDict
+
+    h = {k: _lists(getattr(cfg, k)) for k in _BIGVGAN_KEYS} | {"sampling_rate": cfg.sample_rate}
+    ref = BigVGAN(AttrDict(h), use_cuda_kernel=False).eval()
+    _bench_helpers()._randomize_(ref, seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    ref._save_pretrained(folder)  # {"generator": state dict with weight_g / weight_v} + config.json
+
+
+def _load_bigvgan(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
+    from bigvgan.bigvgan import BigVGAN
+    from bigvgan.env import AttrDict
+
+    ref = BigVGAN(AttrDict(json.loads((folder / "config.json").read_text())), use_cuda_kernel=False)
+    state = torch.load(folder / "bigvgan_generator.pt", map_location="cpu", weights_only=True)
+    ref.load_state_dict(state["generator"])
+    _quiet(ref.remove_weight_norm)  # as its inference scripts do
+    ref = ref.to(device).eval()
+    return lambda mel: ref(mel)
+
+
+def _vocos_yaml(cfg: Any) -> dict[str, Any]:
+    if cfg.variant != "mel":
+        raise ReferenceUnavailable("the vocos reference here builds mel Vocos only (EnCodec features would "
+                                   "need the EnCodec weights)")
+    return {"feature_extractor": {"class_path": "vocos.feature_extractors.MelSpectrogramFeatures",
+                                  "init_args": {"sample_rate": cfg.sample_rate, "n_fft": cfg.n_fft,
+                                                "hop_length": cfg.hop_length, "n_mels": cfg.input_channels,
+                                                "padding": cfg.padding}},
+            "backbone": {"class_path": "vocos.models.VocosBackbone",
+                         "init_args": {"input_channels": cfg.input_channels, "dim": cfg.dim,
+                                       "intermediate_dim": cfg.intermediate_dim,
+                                       "num_layers": cfg.num_layers}},
+            "head": {"class_path": "vocos.heads.ISTFTHead",
+                     "init_args": {"dim": cfg.dim, "n_fft": cfg.n_fft, "hop_length": cfg.hop_length,
+                                   "padding": cfg.padding}}}
+
+
+def _write_vocos(cfg: Any, folder: Path, seed: int) -> None:
+    import yaml
+    from vocos import Vocos
+
+    config = _vocos_yaml(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "c.yaml").write_text(yaml.safe_dump(config))
+        ref = Vocos.from_hparams(str(Path(tmp) / "c.yaml")).eval()
+    helpers = _bench_helpers()
+    helpers._randomize_(ref, seed)
+    helpers._save_vocos(ref, config, folder)  # config.yaml + pytorch_model.bin, as the releases ship
+
+
+def _load_vocos(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
+    from vocos import Vocos
+
+    ref = Vocos.from_hparams(str(folder / "config.yaml"))
+    ref.load_state_dict(torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True),
+                        strict=False)
+    ref = ref.to(device).eval()
+    return lambda mel: ref.decode(mel)
+
+
+_SNAC_KEYS = ("sampling_rate", "encoder_dim", "encoder_rates", "latent_dim", "decoder_dim", "decoder_rates",
+              "attn_window_size", "codebook_size", "codebook_dim", "vq_strides", "noise", "depthwise")
+
+
+def _write_snac(cfg: Any, folder: Path, seed: int) -> None:
+    from snac import SNAC
+
+    if cfg.noise:
+        raise ReferenceUnavailable("SNAC's noise blocks draw random numbers; the benchmark runs noise off")
+    config = {k: _lists(getattr(cfg, k)) for k in _SNAC_KEYS}
+    torch.manual_seed(seed)
+    ref = SNAC(**config).eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.save(ref.state_dict(), folder / "pytorch_model.bin")
+
+
+def _load_snac(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
+    from snac import SNAC
+
+    ref = SNAC(**json.loads((folder / "config.json").read_text()))
+    ref.load_state_dict(torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True))
+    ref = ref.to(device).eval()
+    return lambda *codes: ref.decode(list(codes))
+
+
+# ------------------------------------------------------------------------------------------ specs
+@dataclass(frozen=True)
+class FamilySpec:
+    """How one family is benchmarked: family presets per profile preset, config overrides, and its
+    reference package (`write`: build, randomize, save in the package's layout; `load`: that folder ->
+    a callable taking the vocoder's inputs and returning audio)."""
+
+    family: str
+    presets: Mapping[str, str]
+    package: str
+    write: Callable[[Any, Path, int], None]
+    load: Callable[[Path, Any, str], Callable[..., torch.Tensor]]
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _presets(tiny: str, realistic: str, largest: str | None = None) -> dict[str, str]:
+    return {"tiny": tiny, "small": realistic, "full": largest or realistic, "expert": largest or realistic}
+
+
+SPECS: dict[str, FamilySpec] = {
+    "hifigan": FamilySpec("hifigan", _presets("tiny", "v1"), "transformers", _write_speecht5, _load_speecht5),
+    "bigvgan": FamilySpec("bigvgan", _presets("tiny", "base-24k-100band", "v2-24k-100band-256x"), "bigvgan",
+                          _write_bigvgan, _load_bigvgan),
+    "vocos": FamilySpec("vocos", _presets("tiny", "mel-24khz"), "vocos", _write_vocos, _load_vocos),
+    "snac": FamilySpec("snac", _presets("tiny", "24khz"), "snac", _write_snac, _load_snac,
+                       overrides={"noise": False}),
+}
+
+
+def bench_config(spec: FamilySpec, profile: Profile) -> Any:
+    """The family config the profile's preset names (with the spec's overrides)."""
+    where = profile.path or profile.name
+    if profile.shapes.preset not in spec.presets:
+        raise ConfigError(f"{where}: {spec.family} has no preset {profile.shapes.preset!r}; "
+                          f"presets: {sorted(spec.presets)}")
+    cfg = get_family(spec.family).presets[spec.presets[profile.shapes.preset]]
+    fields = {f for f in spec.overrides if hasattr(cfg, f)}
+    return replace(cfg, **{f: spec.overrides[f] for f in fields})
+
+
+# ------------------------------------------------------------------------------------------ building
+def random_module(family: Any, cfg: Any, seed: int, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    """flashrt's module for `cfg` with seeded random weights in its own layout (built on meta, filled,
+    derived buffers computed): weights N(0, 1/fan_in), vectors 0.05 N(0, 1), snake alpha/beta 0.2 N(0, 1)."""
+    module = build_on_meta(lambda: family.build(cfg))
+    g = torch.Generator().manual_seed(seed)
+    slots = expected_slots(module, dtype)
+    tensors = {name: _random_like(name, slot, g).to(device) for name, slot in slots.items()}
+    module.load_state_dict(tensors, strict=True, assign=True)
+    reset_derived(module, device)
+    if meta_tensors(module):
+        raise ConfigError(f"{family.name}: tensors left on meta: {meta_tensors(module)[:5]}")
+    return module.eval().requires_grad_(False)
+
+
+def _random_like(name: str, slot: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    if not slot.dtype.is_floating_point:
+        return torch.zeros(slot.shape, dtype=slot.dtype)
+    noise = torch.randn(slot.shape, generator=g)
+    if name.endswith(("alpha", "beta")):
+        noise = 0.2 * noise
+    elif slot.dim() <= 1:
+        noise = 0.05 * noise
+    else:
+        noise = noise / math.sqrt(max(slot[0].numel(), 1))
+    return noise.to(slot.dtype)
+
+
+def count_flops(module: torch.nn.Module, inputs: list[torch.Tensor]) -> float:
+    """Matmul and convolution FLOPs (2 per multiply-add) of one `module(*inputs)` call, counted by
+    FlopCounterMode, which is taught the oneDNN fused kernels the CPU path runs (`MKLDNN_FLOPS`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False, custom_mapping=MKLDNN_FLOPS) as counter, torch.no_grad():
+        module(*inputs)
+    return float(counter.get_total_flops())
+
+
+def _mkldnn_conv(*args: Any, out_shape: Any = None, **_: Any) -> int:
+    """mkldnn::_convolution_pointwise (X, W, ...) or .binary (X, other, W, ...): every output element
+    takes (in / groups) x kernel multiply-adds."""
+    weight = args[2] if len(args) > 10 else args[1]
+    return 2 * math.prod(out_shape) * math.prod(weight[1:])
+
+
+def _mkldnn_linear(*args: Any, out_shape: Any = None, **_: Any) -> int:
+    """mkldnn::_linear_pointwise (X, W, ...) or .binary (X, other, W, B, attr); W is (out, in)."""
+    weight = args[2] if len(args) == 5 else args[1]
+    return 2 * math.prod(out_shape) * weight[1]
+
+
+MKLDNN_FLOPS: dict[Any, Callable[..., int]] = {}
+for _op, _formula in (("_convolution_pointwise", _mkldnn_conv), ("_linear_pointwise", _mkldnn_linear)):
+    if hasattr(torch.ops.mkldnn, _op):
+        MKLDNN_FLOPS[getattr(torch.ops.mkldnn, _op)] = _formula
+
+
+def frames_per_call(profile: Profile, hop_length: int) -> int:
+    """`shapes.chunk`, else the frames of about TARGET_SAMPLES[preset] samples."""
+    return profile.shapes.chunk or math.ceil(TARGET_SAMPLES[profile.shapes.preset] / hop_length)
+
+
+# ------------------------------------------------------------------------------------------ hot path
+def staged_decode(voc: Vocoder, inputs: Mapping[str, Any], timer: StageTimer) -> dict[str, torch.Tensor]:
+    """The vocoder's one-shot decode with each phase inside `timer.stage(...)` (names in the module doc)."""
+    with timer.stage("validate"):
+        tensors, frames = check_inputs(voc.signature, [inputs[s.name] for s in voc.signature.inputs])
+        if voc.graphs.select(frames) is None or tensors[0].shape[0] > voc.batch:
+            raise InputError(f"{frames} frames x batch {tensors[0].shape[0]} exceed the captured buckets "
+                             f"{list(voc.buckets)} x batch {voc.batch}")
+        bucket = voc.graphs.bucket_for(frames)
+    with timer.stage("h2d"):
+        voc.buffers.populate(voc._padded(tensors, frames))
+    with timer.stage("replay"):
+        voc.graphs.replay(bucket)
+    with timer.stage("d2h"):
+        audio = voc.buffers["audio"][: tensors[0].shape[0], : voc.signature.samples(frames)]
+        return {"audio": audio.to("cpu", copy=True)}
+
+
+class VocoderRunner:
+    """One implementation: a captured `Vocoder` run through `staged_decode`."""
+
+    def __init__(self, name: str, voc: Vocoder):
+        self.name, self.voc = name, voc
+
+    def run(self, inputs: Mapping[str, Any], timer: StageTimer) -> dict[str, torch.Tensor]:
+        return staged_decode(self.voc, inputs, timer)
+
+
+class CompiledVocoder(Vocoder):
+    """A `Vocoder` whose per-bucket decode runs under torch.compile (compiled on first replay)."""
+
+    def _graph_fn(self, frames: int) -> Callable[[], None]:
+        return torch.compile(super()._graph_fn(frames), dynamic=False)
+
+
+def sibling(voc: Vocoder, backend: str, cls: type = Vocoder) -> Vocoder:
+    """A second captured vocoder over the SAME module (weights): own buffers and graphs on `backend`."""
+    return cls(voc.family, voc.config, voc.module, device=voc.device, backend=backend, buckets=voc.buckets,
+               stream_chunk=voc.stream_chunk, batch=voc.batch, dtype=voc.dtype).capture()
+
+
+class PackageRunner:
+    """The reference package's model (loaded from the same folder): inputs to its device, its decode,
+    audio back as (B, N) float32."""
+
+    def __init__(self, name: str, decode: Callable[..., torch.Tensor], voc: Vocoder):
+        self.name, self.decode, self.voc = name, decode, voc
+
+    def run(self, inputs: Mapping[str, Any], timer: StageTimer) -> dict[str, torch.Tensor]:
+        names = [s.name for s in self.voc.signature.inputs]
+        with timer.stage("h2d"):
+            values = [torch.as_tensor(inputs[n]).to(self.voc.device) for n in names]
+        with timer.stage("forward"), torch.inference_mode():
+            audio = self.decode(*values)
+        with timer.stage("d2h"):
+            return {"audio": audio.reshape(values[0].shape[0], -1).float().cpu()}
+
+
+# ------------------------------------------------------------------------------------------ the adapter
+def _dtype(profile: Profile) -> str:
+    if profile.precision not in PRECISIONS:
+        raise ConfigError(f"{profile.path or profile.name}: the vocoder benchmarks run {sorted(PRECISIONS)}, "
+                          f"not {profile.precision!r}")
+    return profile.precision
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1e3
+
+
+class VocoderBenchmark:
+    """Adapter of the `Benchmark` protocol (flashrt.bench.registry) for one vocoder family."""
+
+    def __init__(self, spec: FamilySpec, profile: Profile, checkpoint: str | None, device: str):
+        unknown = sorted(set(profile.model) - set(_MODEL_KEYS))
+        if unknown:
+            raise ConfigError(f"{profile.path or profile.name}: [model] keys {unknown} are not vocoder "
+                              f"benchmark options {list(_MODEL_KEYS)}")
+        self.spec, self.profile, self.device = spec, profile, device
+        self.precision, self.seed = _dtype(profile), int(profile.model.get("seed", 0))
+        self.cold_start_ms: dict[str, float] = {}
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.package_error = ""
+        self.folder = Path(checkpoint) if checkpoint else self._write_with_package()
+        self.voc = self._load()
+        self.frames = frames_per_call(profile, self.voc.signature.hop_length)
+        self.impl = VocoderRunner(f"flashrt:{self.voc.backend_name}", self.voc)
+        self.name = self.impl.name
+        self._flops: float | None = None
+
+    # -------------------------------------------------------------------------------- setup
+    def _write_with_package(self) -> Path | None:
+        """The random checkpoint in the package's release layout, or None where the package is missing."""
+        cfg, start = bench_config(self.spec, self.profile), time.perf_counter()
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"flashrt-bench-{self.spec.family}-")
+        folder = Path(self._tmp.name) / self.spec.family
+        try:
+            _quiet(lambda: self.spec.write(cfg, folder, self.seed))
+        except (ImportError, ReferenceUnavailable) as exc:
+            self.package_error = f"{type(exc).__name__}: {exc}"
+            return None
+        self.cold_start_ms["write_checkpoint"] = _ms_since(start)
+        return folder
+
+    def _load(self) -> Vocoder:
+        start, dtype = time.perf_counter(), PRECISIONS[self.precision]
+        family = get_family(self.spec.family)
+        if self.folder is None:
+            cfg = bench_config(self.spec, self.profile)
+            module = random_module(family, cfg, self.seed, self.device, dtype)
+        else:
+            loaded = load_vocoder(self.folder, self.device, self.precision, family=self.spec.family,
+                                  config=self._folder_config(family), capture=False)
+            cfg, module = loaded.config, loaded.module
+        frames = frames_per_call(self.profile, family.signature(cfg).hop_length)
+        voc = Vocoder(family, cfg, module, device=self.device, backend=self.profile.runtime.backend,
+                      dtype=dtype, buckets=tuple(self.profile.shapes.buckets) or (frames,))
+        self.cold_start_ms["load"] = _ms_since(start)
+        start = time.perf_counter()
+        voc.capture()
+        self.cold_start_ms["capture"] = _ms_since(start)
+        return voc
+
+    def _folder_config(self, family: Any) -> Any:
+        """None where the checkpoint carries config.json (load_vocoder reads it); a Vocos config.yaml is
+        read by the family's `load_config`; bare weights take the profile's preset."""
+        folder = self.folder if self.folder.is_dir() else self.folder.parent
+        if (folder / "config.json").is_file():
+            return None
+        if (folder / "config.yaml").is_file():
+            return importlib.import_module(family.build.__module__).load_config(folder)
+        return bench_config(self.spec, self.profile)
+
+    # -------------------------------------------------------------------------------- protocol
+    def make_inputs(self, trace_seed: int) -> list[dict[str, torch.Tensor]]:
+        """Per input of the signature: features N(0, 1) (1, C, T*rate) float32, or codes uniform in the
+        codebook (1, T*rate) int64."""
+        g = torch.Generator().manual_seed(trace_seed)
+        out = []
+        for _ in range(self.profile.bench.trace_len):
+            item = {}
+            for s in self.voc.signature.inputs:
+                steps = self.frames * s.rate
+                item[s.name] = (torch.randint(0, s.high + 1, (1, steps), generator=g) if s.is_codes
+                                else torch.randn(1, s.channels, steps, generator=g))
+            out.append(item)
+        return out
+
+    def run(self, inputs: Mapping[str, Any], timer: StageTimer) -> dict[str, torch.Tensor]:
+        return self.impl.run(inputs, timer)
+
+    def reference(self, name: str) -> Any:
+        from flashrt.runtime.graphs import backend_names
+
+        if name == "compile":
+            return VocoderRunner("compile", sibling(self.voc, "eager", CompiledVocoder))
+        if name == self.spec.package:
+            return self._package_reference()
+        backend = name.removesuffix("-backend")
+        if backend in backend_names():
+            return VocoderRunner(name, sibling(self.voc, backend))
+        raise ReferenceUnavailable(f"{self.spec.family} has no reference {name!r}; it offers eager, compile, "
+                                   f"{self.spec.package} and the graph backends {backend_names()}")
+
+    def _package_reference(self) -> PackageRunner:
+        if self.folder is None:
+            raise ReferenceUnavailable(f"{self.spec.package} is not importable here ({self.package_error}); "
+                                       "run under the reference venv (bench/README.md)")
+        try:
+            decode = _quiet(lambda: self.spec.load(self.folder, self.voc.config, str(self.device)))
+        except ImportError as exc:
+            raise ReferenceUnavailable(f"{self.spec.package} is not importable here ({exc})") from None
+        return PackageRunner(self.spec.package, decode, self.voc)
+
+    def flops_bytes(self) -> tuple[float, float]:
+        """FLOPs of one decode of the trace length (`count_flops`), and bytes = weights + inputs + audio."""
+        x = self.make_inputs(0)[0]
+        tensors = [x[s.name] for s in self.voc.signature.inputs]
+        if self._flops is None:
+            v = self.voc
+            args = [t.to(v.device, v.dtype if t.is_floating_point() else t.dtype) for t in tensors]
+            self._flops = count_flops(v.module, args)
+        audio = 4 * self.voc.signature.samples(self.frames)
+        nbytes = self.memory()["weights"] + sum(t.numel() * t.element_size() for t in tensors) + audio
+        return self._flops, float(nbytes)
+
+    def memory(self) -> dict[str, int]:
+        tensors = [*self.voc.module.parameters(), *self.voc.module.buffers()]
+        return {"buffers": self.voc.buffers.nbytes(),
+                "weights": sum(t.numel() * t.element_size() for t in tensors)}
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _factory(name: str) -> Callable[[Profile, str | None, str], VocoderBenchmark]:
+    def make(profile: Profile, checkpoint: str | None, device: str) -> VocoderBenchmark:
+        return VocoderBenchmark(SPECS[name], profile, checkpoint, device)
+
+    make.__name__ = make.__qualname__ = f"make_{name}_benchmark"
+    return make
+
+
+FACTORIES = {name: _factory(name) for name in SPECS}
+_DESCRIPTIONS = {"hifigan": "HiFi-GAN one-shot decode (mel -> audio), V1 sizes on cpu-small",
+                 "bigvgan": "BigVGAN one-shot decode (mel -> audio), base 24 kHz sizes on cpu-small",
+                 "vocos": "Vocos one-shot decode (mel -> audio), mel 24 kHz sizes on cpu-small",
+                 "snac": "SNAC one-shot decode (3-scale codes -> audio), 24 kHz sizes on cpu-small"}
+for _name, _make in FACTORIES.items():
+    register_benchmark(_name, _make, description=_DESCRIPTIONS[_name])

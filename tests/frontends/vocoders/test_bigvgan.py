@@ -1,0 +1,128 @@
+"""BigVGAN: parity with the `bigvgan` package (with and without weight norm), streaming, strictness."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flashrt.errors import CheckpointError, InputError
+from flashrt.frontends.vocoders import load_vocoder
+from flashrt.frontends.vocoders.base import CheckpointSource
+from flashrt.frontends.vocoders.bigvgan import PRESETS, BigVGAN, BigVGANConfig, detect, receptive_field
+from flashrt.io import open_checkpoint
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
+NAMES = ["bigvgan_tiny_wn", "bigvgan_tiny_plain"]
+
+
+def _io(name: str) -> dict[str, torch.Tensor]:
+    return load_file(FIXTURES / f"{name}_io.safetensors")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("backend", ["eager", "trace"])
+def test_parity_with_bigvgan_package(name, backend):
+    io = _io(name)
+    voc = load_vocoder(FIXTURES / name, batch=2, buckets=(40,), backend=backend, stream_chunk=4)
+    assert voc.family.name == "bigvgan"
+    got = voc(io["mel"])
+    assert got.shape == io["audio"].shape
+    assert (got - io["audio"]).abs().max() <= 1e-5
+    assert io["audio"].abs().mean() > 0.1
+
+
+def test_fixtures_cover_both_weight_forms_and_variants():
+    wn = open_checkpoint(FIXTURES / "bigvgan_tiny_wn")
+    plain = open_checkpoint(FIXTURES / "bigvgan_tiny_plain")
+    assert wn.subkey == "generator" and any(k.endswith("weight_g") for k in wn)
+    assert not any(k.endswith("weight_g") for k in plain) and "conv_pre.weight" in plain
+    a = BigVGANConfig.from_dict(json.loads((FIXTURES / "bigvgan_tiny_wn" / "config.json").read_text()))
+    b = BigVGANConfig.from_dict(json.loads((FIXTURES / "bigvgan_tiny_plain" / "config.json").read_text()))
+    flags = lambda c: (c.resblock, c.activation, c.use_tanh_at_final, c.use_bias_at_final)
+    assert flags(a) == ("1", "snakebeta", False, False)
+    assert flags(b) == ("2", "snake", True, True)
+
+
+def test_snake_parameters_matter():
+    """Negative control: zeroing the log-scale snake parameters moves the output far past tolerance."""
+    io = _io("bigvgan_tiny_wn")
+    tensors = dict(open_checkpoint(FIXTURES / "bigvgan_tiny_wn").items())
+    cfg = load_vocoder(FIXTURES / "bigvgan_tiny_wn", capture=False).config
+    flat = {k: (torch.zeros_like(v) if k.endswith(".beta") else v) for k, v in tensors.items()}
+    voc = load_vocoder(flat, family="bigvgan", config=cfg, batch=2, buckets=(37,))
+    assert (voc(io["mel"]) - io["audio"]).abs().max() > 0.05
+
+
+@pytest.mark.parametrize("piece,chunk", [(5, 6), (37, 8), (1, 37)])
+def test_stream_equals_one_shot(piece, chunk):
+    io = _io("bigvgan_tiny_wn")
+    voc = load_vocoder(FIXTURES / "bigvgan_tiny_wn", batch=2, buckets=(37,), stream_chunk=chunk)
+    mel = io["mel"]
+    parts = list(voc.stream(mel[..., i:i + piece] for i in range(0, 37, piece)))
+    assert (torch.cat(parts, -1) - io["audio"]).abs().max() <= 1e-5
+
+
+def test_declared_context_covers_measured_receptive_field():
+    """Perturb one frame: no output farther than the declared context may move."""
+    torch.manual_seed(0)
+    cfg = PRESETS["tiny-snake2"]
+    module = BigVGAN(cfg).eval()
+    for sub in reversed(list(module.modules())):
+        if hasattr(sub, "reset_derived"):
+            sub.reset_derived()
+    mel = torch.randn(1, 20, 60)
+    moved = mel.clone()
+    moved[..., 30] += 5.0
+    with torch.no_grad():
+        d = (module(moved) - module(mel)).abs().flatten()
+    hop = cfg.hop_length
+    frames = torch.nonzero(d > 0).flatten() // hop
+    reach = receptive_field(cfg)
+    assert 30 - int(frames.min()) <= reach.right and int(frames.max()) - 30 <= reach.left
+    assert int(frames.max()) - 30 >= 1
+
+
+def test_bad_input_then_good_call():
+    io = _io("bigvgan_tiny_plain")
+    voc = load_vocoder(FIXTURES / "bigvgan_tiny_plain", batch=2, buckets=(40,))
+    for bad, match in [(io["mel"][:, :19], "channels"), (io["mel"] * float("nan"), "NaN"),
+                       (io["mel"][..., :0], "empty")]:
+        with pytest.raises(InputError, match=match):
+            voc(bad)
+        assert (voc(io["mel"]) - io["audio"]).abs().max() <= 1e-5
+
+
+def test_bf16_runs_with_derived_filters_in_bf16():
+    io = _io("bigvgan_tiny_wn")
+    voc = load_vocoder(FIXTURES / "bigvgan_tiny_wn", batch=2, buckets=(40,), precision="bf16")
+    got = voc(io["mel"])
+    assert got.dtype == torch.float32 and (got - io["audio"]).abs().max() < 0.2
+    act = voc.module.activation_post
+    assert act.upsample.filter_rows.dtype == act.downsample.filter_rows.dtype == torch.bfloat16
+
+
+def test_wrong_checkpoint_is_reported():
+    with pytest.raises(CheckpointError, match="looks like a hifigan checkpoint"):
+        load_vocoder(FIXTURES / "speecht5_hifigan_tiny", family="bigvgan")
+    tensors = dict(open_checkpoint(FIXTURES / "bigvgan_tiny_plain").items())
+    cfg = load_vocoder(FIXTURES / "bigvgan_tiny_wn", capture=False).config      # other variant's sizes
+    with pytest.raises(CheckpointError, match="missing|mis-shaped"):
+        load_vocoder(tensors, family="bigvgan", config=cfg)
+
+
+def test_detection():
+    keys = frozenset(open_checkpoint(FIXTURES / "bigvgan_tiny_wn").keys())
+    assert detect(CheckpointSource(None, None, keys))
+    assert detect(CheckpointSource(None, {"activation": "snakebeta", "upsample_rates": [4]}, frozenset()))
+    assert not detect(CheckpointSource(None, {"model_type": "hifigan"}, frozenset()))
+
+
+@pytest.mark.parametrize("name,millions", [("base-24k-100band", 14.02), ("v2-24k-100band-256x", 112.41)])
+def test_real_size_presets(name, millions):
+    with torch.device("meta"):
+        module = BigVGAN(PRESETS[name])
+    assert abs(sum(p.numel() for p in module.parameters()) / 1e6 - millions) < 0.01

@@ -1,0 +1,262 @@
+"""Shared audio blocks: padding-exact masking, receptive fields, snake, filters, weight-norm folding."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashrt.io import Checkpoint, Rule, WeightMap, load_module
+from flashrt.nn.audio import (
+    EXACT,
+    Activation1d,
+    Conv1d,
+    ConvTranspose1d,
+    DownSample1d,
+    Reach,
+    ResBlock1,
+    ResBlock2,
+    Snake,
+    SnakeBeta,
+    UpSample1d,
+    ValidLength,
+    conv_rules,
+    from_rows,
+    kaiser_sinc_filter1d,
+    to_rows,
+)
+
+
+def _ready(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Random weights (biases and snake parameters too) and derived buffers, as load_module leaves them."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            scale = 0.3 if p.dim() == 1 else 1 / math.sqrt(p[0].numel())
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+    for sub in reversed(list(module.modules())):
+        if hasattr(sub, "reset_derived"):
+            sub.reset_derived()
+    return module.eval()
+
+
+def _padded_equals_exact(block, x: torch.Tensor, pad: int, rows: bool = False) -> float:
+    """max |padded run (masked by ValidLength) - unpadded run| over the valid outputs."""
+    frames = x.shape[-1]
+    garbage = torch.randn(*x.shape[:-1], pad) * 5
+    xp = torch.cat([x, garbage], dim=-1)
+    if rows:
+        x, xp = to_rows(x), to_rows(xp)
+    with torch.no_grad():
+        exact = block(x.clone(), EXACT)
+        padded = block(xp, ValidLength(torch.tensor([frames]), frames + pad))
+    rate = exact.shape[-1] // frames
+    return float((padded[..., :frames * rate] - exact).abs().max())
+
+
+# ------------------------------------------------------------------------------------ ValidLength
+
+def test_valid_length_halo_fixes_in_place():
+    v = ValidLength(torch.tensor([4]), frames=6)
+    x = torch.arange(1.0, 7.0).reshape(1, 1, 6)
+    assert v.zero(x.clone(), 3).flatten().tolist() == [1, 2, 3, 4, 0, 0]     # clamped steps stay padding
+    assert v.hold(x.clone(), 1).flatten().tolist() == [1, 2, 3, 4, 4, 6]     # only the halo is touched
+    y = x.clone()
+    assert v.zero(y, 2) is y                                                  # in place
+    full = ValidLength(torch.tensor([6]), frames=6)                           # no padding at all
+    assert torch.equal(full.zero(x.clone(), 4), x) and torch.equal(full.hold(x.clone(), 4), x)
+    assert torch.equal(v.zero(x.clone(), 0), x)
+
+
+def test_valid_length_zero_and_hold_per_rate():
+    v = ValidLength(torch.tensor([3]), frames=5)
+    x = torch.arange(1.0, 11.0).reshape(1, 1, 10)          # rate 2: valid steps 0..5
+    assert v.zero(x).flatten().tolist() == [1, 2, 3, 4, 5, 6, 0, 0, 0, 0]
+    assert v.hold(x).flatten().tolist() == [1, 2, 3, 4, 5, 6, 6, 6, 6, 6]
+    y = torch.arange(1.0, 6.0).reshape(1, 1, 5)             # rate 1: valid steps 0..2
+    assert v.hold(y).flatten().tolist() == [1, 2, 3, 3, 3]
+    with pytest.raises(ValueError, match="multiple"):
+        v.zero(torch.zeros(1, 1, 7))
+
+
+def test_exact_is_identity():
+    x = torch.randn(2, 3, 4)
+    assert EXACT.zero(x) is x and EXACT.hold(x) is x
+
+
+BLOCKS = {
+    "resblock1": lambda: ResBlock1(8, 3, (1, 3, 5)),
+    "resblock2": lambda: ResBlock2(8, 5, (1, 2)),
+    "activation1d": lambda: Activation1d(8, SnakeBeta(8, logscale=True)),
+    "conv": lambda: Conv1d(8, 6, 7, 3),
+    "conv-transpose": lambda: ConvTranspose1d(8, 4, 16, 8),
+}
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["ncw", "rows"])
+@pytest.mark.parametrize("pad", [1, 9])
+@pytest.mark.parametrize("name", list(BLOCKS))
+def test_blocks_padded_equal_unpadded(name, pad, rows):
+    """Garbage padding past the valid length never reaches the valid outputs (halo fixes suffice)."""
+    torch.manual_seed(0)
+    block = _ready(BLOCKS[name]())
+    x = torch.randn(2, 8, 23)
+    assert _padded_equals_exact(block, x, pad=pad, rows=rows) <= 1e-5
+
+
+@pytest.mark.parametrize("name", list(BLOCKS))
+def test_rows_layout_equals_ncw(name):
+    block = _ready(BLOCKS[name]())
+    x = torch.randn(2, 8, 19)
+    with torch.no_grad():
+        assert (from_rows(block(to_rows(x))) - block(x)).abs().max() <= 1e-5
+
+
+def test_fused_epilogues_match_separate_ops():
+    conv = _ready(Conv1d(8, 8, 5, 2))
+    x, res = torch.randn(1, 8, 30), torch.randn(1, 8, 30)
+    with torch.no_grad():
+        plain = conv(x)
+        assert (from_rows(conv(to_rows(x), slope=0.1)) - F.leaky_relu(plain, 0.1)).abs().max() <= 1e-6
+        r = to_rows(res)
+        assert (from_rows(conv(to_rows(x), residual=r)) - (plain + res)).abs().max() <= 1e-6
+        assert torch.equal(r, to_rows(res))                                   # residual untouched
+        assert (conv(x, slope=0.2, residual=res) - (F.leaky_relu(plain, 0.2) + res)).abs().max() <= 1e-6
+
+
+def test_padded_without_mask_would_differ():
+    """Negative control: the same padded run without ValidLength differs near the end."""
+    block = _ready(ResBlock1(8, 3, (1, 3, 5)))
+    x = torch.randn(1, 8, 23)
+    xp = torch.cat([x, torch.randn(1, 8, 9) * 5], dim=-1)
+    with torch.no_grad():
+        diff = (block(xp)[..., :23] - block(x)).abs().max()
+    assert diff > 1e-2
+
+
+# ---------------------------------------------------------------------------------- receptive field
+
+def _measured_reach(run, steps: int, at: int) -> tuple[int, int]:
+    """Outputs that change when input step `at` changes: (how far left, how far right) of `at`."""
+    x = torch.randn(1, 8, steps)
+    x2 = x.clone()
+    x2[..., at] += 3.0
+    with torch.no_grad():
+        d = (run(x2) - run(x)).abs().amax(dim=(0, 1))
+    changed = torch.nonzero(d > 0).flatten()
+    return at - int(changed.min()), int(changed.max()) - at
+
+
+@pytest.mark.parametrize("kind", ["resblock1", "resblock2", "act"])
+def test_declared_reach_covers_measured(kind):
+    if kind == "resblock1":
+        block, reach = _ready(ResBlock1(8, 5, (1, 3))), ResBlock1.reach(5, (1, 3))
+    elif kind == "resblock2":
+        block, reach = _ready(ResBlock2(8, 3, (2, 6))), ResBlock2.reach(3, (2, 6))
+    else:
+        block, reach = _ready(Activation1d(8, Snake(8))), Activation1d.reach()
+    left, right = _measured_reach(block, 80, 40)
+    # an output at t depends on inputs [t - reach.left, t + reach.right], so input t0 moves outputs
+    # [t0 - reach.right, t0 + reach.left]
+    assert left <= reach.right and right <= reach.left
+    assert left > 0 and right > 0
+
+
+def test_reach_arithmetic():
+    r = Reach.conv(7) + Reach.conv_transpose(16, 8, 4, rate=1)
+    assert r == Reach(Fraction(3) + Fraction(11, 8), Fraction(3) + Fraction(4, 8))
+    assert r.frames() == (5, 4)
+    assert Reach.widest([Reach(Fraction(1), Fraction(5)), Reach(Fraction(2), Fraction(1))]) == \
+        Reach(Fraction(2), Fraction(5))
+
+
+# --------------------------------------------------------------------------------------- snake
+
+def test_snake_and_snakebeta_formulas():
+    x = torch.randn(2, 4, 9)
+    s = _ready(Snake(4, logscale=True))
+    a = torch.exp(s.alpha).view(1, -1, 1)
+    assert torch.allclose(s(x), x + torch.sin(a * x) ** 2 / (a + 1e-9), atol=1e-6)
+    sb = _ready(SnakeBeta(4, logscale=False), seed=1)
+    a, b = sb.alpha.view(1, -1, 1), sb.beta.view(1, -1, 1)
+    assert torch.allclose(sb(x), x + torch.sin(a * x) ** 2 / (b + 1e-9), atol=1e-5)
+
+
+def test_snake_derived_follow_loaded_weights():
+    """reset_derived runs after the weights are assigned (load_module), on the loaded values."""
+    ckpt = Checkpoint.from_tensors({"alpha": torch.full((3,), math.log(2.0)), "beta": torch.zeros(3)})
+    m = load_module(lambda: SnakeBeta(3, logscale=True), ckpt, WeightMap([Rule("alpha", "alpha"),
+                                                                           Rule("beta", "beta")]))
+    assert torch.allclose(m.freq.flatten(), torch.full((3,), 2.0))
+    assert torch.allclose(m.inv.flatten(), torch.ones(3))
+
+
+# ------------------------------------------------------------------------------- anti-aliasing
+
+def test_kaiser_sinc_filter_matches_numpy_definition():
+    f = kaiser_sinc_filter1d(0.25, 0.3, 12).double().numpy()
+    half = 6
+    attenuation = 2.285 * (half - 1) * math.pi * (4 * 0.3) + 7.95
+    assert attenuation > 50
+    beta = 0.1102 * (attenuation - 8.7)
+    t = np.arange(-half, half) + 0.5
+    ref = 2 * 0.25 * np.kaiser(12, beta) * np.sinc(2 * 0.25 * t)
+    ref /= ref.sum()
+    assert np.abs(f - ref).max() < 1e-6
+    assert abs(f.sum() - 1) < 1e-6 and np.allclose(f, f[::-1])
+
+
+def test_upsample_downsample_shapes_and_dc():
+    up, down = _ready(UpSample1d(3)), _ready(DownSample1d(3))
+    x = torch.full((1, 3, 20), 0.7)
+    y = up(x)
+    assert y.shape == (1, 3, 40) and torch.allclose(y, torch.full_like(y, 0.7), atol=1e-5)
+    z = down(y)
+    assert z.shape == (1, 3, 20) and torch.allclose(z, x, atol=1e-5)
+
+
+def test_upsample_is_the_transposed_conv_definition():
+    """Independent check of the trim arithmetic: interleave zeros, pad, low-pass, x ratio."""
+    up = _ready(UpSample1d(2))
+    x = torch.randn(1, 2, 15)
+    k = kaiser_sinc_filter1d(0.25, 0.3, 12)
+    xp = F.pad(x, (5, 5), mode="replicate")
+    stuffed = torch.zeros(1, 2, xp.shape[-1] * 2 - 1)
+    stuffed[..., ::2] = xp
+    full = 2 * F.conv1d(F.pad(stuffed, (11, 11)), k.flip(0).view(1, 1, -1).expand(2, 1, -1), groups=2)
+    assert torch.allclose(up(x), full[..., 15:15 + 30], atol=1e-6)
+
+
+# ------------------------------------------------------------------------------- weight norm
+
+@pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")
+@pytest.mark.parametrize("form", ["plain", "legacy", "parametrized"])
+def test_conv_rules_fold_every_weight_norm_form(form):
+    torch.manual_seed(0)
+    conv = nn.Conv1d(4, 6, 3)
+    if form == "legacy":
+        conv = torch.nn.utils.weight_norm(conv)
+    elif form == "parametrized":
+        conv = torch.nn.utils.parametrizations.weight_norm(conv)
+    with torch.no_grad():
+        for p in conv.parameters():
+            p.mul_(1.5 + torch.rand_like(p))
+    sd = {f"layer.{k}": v.detach().clone() for k, v in conv.state_dict().items()}
+    m = load_module(lambda: nn.Conv1d(4, 6, 3), Checkpoint.from_tensors(sd),
+                    WeightMap(conv_rules("layer", "")))
+    x = torch.randn(2, 4, 11)
+    with torch.no_grad():
+        assert (m(x) - conv(x)).abs().max() < 1e-5
+
+
+def test_conv_rules_missing_weight_is_reported():
+    from flashrt.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="weight"):
+        load_module(lambda: nn.Conv1d(4, 6, 3), Checkpoint.from_tensors({"layer.bias": torch.zeros(6)}),
+                    WeightMap(conv_rules("layer", "")))
