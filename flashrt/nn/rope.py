@@ -26,7 +26,7 @@ def rope_inv_freq(head_dim: int, theta: float = 10_000.0,
 def rope_cos_sin(
     positions: torch.Tensor, head_dim: int, theta: float = 10_000.0, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[c | c]``, ``[-s | s]`` tables (B, L, 1, D) in ``dtype`` for integer or float ``positions`` (B, L)."""
+    """``[c | c]``, ``[-s | s]`` tables (B, L, 1, D) in ``dtype`` for integer or float positions (B, L)."""
     inv_freq = rope_inv_freq(head_dim, theta, positions.device)
     freqs = (positions.float()[..., None] * inv_freq)[..., None, :]  # (B, L, 1, D/2)
     cos, sin = freqs.cos(), freqs.sin()

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from flashrt.nn.attention import StaticKV, key_padding_bias
-from flashrt.nn.gemma import Gemma
+from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
 from flashrt.nn.rope import rope_cos_sin
 
 W, DEPTH, MLP, H, KV, D = 24, 2, 40, 4, 1, 8
@@ -123,3 +123,20 @@ def test_modulation_table_layout():
     assert mods.shape == (3, 2 * DEPTH + 1, 3, W)
     assert torch.allclose(mods[:, 3], model.layers[1].post_norm.modulation(cond))
     assert torch.allclose(mods[:, -1], model.norm.modulation(cond))
+
+
+@pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN's fused linear op")
+def test_onednn_mlp_kernel_matches_aten():
+    """The fused oneDNN GeGLU (GELU in the gate GEMM, product in the up GEMM) equals the ATen one
+    within float32 rounding, for the prefix's many rows and the expert's few."""
+    layer = _randomize(Gemma(W, 1, MLP, H, KV, D), seed=6).layers[0]
+    assert layer.mlp_kernel == "aten"
+    for rows in (3, 40):
+        h = torch.randn(2, rows, W)
+        with torch.no_grad():
+            want = layer.mlp(h)
+            layer.mlp_kernel = "onednn"
+            got = layer.mlp(h)
+            layer.mlp_kernel = "aten"
+        assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert set(MLP_KERNELS) == {"aten", "onednn"}

@@ -1,10 +1,12 @@
 """SigLIP tower vs an independent build from torch's nn.MultiheadAttention (same fused in_proj layout)."""
 
+import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from flashrt.nn.siglip import Siglip
+from flashrt.nn.gemma import onednn_available
+from flashrt.nn.siglip import FC1_GELU_KERNELS, Siglip
 
 W, DEPTH, MLP, HEADS, PATCH, IMG = 24, 2, 48, 3, 7, 21
 
@@ -63,3 +65,18 @@ def test_bf16_tower_runs_and_accepts_float32_pixels():
     with torch.no_grad():
         out = tower(torch.rand(1, 3, IMG, IMG))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+
+
+@pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN's fused linear op")
+def test_onednn_fc1_gelu_kernel_matches_aten(monkeypatch):
+    tower = _random_tower(seed=2)
+    pixels = torch.rand(2, 3, IMG, IMG) * 2 - 1
+    calls = []
+    fused = FC1_GELU_KERNELS["onednn"]
+    monkeypatch.setitem(FC1_GELU_KERNELS, "onednn", lambda x, fc1: calls.append(1) or fused(x, fc1))
+    with torch.no_grad():
+        want = tower(pixels)
+        for layer in tower.layers:
+            layer.fc1_kernel = "onednn"
+        got = tower(pixels)
+    assert len(calls) == DEPTH and torch.allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -11,6 +11,8 @@ Set up once (`Pi0Frontend.__init__` + `capture`), replay forever (`run`):
   `capture()`. Hot path: `bucket = bucket_for(n_tokens)` (the smallest bucket holding the prompt; a
   prompt longer than the largest bucket is an InputError), write the inputs, `run(bucket)`,
   `actions()`.
+* The step runs under ``torch.inference_mode`` (no autograd version counters or view tracking: ~3%
+  less CPU time; every tensor it writes is a static buffer, its temporaries never escape).
 * Noise is a static input: `write_noise(check_noise(array))` copies a caller's array,
   `write_noise(seed=s)` samples N(0, 1) with a seeded generator on the device, `write_noise()` draws
   from the frontend's own generator; always outside the graph.
@@ -74,7 +76,8 @@ class Pi0Frontend:
         out, model = b["expert_actions"], self.model
 
         def step() -> None:
-            model.sample_actions(*args, kv=kv, out=out)
+            with torch.inference_mode():
+                model.sample_actions(*args, kv=kv, out=out)
 
         return step
 

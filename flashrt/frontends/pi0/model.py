@@ -52,6 +52,11 @@ of ``action_time_mlp_in``, and Pi0.5's time MLP plus every adaRMS modulation (n 
 Numerics follow lerobot 0.6.1 ``PI0Pytorch`` / ``PI05Pytorch.sample_actions``; the parity tests
 (fixtures from lerobot) hold max |Δaction| ≤ 1e-4 in float32 (measured ≤ 5e-7 on the tiny fixtures,
 5e-6 with real widths at depth 2). Batch rows are independent; outputs are float32 in any model dtype.
+
+On the CPU, `reset_derived` also picks kernels and layouts (`select_cpu_kernels`): column-major
+weights for the expert's few-row GEMMs, oneDNN GEMMs with the tanh-GELU fused for the VLM and the
+vision tower. Both equal the plain ATen path within float32 rounding (`use_mlp_kernels(model, "aten")`
+restores it; the parity tests run both).
 """
 
 from __future__ import annotations
@@ -65,9 +70,9 @@ from torch import nn
 
 from flashrt.frontends.pi0.config import GemmaSpec, Pi0Config
 from flashrt.nn.attention import StaticKV, key_padding_bias
-from flashrt.nn.gemma import Gemma
+from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
 from flashrt.nn.rope import rope_cos_sin
-from flashrt.nn.siglip import Siglip
+from flashrt.nn.siglip import FC1_GELU_KERNELS, Siglip
 from flashrt.runtime.buffers import BufferSpec
 
 KV = StaticKV | tuple[torch.Tensor, torch.Tensor]
@@ -134,11 +139,11 @@ class Pi0Model(nn.Module):
 
     def reset_derived(self) -> None:
         """Recompute the schedule tables from the loaded weights (call again after changing them); on
-        the CPU, also lay every Linear weight out column-major (`column_major_linears`)."""
+        the CPU, also pick the CPU kernels and weight layouts (`select_cpu_kernels`)."""
         for name, table in self.schedule(self.config.num_steps).items():
             setattr(self, name, table)
         if self.action_in.weight.device.type == "cpu":
-            column_major_linears(self)
+            select_cpu_kernels(self)
 
     @torch.no_grad()
     def schedule(self, num_steps: int) -> dict[str, torch.Tensor]:
@@ -273,10 +278,40 @@ def column_major_linears(module: nn.Module) -> None:
 
     ``F.linear`` then hands oneMKL the (in, out) matrix untransposed, which is the faster GEMM for the
     expert's few-row activations on the CPU (e.g. 50 x 512 x 128: 76 -> 51 us) and bit-identical.
+    Only float32 weights (oneMKL's GEMM; other dtypes go through oneDNN, which wants them row-major).
     Idempotent; call before capturing graphs (the weights move to new storage)."""
     for sub in module.modules():
-        if isinstance(sub, nn.Linear) and not sub.weight.t().is_contiguous():
-            sub.weight.data = sub.weight.data.t().contiguous().t()
+        w = sub.weight if isinstance(sub, nn.Linear) else None
+        if w is not None and w.dtype == torch.float32 and not w.t().is_contiguous():
+            sub.weight.data = w.data.t().contiguous().t()
+
+
+def select_cpu_kernels(model: Pi0Model) -> None:
+    """CPU kernel and layout choices, all equal to the plain ATen path within float32 rounding:
+
+    * expert and action/state/time heads (tens of rows per GEMM): column-major weights;
+    * vision tower and VLM (hundreds of rows): oneDNN GEMMs with the tanh-GELU (and the GeGLU
+      product) fused, when torch has oneDNN and those weights are float32 and row-major.
+    Idempotent; runs at load (``reset_derived``), before any graph is captured."""
+    heads = [m for name, m in model.named_children() if name not in ("vision", "projector", "vlm")]
+    for module in heads:
+        column_major_linears(module)
+    use_mlp_kernels(model, "onednn" if onednn_available() else "aten")
+
+
+def use_mlp_kernels(model: Pi0Model, kernel: str) -> None:
+    """Run the VLM's GeGLUs and the vision tower's fc1 + GELU with ``kernel`` ("aten" or "onednn";
+    "onednn" only where the weights are float32 and row-major, else "aten")."""
+    if kernel not in MLP_KERNELS or kernel not in FC1_GELU_KERNELS:
+        raise ValueError(f"unknown MLP kernel {kernel!r}; known: {sorted(MLP_KERNELS)}")
+    for layer in model.vlm.layers:
+        layer.mlp_kernel = kernel if _row_major_f32(layer.gate_up) else "aten"
+    for layer in model.vision.layers:
+        layer.fc1_kernel = kernel if _row_major_f32(layer.fc1) else "aten"
+
+
+def _row_major_f32(linear: nn.Linear) -> bool:
+    return linear.weight.dtype == torch.float32 and linear.weight.is_contiguous()
 
 
 # ---------------------------------------------------------------------- static buffers for capture
@@ -335,9 +370,10 @@ def make_step(model: Pi0Model, buffers) -> Callable[[], None]:
 # ---------------------------------------------------------------------- FLOPs / bytes accounting
 
 def _layer_linear(s: GemmaSpec, n_q: int, kv_only: bool = False) -> int:
-    """Projection FLOPs of one decoder layer for n_q tokens (only q|k|v for a kv-only last layer)."""
-    qkv = s.width * (s.q_dim + 2 * s.kv_dim)
-    return 2 * n_q * (qkv if kv_only else qkv + s.q_dim * s.width + 3 * s.width * s.mlp_dim)
+    """Projection FLOPs of one decoder layer for n_q tokens (only k|v for a kv-only last layer)."""
+    if kv_only:
+        return 2 * n_q * s.width * 2 * s.kv_dim
+    return 2 * n_q * (s.width * (s.q_dim + 2 * s.kv_dim) + s.q_dim * s.width + 3 * s.width * s.mlp_dim)
 
 
 def _gemma_flops(s: GemmaSpec, n_q: int, n_k: int, kv_only_last: bool) -> tuple[int, int]:

@@ -76,6 +76,27 @@ def test_trace_replay_equals_eager_bit_for_bit(name):
         assert torch.equal(trace.actions(), eager.actions()), (seed, n_tokens)
 
 
+def test_replay_runs_in_inference_mode_and_leaks_no_inference_tensor():
+    """The step is wrapped in inference_mode (its temporaries skip autograd bookkeeping), yet every
+    buffer it writes stays an ordinary tensor: callers may still update them in place afterwards."""
+    _, model = _model("pi0_cam2")
+    frontend = Pi0Frontend(model, 2, (16,))
+    frontend.capture()
+    seen = []
+    sample_actions = model.sample_actions
+    model.sample_actions = lambda *a, **k: (seen.append(torch.is_inference_mode_enabled()),
+                                            sample_actions(*a, **k))
+    try:
+        _feed(frontend, 0, 9)
+        frontend.run(16)
+    finally:
+        del model.sample_actions
+    assert seen == [True] and not torch.is_inference_mode_enabled()
+    for name, tensor in frontend.buffers.tensors.items():
+        assert not tensor.is_inference(), name
+    frontend.buffers["expert_actions"].add_(0.0)  # would raise for an inference tensor
+
+
 def test_bucket_choice_does_not_change_actions():
     """A prompt padded to 16 or to 64 tokens (masked padding) gives the same actions."""
     _, model = _model("pi0_cam2")

@@ -20,9 +20,11 @@ from flashrt.frontends.pi0.model import (
     kv_buffer_specs,
     make_step,
     param_counts,
+    use_mlp_kernels,
 )
 from flashrt.frontends.pi0.weights import detect_variant, load_pi0
 from flashrt.io import open_checkpoint
+from flashrt.nn.gemma import onednn_available
 from flashrt.runtime.buffers import Buffers
 from flashrt.runtime.graphs import get_backend
 
@@ -63,9 +65,30 @@ def _run(model, c: dict[str, torch.Tensor], **kw) -> torch.Tensor:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_parity_with_lerobot(variant, case):
     c = _case(variant, case)
-    out = _run(_model(variant), c)
+    out = _run(_model(variant), c)  # the CPU's own kernel choice (oneDNN fused GELUs where available)
     assert out.shape == c["actions"].shape and out.dtype == torch.float32
     assert (out - c["actions"]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_parity_holds_with_every_mlp_kernel(variant):
+    c = _case(variant, "cam3_padded")
+    kernels = ["aten", "onednn"] if onednn_available() else ["aten"]
+    for kernel in kernels:
+        model = _model(variant)
+        use_mlp_kernels(model, kernel)
+        assert model.vlm.layers[0].mlp_kernel == model.vision.layers[0].fc1_kernel == kernel
+        assert (_run(model, c) - c["actions"]).abs().max() <= TOL, kernel
+    with pytest.raises(ValueError, match="unknown MLP kernel"):
+        use_mlp_kernels(model, "triton")
+
+
+def test_cpu_load_lays_out_the_expert_column_major_and_keeps_the_vlm_row_major():
+    model = _model("pi0")
+    assert model.expert.layers[0].down.weight.t().is_contiguous()
+    assert model.action_in.weight.t().is_contiguous()
+    assert model.vlm.layers[0].gate_up.weight.is_contiguous()
+    assert model.vision.layers[0].fc1.weight.is_contiguous()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -185,6 +208,7 @@ def test_buffer_specs_names_shapes_roles():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_flops_match_a_flop_counter_on_a_real_call(variant):
     model, c = _model(variant), _case(variant, "cam2")
+    use_mlp_kernels(model, "aten")  # the counter knows ATen's matmuls, not oneDNN's fused ones
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         _run(model, c)
     flops = flops_per_step(model.config, n_cams=2, prompt_len=10, batch=2)
