@@ -5,10 +5,7 @@ backend, step / replan / reset, and bad inputs followed by a good call."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,21 +13,12 @@ import torch
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.policy import Policy, load_policy, split_observation
+from flashrt.testing import pi0_e2e
 
 TOL = 1e-4
 
 
-def _cases_module():
-    """The shared fixture reader, imported by path (works in any pytest import mode)."""
-    if "_pi0_e2e_cases" not in sys.modules:
-        path = Path(__file__).parent / "frontends" / "pi0" / "_e2e_cases.py"
-        spec = importlib.util.spec_from_file_location("_pi0_e2e_cases", path)
-        sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["_pi0_e2e_cases"]
-
-
-E2E = _cases_module()
+E2E = pi0_e2e
 
 
 @cache

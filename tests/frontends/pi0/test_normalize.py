@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,19 +10,9 @@ import torch
 
 from flashrt.errors import CheckpointError
 from flashrt.frontends.pi0.normalize import MODES, Normalizer, lerobot_normalizer, openpi_normalizers
+from flashrt.testing import pi0_e2e
 
-
-def _cases_module():
-    """The shared fixture reader, imported by path (works in any pytest import mode)."""
-    if "_pi0_e2e_cases" not in sys.modules:
-        path = Path(__file__).with_name("_e2e_cases.py")
-        spec = importlib.util.spec_from_file_location("_pi0_e2e_cases", path)
-        sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["_pi0_e2e_cases"]
-
-
-E2E = _cases_module()
+E2E = pi0_e2e
 
 
 def _state_norm(case) -> Normalizer:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -18,19 +14,9 @@ from flashrt.frontends.pi0.preprocess import (
     resize_with_pad,
     resized_size,
 )
+from flashrt.testing import pi0_e2e
 
-
-def _cases_module():
-    """The shared fixture reader, imported by path (works in any pytest import mode)."""
-    if "_pi0_e2e_cases" not in sys.modules:
-        path = Path(__file__).with_name("_e2e_cases.py")
-        spec = importlib.util.spec_from_file_location("_pi0_e2e_cases", path)
-        sys.modules[spec.name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules["_pi0_e2e_cases"]
-
-
-E2E = _cases_module()
+E2E = pi0_e2e
 
 
 def test_camera_names_round_trip():

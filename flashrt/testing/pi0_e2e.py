@@ -1,6 +1,7 @@
 """Readers of the Pi0 / Pi0.5 end-to-end fixtures (tests/fixtures/pi0_e2e, made by gen_pi0_e2e.py).
 
-Imported by path (``load_helper``), so it works whatever import mode pytest runs in.
+Test support for a source checkout: the fixtures live in the repository's tests/ folder, which is not
+part of the wheel.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "pi0_e2e"
+ROOT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "pi0_e2e"
 TOKENIZER = ROOT / "tokenizer.model"
 CASES = ("pi0_cam1", "pi0_cam2", "pi0_cam3", "pi05_cam1", "pi05_cam2", "pi05_cam3")
 
