@@ -6,7 +6,9 @@ package after its own ``remove_weight_norm()``, as its inference scripts do). Me
 call of each side, real-time factor (time / audio duration), and the speed ratio, measured A/B
 interleaved in one process (median of per-pair ratios reference_ms / flashrt_ms, so load noise on a
 shared machine hits both sides alike); streaming time to first audio (flashrt, features arriving in
-pieces of ``--piece`` frames) next to the reference's only option (decode everything, then play).
+pieces of ``--piece`` frames, every input cut by its own rate) next to the reference's only option
+(decode everything, then play), and the stream's max |delta| against the one-shot call and against the
+``exact_stream`` one-shot (0 by construction; see flashrt.frontends.vocoders.base).
 A quality gate (max |flashrt - reference| <= 1e-4) runs before any timing counts.
 
 Runs in the reference environment with flashrt importable::
@@ -17,7 +19,8 @@ Prints tables on stderr, then ONE JSON line on stdout. ``--threads`` sets the to
 sides; ``--plot DIR`` writes one latency PNG per case. bf16 variants of flashrt (same weights; oneDNN
 uses AMX where the CPU has it) are timed and reported apart (``bf16_*``: max |delta| and SNR against the
 fp32 reference): a different precision, not part of the fp32 ratio. Families register their cases in
-``CASES`` (vocoder-B adds vocos/snac entries with `register_case`).
+``CASES`` (vocoder-B adds vocos/snac entries with `register_case`). `randomize_` and `save_vocos` are
+also used by the `flashrt bench` adapters (flashrt/frontends/vocoders/bench.py) to write package checkpoints.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def register_case(name: str):
     return wrap
 
 
-def _randomize_(module: torch.nn.Module, seed: int, gain: float = 1.0) -> None:
+def randomize_(module: torch.nn.Module, seed: int, gain: float = 1.0) -> None:
     """Weights ~ gain / sqrt(fan_in) (outputs in a normal range), biases ~ 0.05, snake params ~ 0.2 N(0,1)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -89,7 +92,7 @@ def hifigan_v1(args: argparse.Namespace, workdir: Path) -> Case:
                                 resblock_dilation_sizes=[[1, 3, 5]] * 3, sampling_rate=22050,
                                 normalize_before=False)
     ref = SpeechT5HifiGan(cfg).eval()
-    _randomize_(ref, seed=0)
+    randomize_(ref, seed=0)
     ref.save_pretrained(workdir / "hifigan-v1")
     voc = load_vocoder(workdir / "hifigan-v1", buckets=(args.frames,), stream_chunk=args.chunk)
     mel = _mel(80, args.frames)
@@ -113,7 +116,7 @@ def bigvgan_base(args: argparse.Namespace, workdir: Path) -> Case:
                       resblock_dilation_sizes=[[1, 3, 5]] * 3, activation="snakebeta", snake_logscale=True,
                       sampling_rate=24000))
     ref = BigVGAN(h, use_cuda_kernel=False).eval()
-    _randomize_(ref, seed=1)
+    randomize_(ref, seed=1)
     folder = workdir / "bigvgan-base"
     folder.mkdir()
     ref._save_pretrained(folder)                    # {"generator": sd} with weight_g/weight_v + config.json
@@ -130,7 +133,7 @@ def bigvgan_base(args: argparse.Namespace, workdir: Path) -> Case:
 # Vocos (mel 24 kHz and EnCodec 24 kHz sizes) vs the `vocos` package, SNAC 24 kHz vs the `snac` package.
 
 
-def _save_vocos(ref: torch.nn.Module, config: dict, folder: Path) -> None:
+def save_vocos(ref: torch.nn.Module, config: dict, folder: Path) -> None:
     import yaml
 
     folder.mkdir()
@@ -154,42 +157,17 @@ def _vocos_mel_config() -> dict:
 def vocos_mel(args: argparse.Namespace, workdir: Path) -> Case:
     from vocos import Vocos
 
-    from flashrt.frontends.vocoders.vocos import load_config
-
     config = _vocos_mel_config()
     folder = workdir / "vocos-mel"
     (workdir / "c.yaml").write_text(__import__("yaml").safe_dump(config))
     torch.manual_seed(2)
     ref = Vocos.from_hparams(str(workdir / "c.yaml")).eval()
-    _randomize_(ref, seed=2)
-    _save_vocos(ref, config, folder)
-    voc = load_vocoder(folder, config=load_config(folder), buckets=(args.frames,), stream_chunk=args.chunk)
+    randomize_(ref, seed=2)
+    save_vocos(ref, config, folder)
+    voc = load_vocoder(folder, buckets=(args.frames,), stream_chunk=args.chunk)  # reads config.yaml
     mel = _mel(100, args.frames, seed=2)
     return Case("vocos-mel-24khz", voc, lambda m: ref.decode(m), (mel,), 24000,
                 {"reference": "vocos 0.1.0 Vocos.decode (mel-24khz sizes)", "params_M": _params(ref)})
-
-
-class _Scales(tuple):
-    """SNAC's codes of every scale as ONE bench input: ``x[..., a:b]`` slices frames a..b of every scale
-    (scale i has rates[i] codes per frame) and ``x.shape[-1]`` is the number of frames."""
-
-    rates: tuple[int, ...] = ()
-
-    @classmethod
-    def of(cls, codes: list[torch.Tensor], rates: list[int]) -> _Scales:
-        out = cls(codes)
-        out.rates = tuple(rates)
-        return out
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return (*self[0].shape[:-1], self[0].shape[-1] // self.rates[0])
-
-    def __getitem__(self, key):
-        if isinstance(key, tuple) and key and key[0] is Ellipsis:
-            sl = key[-1]
-            return tuple(c[..., sl.start * r:sl.stop * r] for c, r in zip(self, self.rates))
-        return tuple.__getitem__(self, key)
 
 
 @register_case("snac-24khz")
@@ -212,9 +190,9 @@ def snac_24khz(args: argparse.Namespace, workdir: Path) -> Case:
     voc = load_vocoder(folder, buckets=(frames,), stream_chunk=max(1, args.chunk // 8))
     g = torch.Generator().manual_seed(3)
     codes = [torch.randint(0, 4096, (1, frames * s), generator=g) for s in (1, 2, 4)]
-    return Case("snac-24khz", voc, lambda scales: ref.decode(list(scales)), (_Scales.of(codes, [1, 2, 4]),),
-                24000, {"reference": "snac 1.2.1 SNAC.decode (snac_24khz sizes, noise off)",
-                        "params_M": _params(ref), "frames": frames})
+    return Case("snac-24khz", voc, lambda *scales: ref.decode(list(scales)), tuple(codes), 24000,
+                {"reference": "snac 1.2.1 SNAC.decode (snac_24khz sizes, noise off)",
+                 "params_M": _params(ref), "frames": frames})
 
 
 def _params(module: torch.nn.Module) -> float:
@@ -290,20 +268,38 @@ def _pairs(case: Case, n: int) -> list[tuple[float, float]]:
     return out
 
 
+def stream_pieces(voc: Any, inputs: tuple[torch.Tensor, ...], piece: int) -> list[tuple[torch.Tensor, ...]]:
+    """The inputs cut into pieces of `piece` frames, each input by its own rate (SNAC's code scales)."""
+    rates = [s.rate for s in voc.signature.inputs]
+    frames = inputs[0].shape[-1] // rates[0]
+    return [tuple(x[..., i * r:(i + piece) * r] for x, r in zip(inputs, rates))
+            for i in range(0, frames, piece)]
+
+
 def _stream(case: Case, args: argparse.Namespace) -> dict[str, Any]:
-    voc, (features,) = case.flashrt, case.inputs[:1]
-    pieces = [features[..., i:i + args.piece] for i in range(0, features.shape[-1], args.piece)]
+    voc = case.flashrt
+    pieces = stream_pieces(voc, case.inputs, args.piece)
     ttfa, total = [], []
     for _ in range(3):
         ms, parts = _time(lambda: list(voc.stream(pieces)))
         report = voc.report()
         ttfa.append(report["ttfa_ms"])
         total.append(ms)
-    whole = voc(*case.inputs)
-    delta = float((torch.cat(parts, -1) - whole).abs().max())
+    streamed = torch.cat(parts, -1)
+    exact = _exact_twin(voc)(*case.inputs)  # one-shot through the stream's windows: equal bit for bit
     return {"stream_chunk_frames": voc.stream_chunk, "stream_context_frames": list(voc.signature.context),
             "stream_ttfa_ms_p50": statistics.median(ttfa), "stream_total_ms_p50": statistics.median(total),
-            "stream_vs_oneshot_max_abs_delta": delta}
+            "stream_vs_oneshot_max_abs_delta": float((streamed - voc(*case.inputs)).abs().max()),
+            "stream_vs_exact_oneshot_max_abs_delta": float((streamed - exact).abs().max())}
+
+
+def _exact_twin(voc: Any) -> Any:
+    """The same module and buckets with ``exact_stream=True`` (its own buffers)."""
+    from flashrt.frontends.vocoders.base import Vocoder
+
+    return Vocoder(voc.family, voc.config, voc.module, device=voc.device, backend=voc.backend_name,
+                   buckets=voc.buckets, stream_chunk=voc.stream_chunk, batch=voc.batch, dtype=voc.dtype,
+                   exact_stream=True).capture()
 
 
 def _plot(folder: Path, results: list[dict[str, Any]]) -> None:

@@ -40,7 +40,7 @@ from flashrt.frontends.pi0.checkpoint import Pi0Checkpoint, detect_layout, load_
 from flashrt.frontends.pi0.frontend import Pi0Frontend, default_buckets
 from flashrt.frontends.pi0.preprocess import CAMERA_PREFIX, ImagePreprocessor, camera_key, camera_name
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
-from flashrt.profile import Timer
+from flashrt.profile import StageTimer
 from flashrt.runtime.device import resolve_device
 
 PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "fp32": torch.float32,
@@ -174,20 +174,28 @@ class Policy:
             actions = actions + relative_offset(self.checkpoint.relative_mask, state, self.action_dim)
         return actions.numpy().astype(np.float32, copy=False)
 
-    def infer(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None) -> dict[str, Any]:
+    def infer(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None,
+              timer: StageTimer | None = None) -> dict[str, Any]:
         """One observation -> a whole chunk: {"actions": (chunk_size, action_dim) float32, "timing",
-        "bucket"}. `noise` (chunk_size, max_action_dim) or `seed` fix the flow-matching noise."""
+        "bucket"}. `noise` (chunk_size, max_action_dim) or `seed` fix the flow-matching noise.
+
+        `timer` (a `flashrt.profile.StageTimer`, optional) receives the stages of this call: "validate"
+        (observation checks, normalization, tokens; nothing written), "h2d" (static buffers written),
+        "replay" (the captured step) and "postprocess" (actions to the host, un-normalized)."""
         start = time.perf_counter()
-        device = self.frontend.device
-        with Timer(device) as pre:
+        timer = timer if timer is not None else StageTimer(self.frontend.device, nvtx=False)
+        first = len(timer)
+        with timer.stage("validate"):
             checked, state, bucket = self._prepare(obs, noise)
+        with timer.stage("h2d"):
             self._write(checked, seed)
-        with Timer(device) as replay:
+        with timer.stage("replay"):
             self.frontend.run(bucket)
-        with Timer(device) as post:
+        with timer.stage("postprocess"):
             actions = self._finish(state)
-        timing = {"preprocess_ms": pre.ms, "replay_ms": replay.ms, "postprocess_ms": post.ms,
-                  "total_ms": (time.perf_counter() - start) * 1e3}
+        ms = {r.stage: r.ms for r in timer.records(first)}
+        timing = {"preprocess_ms": ms["validate"] + ms["h2d"], "replay_ms": ms["replay"],
+                  "postprocess_ms": ms["postprocess"], "total_ms": (time.perf_counter() - start) * 1e3}
         self.last_timing = timing
         return {"actions": actions, "timing": timing, "bucket": bucket}
 

@@ -288,18 +288,11 @@ def write_checkpoint(folder: Path, spec: CheckpointSpec, device: str | torch.dev
 
 # ------------------------------------------------------------------------------------------ hot path
 def staged_infer(policy: Any, inputs: dict[str, Any], timer: StageTimer) -> tuple[dict[str, np.ndarray], int]:
-    """`Policy.infer(obs, noise=inputs["noise"])` with each phase inside `timer.stage(...)` (names in the
-    module doc). Returns ({"actions": (H, A) float32}, the prompt bucket replayed)."""
-    obs = {k: inputs[k] for k in OBS_KEYS}
-    with timer.stage("validate"):
-        checked, state, bucket = policy._prepare(obs, inputs["noise"])
-    with timer.stage("h2d"):
-        policy._write(checked, None)
-    with timer.stage("replay"):
-        policy.frontend.run(bucket)
-    with timer.stage("postprocess"):
-        actions = policy._finish(state)
-    return {"actions": actions}, bucket
+    """`Policy.infer(obs, noise=inputs["noise"], timer=timer)`: its stages (validate, h2d, replay,
+    postprocess; see the module doc) go into `timer`. Returns ({"actions": (H, A) float32}, the prompt
+    bucket replayed)."""
+    out = policy.infer({k: inputs[k] for k in OBS_KEYS}, noise=inputs["noise"], timer=timer)
+    return {"actions": out["actions"]}, out["bucket"]
 
 
 def observations(policy: Any, n: int, seed: int, frame: tuple[int, int] = (480, 640)) -> list[dict[str, Any]]:

@@ -1,26 +1,36 @@
 """Vocoder frontends: a registry of families and `load_vocoder`.
 
-    from flashrt.frontends.vocoders import load_vocoder
-    voc = load_vocoder("path/to/checkpoint_dir")                 # family detected from config/keys
-    voc = load_vocoder("hifigan-v1", checkpoint="generator.pt")  # a model card (models/*.toml)
-    audio = voc(mel)                                             # (B, N) float32
-    for piece in voc.stream(mel_chunks): ...                     # equals the one-shot output
-    voc.report()                                                 # compute_ms, rtf, ttfa_ms
+    import flashrt
+    voc = flashrt.load_vocoder("path/to/checkpoint_dir")                 # family detected from config/keys
+    voc = flashrt.load_vocoder("hifigan-v1", checkpoint="generator.pt")  # a model card (models/*.toml)
+    audio = voc(mel)                                                     # (B, N) float32, on the host
+    for piece in voc.stream(mel_chunks): ...                             # equals the one-shot output
+    voc.report()                                                         # compute_ms, rtf, ttfa_ms
 
 ``load_vocoder(path_or_card, device="cpu", precision="fp32", backend=None, buckets=None, *, family=None,
-config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False)``:
+config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False, capture=True,
+exact_stream=False)``:
 
-* ``path_or_card``: a checkpoint directory or file (config.json + weights: transformers
-  ``save_pretrained`` dirs, ``{"generator": state_dict}`` .pt files, safetensors), a card name from
-  ``models/`` or a ``.toml`` path, or an in-memory mapping of tensors.
+* ``path_or_card``: a checkpoint folder or file as the releases ship them, its config read from the same
+  folder: transformers ``save_pretrained`` (config.json + model.safetensors: SpeechT5HifiGan), jik876 /
+  BigVGAN (config.json + ``{"generator": state_dict}`` .pt: ``generator.pt``, ``bigvgan_generator.pt``),
+  Vocos (config.yaml + pytorch_model.bin), SNAC (config.json + pytorch_model.bin); or a card name from
+  ``models/`` or a ``.toml`` path; or an in-memory mapping of tensors.
 * Family: ``family=`` if given (and the checkpoint must not look like another family: CheckpointError),
-  else the card's ``family``, else the one registered family whose ``detect`` accepts the checkpoint.
+  else the card's ``family``, else the one registered family whose ``detect`` accepts the checkpoint
+  (its config.json / config.yaml, else its keys); none or several: CheckpointError.
 * Config: ``config=`` (a preset name or a config object) > the card (``preset`` + ``[config]``
-  overrides) > the checkpoint's config.json (``family.config_from_dict``).
+  overrides) > the checkpoint's config.json / config.yaml (``family.config_from_dict``); weights with
+  neither (e.g. a bare VITS ``dec.*`` state dict): CheckpointError asking for ``config=``.
+* Cards name sizes, never weights: a card is loaded with ``checkpoint=<folder or file>`` (or a card
+  whose ``[weights] path`` names one); without either it is a CheckpointError. flashrt never decodes
+  with random or uninitialised weights (the benchmarks make their random weights explicitly).
 * Weights: always mapped strictly through the family's WeightMap (missing/unexpected/mis-shaped keys in
   one CheckpointError), weight norm folded once, PyTorch files opened with ``weights_only=True``.
 * precision: "fp32" | "bf16" | "fp16" (module and activations; audio comes back float32).
 * backend: "eager" (CPU default), "trace", "cuda" (CUDA default); buckets: frame counts.
+* exact_stream: one-shot calls decode through the stream's windows, so ``stream()`` equals them bit
+  for bit (see `flashrt.frontends.vocoders.base`: summation order).
 
 Registering a family (how vocos.py / snac.py plug in; import-time, no other side effects)::
 
@@ -38,8 +48,8 @@ Registering a family (how vocos.py / snac.py plug in; import-time, no other side
     ))
 
 and add the module path to `_FAMILY_MODULES` below so `load_vocoder` imports it on demand. The module's
-forward is ``forward(*inputs, valid=EXACT) -> (B, N)``; see `flashrt.frontends.vocoders.base` for the
-full contract and `flashrt.nn.audio.ValidLength` for what ``valid`` must do.
+forward is ``forward(*inputs, valid=EXACT[, offset]) -> (B, N)``; see `flashrt.frontends.vocoders.base`
+for the full contract and `flashrt.nn.audio.ValidLength` for what ``valid`` must do.
 """
 
 from __future__ import annotations
@@ -53,14 +63,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders.base import CheckpointSource, Vocoder, VocoderFamily
 from flashrt.io import Checkpoint, load_module, open_checkpoint
 from flashrt.resources import list_data
 
-__all__ = ["load_vocoder", "register_vocoder", "get_family", "families", "read_card", "Vocoder",
-           "VocoderFamily"]
+__all__ = ["load_vocoder", "register_vocoder", "get_family", "families", "read_card", "checkpoint_config",
+           "Vocoder", "VocoderFamily"]
 
 _FAMILY_MODULES = {
     "hifigan": "flashrt.frontends.vocoders.hifigan",
@@ -159,15 +170,40 @@ def _tuplify(d: Mapping[str, Any]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------- checkpoints
 
+CONFIG_FILES = ("config.json", "config.yaml")
+
+
+def checkpoint_config(path: str | Path) -> dict[str, Any] | None:
+    """The config stored next to a checkpoint (a folder, or a file in it): ``config.json``, else
+    ``config.yaml`` (Vocos' release form), parsed; None when there is neither. Unparsable: CheckpointError."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    for name in CONFIG_FILES:
+        found = folder / name
+        if found.is_file():
+            return _parse_config(found)
+    return None
+
+
+def _parse_config(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+        config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        raise CheckpointError(f"{path}: not a readable {path.suffix[1:]} config ({exc})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a mapping of settings, got {type(config).__name__}")
+    return config
+
+
 def _open(source: Any) -> tuple[Checkpoint, Mapping[str, Any] | None, Any]:
-    """(checkpoint, its config.json or None, path or None)."""
+    """(checkpoint, its config.json / config.yaml or None, path or None)."""
     if isinstance(source, Checkpoint):
         return source, None, None
     if isinstance(source, Mapping):
         return Checkpoint.from_tensors(source), None, None
     path = Path(source)
-    config_path = (path if path.is_dir() else path.parent) / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else None
+    config = checkpoint_config(path) if path.exists() else None
     return open_checkpoint(path), config, path
 
 
@@ -205,6 +241,7 @@ def load_vocoder(
     batch: int = 1,
     strict: bool = False,
     capture: bool = True,
+    exact_stream: bool = False,
 ) -> Vocoder:
     """Load, map strictly, and capture a vocoder (see the module docstring for every argument)."""
     if precision not in PRECISIONS:
@@ -225,7 +262,7 @@ def load_vocoder(
     runtime = card.get("runtime", {})
     voc = Vocoder(fam, cfg, module, device=device, backend=backend, dtype=dtype, batch=batch, strict=strict,
                   buckets=buckets or runtime.get("buckets"),
-                  stream_chunk=stream_chunk or runtime.get("stream_chunk"))
+                  stream_chunk=stream_chunk or runtime.get("stream_chunk"), exact_stream=exact_stream)
     return voc.capture() if capture else voc
 
 
@@ -235,6 +272,6 @@ def _pick_config(fam: VocoderFamily, config: Any, card: Mapping[str, Any], ckpt_
     if config is not None or card:
         return config_for(fam, config or card.get("preset"), None if config else card.get("config"))
     if ckpt_config is None:
-        raise CheckpointError(f"{fam.name}: the checkpoint has no config.json; pass config=<preset or "
-                              f"config> (presets: {sorted(fam.presets)}) or a model card")
+        raise CheckpointError(f"{fam.name}: the checkpoint has no config.json / config.yaml; pass "
+                              f"config=<preset or config> (presets: {sorted(fam.presets)}) or a model card")
     return fam.config_from_dict(ckpt_config)

@@ -2,40 +2,61 @@
 
 A family (see `flashrt.frontends.vocoders` for the registry) supplies a module whose forward is
 
-    module(*inputs, valid=EXACT) -> (B, N) audio, N = frames * hop_length - trim_samples
+    module(*inputs, valid=EXACT[, offset=...]) -> (B, N) audio, N = frames * hop_length - trim_samples
 
 with one tensor per `FeatureInput` of its `VocoderSignature` (float features (B, C, T*rate) or integer
 codes (B, T*rate)), and ``valid`` a `flashrt.nn.audio.ValidLength` saying how many of the padded frames
-are real (blocks mask or hold the padding so the real part equals an unpadded run).
+are real (blocks mask or hold the padding so the real part equals an unpadded run), or `EXACT` when
+nothing is padded. A module whose forward takes ``offset`` also gets the static ``offset`` buffer: the
+absolute frame index of the first frame it decodes (0 for one-shot, the window start when streaming),
+so position-dependent parts (SNAC's seeded noise) see the positions of the whole signal.
 
-Shape legend: B batch, C feature channels, T frames, N audio samples, W stream window frames.
+Shape legend: B batch, C feature channels, K codebooks, T frames, N audio samples, W stream window frames.
 
 Buffers (allocated once by `capture()`, sized for the largest bucket):
     <input name>  input   (B, C, Tmax*rate) or (B, Tmax*rate)   features / codes, zero past the length
     length        input   (1,) int64                           valid frames of the current request
+    offset        input   (1,) int64                           absolute index of the first frame
     audio         output  (B, Nmax) float32                    waveform written by the graph
 
-Hot path, one-shot ``vocoder(features) -> (B, N)``: validate (InputError before any buffer is touched)
--> pad to the largest bucket -> populate -> replay the smallest bucket graph that fits -> copy out.
+Hot path, one-shot ``vocoder(features, timer=None) -> (B, N)`` float32 on the host, each phase a stage
+of ``timer`` (a `flashrt.profile.StageTimer`; the vocoder's own when None): "validate" (layout, dtype,
+range, finiteness, size; InputError before any buffer is touched) -> "h2d" (pad to the bucket, populate)
+-> "replay" (the smallest bucket graph that fits) -> "d2h" (the audio copied to the host; the static
+buffer is reused by the next call). On the eager backend a request that fills its bucket exactly runs
+with `EXACT` (no padding to fix up); the trace and cuda graphs always read ``length``.
+
+Codes: an integer input is (B, T*rate) (or (T*rate,)); a family with K code inputs of one rate (Vocos
+EnCodec: one per codebook) also takes them stacked as ONE (B, K, T) integer tensor (EnCodec's layout).
 
 Streaming ``vocoder.stream(chunks) -> iterator of (B, n) audio``: frames are decoded ``chunk`` at a
 time in windows of ``L + chunk + R`` frames (L, R = the family's receptive field in frames, rounded
 up). A window keeps only the outputs at least R frames from an artificial right edge and L from an
 artificial left edge; at the real start and end of the signal the window edges are the signal edges,
-padded exactly like the one-shot run. So the concatenated stream equals the one-shot output (same
-kernels on the same values; only float summation order may differ). The window length is one of the
-captured buckets, so streaming replays the same kind of graph as one-shot.
+padded exactly like the one-shot run. So the concatenated stream equals the one-shot output up to float
+summation order, and the window length is one of the captured buckets.
 
-Timing comes from `flashrt.profile.StageTimer` (stages "accept" (stream only: check and queue a
-chunk), "prepare", "replay", "read"); `report()` gives the last call's compute time (sum of the stages),
-real-time factor (compute / audio duration) and, for a stream, the time to first audio: from the moment
-the first chunk was handed over to the moment the first audio chunk is ready (the timer's clock: the
-device's on CUDA, perf_counter_ns on CPU). Time spent waiting for the producer or the consumer between
-chunks is excluded from compute but included in the time to first audio.
+Summation order, and ``exact_stream``. CPU convolutions and GEMMs (oneDNN) pick their blocking, hence
+the order in which they add, from the tensor length (and, for dilated convs, the position in it), so
+a window of W frames and a one-shot run of T frames round differently at the same sample. Measured at
+the released sizes with random weights, streaming (chunk 32) vs one-shot (200 frames): HiFi-GAN V1 4e-7,
+Vocos mel and SNAC 24 kHz 0 (bit for bit), BigVGAN-base 1.6e-5 to 5e-5: its snake activations amplify
+the per-layer rounding (2e-6 to 1e-5 per dilated or transposed conv) through 90 convs; for scale, the
+one-shot output differs from the ``bigvgan`` package's own by 7e-5. With ``exact_stream=True`` a
+one-shot call decodes through the very windows the stream would (same shapes, same positions, same
+kernels), so ``stream()`` equals it bit for bit for every family and size, at the cost of the windows'
+overlap ((L + chunk + R) / chunk more compute) and with no length limit but the batch.
+
+`report()` gives the last call's compute time (sum of its stages), real-time factor (compute / audio
+duration) and, for a stream, the time to first audio: from the first chunk handed over to the first
+audio chunk on the host (the timer's clock: the device's on CUDA, perf_counter_ns on CPU). Time spent
+waiting for the producer or the consumer between chunks is excluded from compute but included in the
+time to first audio.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,14 +66,14 @@ import torch
 from torch import nn
 
 from flashrt.errors import ConfigError, InputError
-from flashrt.nn.audio import ValidLength
+from flashrt.nn.audio import EXACT, ValidLength
 from flashrt.profile import StageTimer
 from flashrt.runtime.buckets import GraphSet, pad_to
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import get_backend
 
 __all__ = ["FeatureInput", "VocoderSignature", "VocoderFamily", "CheckpointSource", "Vocoder",
-           "DEFAULT_BUCKETS", "DEFAULT_STREAM_CHUNK"]
+           "DEFAULT_BUCKETS", "DEFAULT_STREAM_CHUNK", "check_inputs"]
 
 DEFAULT_BUCKETS = (64, 256, 1024)
 DEFAULT_STREAM_CHUNK = 32
@@ -161,11 +182,32 @@ def check_inputs(signature: VocoderSignature, values: Sequence[Any]) -> tuple[li
     """All inputs checked (nothing touched); returns them and the number of frames they span."""
     if len(values) == 1 and isinstance(values[0], (list, tuple)):
         values = values[0]
+    values = _ungroup(signature, values)
     if len(values) != len(signature.inputs):
         names = [s.name for s in signature.inputs]
         raise InputError(f"expected {len(names)} input(s) {names}, got {len(values)}")
     tensors = [_check_one(spec, v) for spec, v in zip(signature.inputs, values)]
     return tensors, _frames(signature, tensors)
+
+
+def _groupable(signature: VocoderSignature) -> bool:
+    """K > 1 code inputs of one rate and range (e.g. one per EnCodec codebook) can come stacked."""
+    specs = signature.inputs
+    return len(specs) > 1 and all(s.is_codes and (s.rate, s.high) == (specs[0].rate, specs[0].high)
+                                  for s in specs)
+
+
+def _ungroup(signature: VocoderSignature, values: Sequence[Any]) -> Sequence[Any]:
+    """One stacked (B, K, T) integer tensor -> its K rows (B, T); anything else unchanged. (An unbatched
+    (K, T) would read as K separate inputs' batch, so the stacked form always carries B.)"""
+    stacked = len(values) == 1 and isinstance(values[0], (torch.Tensor, np.ndarray)) and values[0].ndim == 3
+    if not stacked or not _groupable(signature):
+        return values
+    k, t = len(signature.inputs), _as_tensor("codes", values[0])
+    if t.shape[1] != k:
+        raise InputError(f"codes: expected (B, {k}, T) stacked codes (one row per codebook "
+                         f"{[s.name for s in signature.inputs]}), got shape {tuple(t.shape)}")
+    return t.unbind(1)
 
 
 def _frames(signature: VocoderSignature, tensors: list[torch.Tensor]) -> int:
@@ -186,10 +228,11 @@ def _frames(signature: VocoderSignature, tensors: list[torch.Tensor]) -> int:
 
 @dataclass
 class _RunLog:
-    """Timing of the last call or stream (device clock through StageTimer)."""
+    """Timing of the last call or stream: its stages are the timer's records from index `first` on."""
 
     mode: str
     timer: StageTimer
+    first: int = 0
     frames: int = 0
     windows: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -200,6 +243,8 @@ class Vocoder:
 
     Constructed by `load_vocoder` (which calls `capture()`); the constructor only stores its
     arguments. ``buckets`` are frame counts; the stream window ``L + stream_chunk + R`` is added.
+    ``exact_stream``: one-shot calls decode through the stream's windows (bit-for-bit equal to
+    `stream`, more compute; see the module docstring).
     """
 
     def __init__(
@@ -215,6 +260,7 @@ class Vocoder:
         batch: int = 1,
         strict: bool = False,
         dtype: torch.dtype = torch.float32,
+        exact_stream: bool = False,
     ) -> None:
         self.family, self.config, self.module = family, config, module
         self.device = torch.device(device)
@@ -223,9 +269,12 @@ class Vocoder:
         self.stream_chunk = int(stream_chunk or family.default_stream_chunk)
         self.buckets = tuple(sorted({*(buckets or family.default_buckets), self.stream_window}))
         self.batch, self.strict, self.dtype = int(batch), strict, dtype
+        self.exact_stream = bool(exact_stream)
+        self.takes_offset = "offset" in inspect.signature(module.forward).parameters
         self.buffers: Buffers | None = None
         self.graphs: GraphSet | None = None
         self._last: _RunLog | None = None
+        self._host_length = 0  # valid frames of the request being replayed (eager: EXACT when full)
         if self.stream_chunk <= 0 or self.batch <= 0:
             raise ConfigError(f"stream_chunk ({self.stream_chunk}) and batch ({self.batch}) must be positive")
 
@@ -249,6 +298,8 @@ class Vocoder:
             specs.append(BufferSpec(spec.name, shape, dtype, "input", low=0 if spec.is_codes else None,
                                     high=spec.high, doc="features/codes, zero past `length`"))
         specs.append(BufferSpec("length", (1,), torch.int64, "input", low=1, high=n, doc="valid frames"))
+        specs.append(BufferSpec("offset", (1,), torch.int64, "input", low=0,
+                                doc="absolute index of the first frame (0 one-shot, window start streaming)"))
         specs.append(BufferSpec("audio", (self.batch, self.signature.samples(n)), torch.float32, "output",
                                 doc="waveform; valid up to length*hop - trim"))
         return specs
@@ -262,51 +313,76 @@ class Vocoder:
         return self
 
     def _graph_fn(self, frames: int) -> Callable[[], None]:
-        """The captured function of one bucket: reads views of the input buffers, writes `audio`."""
+        """The captured function of one bucket: reads views of the input buffers, writes `audio`.
+
+        On the eager backend (a plain call per replay, nothing recorded) a request of exactly `frames`
+        frames runs the `EXACT` variant, skipping the padding fix-ups, which would have nothing to do."""
+        padded = self._bucket_fn(frames, exact=False)
+        if self.backend_name != "eager":
+            return padded
+        exact = self._bucket_fn(frames, exact=True)
+        return lambda: (exact if self._host_length == frames else padded)()
+
+    def _bucket_fn(self, frames: int, exact: bool) -> Callable[[], None]:
         bufs = self.buffers
         inputs = [bufs[s.name][..., :frames * s.rate] for s in self.signature.inputs]
         out, length = bufs["audio"][:, :self.signature.samples(frames)], bufs["length"]
+        extra = {"offset": bufs["offset"]} if self.takes_offset else {}
 
         def run() -> None:
-            out.copy_(self.module(*inputs, valid=ValidLength(length, frames)))
+            out.copy_(self.module(*inputs, valid=EXACT if exact else ValidLength(length, frames), **extra))
         return run
 
     # ------------------------------------------------------------------------------ hot path
-    def __call__(self, *inputs: Any) -> torch.Tensor:
-        """One-shot decode: features (B, C, T) or (C, T) (codes: (B, T) or (T)) -> audio (B, N) float32."""
-        tensors, frames = check_inputs(self.signature, inputs)
-        log = self._start("call")
-        audio = self._decode(log, tensors, frames, 0, self.signature.samples(frames))
+    def __call__(self, *inputs: Any, timer: StageTimer | None = None) -> torch.Tensor:
+        """One-shot decode: features (B, C, T) or (C, T) (codes: (B, T) or (T), or stacked (B, K, T))
+        -> audio (B, N) float32 on the host. ``timer`` receives the stages (module docstring)."""
+        log = self._start("call", timer)
+        with log.timer.stage("validate"):
+            tensors, frames = check_inputs(self.signature, inputs)
+            self._check_size(tensors[0].shape[0], None if self.exact_stream else frames)
+        if self.exact_stream:
+            state = _StreamState(self.signature, self.stream_chunk)
+            state.push(tensors, frames)
+            audio = torch.cat(list(self._windows(log, state)), dim=-1)
+        else:
+            audio = self._decode(log, tensors, frames, 0, self.signature.samples(frames), offset=0)
         log.frames = frames
         return audio
 
-    def _start(self, mode: str) -> _RunLog:
+    def _start(self, mode: str, timer: StageTimer | None = None) -> _RunLog:
         if self.graphs is None:
             raise ConfigError("vocoder not captured yet: call capture() (load_vocoder does)")
-        self._last = _RunLog(mode, StageTimer(self.device, nvtx=True))
+        timer = timer if timer is not None else StageTimer(self.device, nvtx=True)
+        self._last = _RunLog(mode, timer, first=len(timer))
         return self._last
 
-    def _decode(self, log: _RunLog, tensors: list[torch.Tensor], frames: int, lo: int,
-                hi: int) -> torch.Tensor:
-        """Run one window of `frames` frames; return audio samples [lo, hi) of it."""
-        batch = tensors[0].shape[0]
+    def _check_size(self, batch: int, frames: int | None) -> None:
         if batch > self.batch:
             raise InputError(f"batch {batch} exceeds the captured batch {self.batch} (load with batch=...)")
-        if frames > self.max_frames:
+        if frames is not None and frames > self.max_frames:
             raise InputError(f"{frames} frames exceed the largest bucket {self.max_frames}; load with larger "
                              f"buckets=... or decode with stream()")
-        with log.timer.stage("prepare"):
+
+    def _decode(self, log: _RunLog, tensors: list[torch.Tensor], frames: int, lo: int, hi: int,
+                offset: int) -> torch.Tensor:
+        """Run one window of `frames` frames starting at absolute frame `offset`; return its audio samples
+        [lo, hi) on the host."""
+        batch = tensors[0].shape[0]
+        with log.timer.stage("h2d"):
             bucket = self.graphs.bucket_for(frames)
-            self.buffers.populate(self._padded(tensors, frames))
+            self.buffers.populate(self._padded(tensors, frames, offset))
+            self._host_length = frames
         with log.timer.stage("replay"), torch.inference_mode():
             self.graphs.replay(bucket)
-        with log.timer.stage("read"):
-            audio = self.buffers["audio"][:batch, lo:hi].clone()
+        with log.timer.stage("d2h"):
+            audio = self.buffers["audio"][:batch, lo:hi].to("cpu", copy=True)
         log.windows += 1
         return audio
 
-    def _padded(self, tensors: list[torch.Tensor], frames: int) -> dict[str, torch.Tensor]:
-        out: dict[str, Any] = {"length": torch.tensor([frames], dtype=torch.int64)}
+    def _padded(self, tensors: list[torch.Tensor], frames: int, offset: int) -> dict[str, torch.Tensor]:
+        out: dict[str, Any] = {"length": torch.tensor([frames], dtype=torch.int64),
+                               "offset": torch.tensor([offset], dtype=torch.int64)}
         for spec, t in zip(self.signature.inputs, tensors):
             t = t.to(device=self.device, dtype=torch.int64 if spec.is_codes else self.dtype)
             t = pad_to(pad_to(t, self.max_frames * spec.rate, dim=-1), self.batch, dim=0)
@@ -314,27 +390,37 @@ class Vocoder:
         return out
 
     # ------------------------------------------------------------------------------ streaming
-    def stream(self, chunks: Iterable[Any]) -> Iterator[torch.Tensor]:
-        """Decode feature chunks as they arrive; yields audio chunks (B, n) whose concatenation equals
-        the one-shot output. Each item of `chunks` is one input tensor (or a tuple, one per input)."""
+    def stream(self, chunks: Iterable[Any], timer: StageTimer | None = None) -> Iterator[torch.Tensor]:
+        """Decode feature chunks as they arrive; yields host audio chunks (B, n) whose concatenation equals
+        the one-shot output. Each item of `chunks` is one input tensor (or a tuple, one per input; codes
+        may come stacked). ``timer`` receives the stages ("validate" per chunk, h2d/replay/d2h per window).
+        """
         state = _StreamState(self.signature, self.stream_chunk)
-        log = self._start("stream")
+        log = self._start("stream", timer)
         for chunk in chunks:
-            with log.timer.stage("accept"):
+            with log.timer.stage("validate"):
                 values = chunk if isinstance(chunk, (list, tuple)) else (chunk,)
-                state.push(*check_inputs(self.signature, values))
+                tensors, frames = check_inputs(self.signature, values)
+                self._check_size(tensors[0].shape[0], None)
+                state.push(tensors, frames)
             while state.ready():
                 yield self._stream_window(log, state, final=False)
+        yield from self._windows(log, state)
+        log.frames = state.total
+
+    def _windows(self, log: _RunLog, state: _StreamState) -> Iterator[torch.Tensor]:
+        """Every window still due once all input is in: the ready ones, then the final ones."""
+        while state.ready():
+            yield self._stream_window(log, state, final=False)
         while state.pending():
             yield self._stream_window(log, state, final=True)
-        log.frames = state.total
 
     def _stream_window(self, log: _RunLog, state: _StreamState, final: bool) -> torch.Tensor:
         start, stop, keep = state.next_window(final)
         hop, sig = self.signature.hop_length, self.signature
         lo = (state.emitted - start) * hop
         hi = sig.samples(stop - start) if final and keep == state.total else (keep - start) * hop
-        audio = self._decode(log, state.slice(start, stop), stop - start, lo, hi)
+        audio = self._decode(log, state.slice(start, stop), stop - start, lo, hi, offset=start)
         state.advance(keep)
         return audio
 
@@ -343,12 +429,13 @@ class Vocoder:
         """Timing of the last call/stream: compute_ms, audio_s, rtf, ttfa_ms (stream), windows, buckets."""
         if self._last is None:
             return {}
-        log, records = self._last, self._last.timer.records()
+        log = self._last
+        records = log.timer.records(log.first)
         compute = sum(r.ms for r in records)
         audio_s = self.signature.samples(log.frames) / self.signature.sample_rate if log.frames else 0.0
         out = {"mode": log.mode, "frames": log.frames, "windows": log.windows, "compute_ms": compute,
                "audio_s": audio_s, "rtf": compute / 1e3 / audio_s if audio_s else None}
-        reads = [r for r in records if r.stage == "read"]
+        reads = [r for r in records if r.stage == "d2h"]
         if log.mode == "stream" and reads:
             out["ttfa_ms"] = reads[0].end_ms - records[0].start_ms
         out["graphs"] = self.graphs.report() if self.graphs is not None else {}
@@ -356,9 +443,10 @@ class Vocoder:
 
     def describe(self) -> str:
         sig, nbytes = self.signature, self.buffers.nbytes() if self.buffers else 0
+        exact = ", one-shot through the stream windows" if self.exact_stream else ""
         return (f"{self.family.name} vocoder: {sig.sample_rate} Hz, hop {sig.hop_length}, context "
-                f"{sig.context} frames, buckets {list(self.buckets)}, stream chunk {self.stream_chunk}, "
-                f"backend {self.backend_name}, {nbytes:,d} buffer bytes")
+                f"{sig.context} frames, buckets {list(self.buckets)}, stream chunk {self.stream_chunk}"
+                f"{exact}, backend {self.backend_name}, {nbytes:,d} buffer bytes")
 
 
 class _StreamState:

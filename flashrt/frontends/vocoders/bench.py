@@ -3,10 +3,12 @@
 One call = the vocoder's one-shot decode of T frames (mel features, or SNAC's codes of every scale) into
 (1, N) float32 audio. Timed stages (`flashrt.bench.registry.STAGES` names):
 
-    validate     layout, dtype, range and finiteness of the inputs; the bucket is picked
-    h2d          inputs padded to the bucket and copied into the static buffers
+    validate     layout, dtype, range and finiteness of the inputs; the size against the buckets
+    h2d          the bucket picked, inputs padded to it and copied into the static buffers
     replay       the captured decode of that bucket
     d2h          the audio copied back to the host
+
+(`Vocoder.__call__(*inputs, timer=timer)` itself times these stages.)
 
 Sizes (`profile.shapes.preset` -> the family's preset, `SPECS`): `tiny` -> each family's "tiny";
 `small` -> the realistic sizes: HiFi-GAN V1 (22.05 kHz), BigVGAN-base (24 kHz, 100 bands), Vocos mel
@@ -18,7 +20,7 @@ Sizes (`profile.shapes.preset` -> the family's preset, `SPECS`): `tiny` -> each 
 Weights, RANDOM and seeded (latency does not depend on their values):
 
 * where the family's reference package imports (the reference venv), the package builds its own model
-  at these sizes, randomized (bench/vocoders.py's `_randomize_`), and saves it in its release layout;
+  at these sizes, randomized (bench/vocoders.py's `randomize_`), and saves it in its release layout;
   flashrt loads that folder with `load_vocoder`, exactly like a downloaded checkpoint, and the package
   reference loads the same folder: same weights on both sides;
 * elsewhere, flashrt's module is filled directly with seeded random tensors (its own layout), and the
@@ -57,9 +59,9 @@ import torch
 
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
-from flashrt.errors import ConfigError, InputError
-from flashrt.frontends.vocoders import PRECISIONS, get_family, load_vocoder
-from flashrt.frontends.vocoders.base import Vocoder, check_inputs
+from flashrt.errors import ConfigError
+from flashrt.frontends.vocoders import PRECISIONS, checkpoint_config, get_family, load_vocoder
+from flashrt.frontends.vocoders.base import Vocoder
 from flashrt.io import build_on_meta, expected_slots, meta_tensors, reset_derived
 from flashrt.profile.timers import StageTimer
 
@@ -71,7 +73,7 @@ _VOCODERS_SCRIPT = _CHECKOUT / "bench" / "vocoders.py"
 
 # ------------------------------------------------------------------------------------------ packages
 def _bench_helpers() -> Any:
-    """bench/vocoders.py (its `_randomize_` and `_save_vocos`), loaded by path from the checkout."""
+    """bench/vocoders.py (its `randomize_` and `save_vocos`), loaded by path from the checkout."""
     if not _VOCODERS_SCRIPT.is_file():
         raise ImportError(f"{_VOCODERS_SCRIPT} is missing (the package references need a flashrt checkout)")
     name = "_flashrt_bench_vocoders"
@@ -108,7 +110,7 @@ def _write_speecht5(cfg: Any, folder: Path, seed: int) -> None:
         resblock_kernel_sizes=_lists(cfg.resblock_kernel_sizes),
         resblock_dilation_sizes=_lists(cfg.resblock_dilation_sizes), leaky_relu_slope=cfg.leaky_relu_slope,
         sampling_rate=cfg.sample_rate, normalize_before=False)).eval()
-    _bench_helpers()._randomize_(ref, seed)
+    _bench_helpers().randomize_(ref, seed)
     ref.save_pretrained(folder)
 
 
@@ -130,7 +132,7 @@ def _write_bigvgan(cfg: Any, folder: Path, seed: int) -> None:
 
     h = {k: _lists(getattr(cfg, k)) for k in _BIGVGAN_KEYS} | {"sampling_rate": cfg.sample_rate}
     ref = BigVGAN(AttrDict(h), use_cuda_kernel=False).eval()
-    _bench_helpers()._randomize_(ref, seed)
+    _bench_helpers().randomize_(ref, seed)
     folder.mkdir(parents=True, exist_ok=True)
     ref._save_pretrained(folder)  # {"generator": state dict with weight_g / weight_v} + config.json
 
@@ -173,8 +175,8 @@ def _write_vocos(cfg: Any, folder: Path, seed: int) -> None:
         (Path(tmp) / "c.yaml").write_text(yaml.safe_dump(config))
         ref = Vocos.from_hparams(str(Path(tmp) / "c.yaml")).eval()
     helpers = _bench_helpers()
-    helpers._randomize_(ref, seed)
-    helpers._save_vocos(ref, config, folder)  # config.yaml + pytorch_model.bin, as the releases ship
+    helpers.randomize_(ref, seed)
+    helpers.save_vocos(ref, config, folder)  # config.yaml + pytorch_model.bin, as the releases ship
 
 
 def _load_vocos(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
@@ -292,8 +294,9 @@ def count_flops(module: torch.nn.Module, inputs: list[torch.Tensor]) -> float:
 
 
 def _mkldnn_conv(*args: Any, out_shape: Any = None, **_: Any) -> int:
-    """mkldnn::_convolution_pointwise (X, W, ...) or .binary (X, other, W, ...): every output element
-    takes (in / groups) x kernel multiply-adds."""
+    """mkldnn::_convolution_pointwise (X, W, ...), its .binary (X, other, W, ...) or the in-place
+    _convolution_pointwise_.binary (other, X, W, ...): every output element takes (in / groups) x kernel
+    multiply-adds."""
     weight = args[2] if len(args) > 10 else args[1]
     return 2 * math.prod(out_shape) * math.prod(weight[1:])
 
@@ -305,7 +308,8 @@ def _mkldnn_linear(*args: Any, out_shape: Any = None, **_: Any) -> int:
 
 
 MKLDNN_FLOPS: dict[Any, Callable[..., int]] = {}
-for _op, _formula in (("_convolution_pointwise", _mkldnn_conv), ("_linear_pointwise", _mkldnn_linear)):
+for _op, _formula in (("_convolution_pointwise", _mkldnn_conv), ("_convolution_pointwise_", _mkldnn_conv),
+                      ("_linear_pointwise", _mkldnn_linear)):
     if hasattr(torch.ops.mkldnn, _op):
         MKLDNN_FLOPS[getattr(torch.ops.mkldnn, _op)] = _formula
 
@@ -317,20 +321,8 @@ def frames_per_call(profile: Profile, hop_length: int) -> int:
 
 # ------------------------------------------------------------------------------------------ hot path
 def staged_decode(voc: Vocoder, inputs: Mapping[str, Any], timer: StageTimer) -> dict[str, torch.Tensor]:
-    """The vocoder's one-shot decode with each phase inside `timer.stage(...)` (names in the module doc)."""
-    with timer.stage("validate"):
-        tensors, frames = check_inputs(voc.signature, [inputs[s.name] for s in voc.signature.inputs])
-        if voc.graphs.select(frames) is None or tensors[0].shape[0] > voc.batch:
-            raise InputError(f"{frames} frames x batch {tensors[0].shape[0]} exceed the captured buckets "
-                             f"{list(voc.buckets)} x batch {voc.batch}")
-        bucket = voc.graphs.bucket_for(frames)
-    with timer.stage("h2d"):
-        voc.buffers.populate(voc._padded(tensors, frames))
-    with timer.stage("replay"):
-        voc.graphs.replay(bucket)
-    with timer.stage("d2h"):
-        audio = voc.buffers["audio"][: tensors[0].shape[0], : voc.signature.samples(frames)]
-        return {"audio": audio.to("cpu", copy=True)}
+    """The vocoder's one-shot decode, its stages (validate, h2d, replay, d2h; module doc) into `timer`."""
+    return {"audio": voc(*[inputs[s.name] for s in voc.signature.inputs], timer=timer)}
 
 
 class VocoderRunner:
@@ -344,10 +336,10 @@ class VocoderRunner:
 
 
 class CompiledVocoder(Vocoder):
-    """A `Vocoder` whose per-bucket decode runs under torch.compile (compiled on first replay)."""
+    """A `Vocoder` whose per-bucket decode runs under torch.compile (each variant compiled on first use)."""
 
-    def _graph_fn(self, frames: int) -> Callable[[], None]:
-        return torch.compile(super()._graph_fn(frames), dynamic=False)
+    def _bucket_fn(self, frames: int, exact: bool) -> Callable[[], None]:
+        return torch.compile(super()._bucket_fn(frames, exact), dynamic=False)
 
 
 def sibling(voc: Vocoder, backend: str, cls: type = Vocoder) -> Vocoder:
@@ -439,14 +431,9 @@ class VocoderBenchmark:
         return voc
 
     def _folder_config(self, family: Any) -> Any:
-        """None where the checkpoint carries config.json (load_vocoder reads it); a Vocos config.yaml is
-        read by the family's `load_config`; bare weights take the profile's preset."""
-        folder = self.folder if self.folder.is_dir() else self.folder.parent
-        if (folder / "config.json").is_file():
-            return None
-        if (folder / "config.yaml").is_file():
-            return importlib.import_module(family.build.__module__).load_config(folder)
-        return bench_config(self.spec, self.profile)
+        """None where the checkpoint carries its config (config.json, or Vocos' config.yaml: load_vocoder
+        reads it); bare weights take the profile's preset."""
+        return None if checkpoint_config(self.folder) is not None else bench_config(self.spec, self.profile)
 
     # -------------------------------------------------------------------------------- protocol
     def make_inputs(self, trace_seed: int) -> list[dict[str, torch.Tensor]]:

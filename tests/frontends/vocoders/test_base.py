@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.vocoders import (
@@ -18,8 +20,11 @@ from flashrt.frontends.vocoders import (
     read_card,
     register_vocoder,
 )
+from flashrt.frontends.vocoders.base import Vocoder
 from flashrt.frontends.vocoders.hifigan import PRESETS, HifiGan
 from flashrt.io import reset_derived
+from flashrt.nn.audio import EXACT, ValidLength
+from flashrt.profile import StageTimer
 from flashrt.resources import list_data
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
@@ -222,7 +227,7 @@ def test_bf16_precision_runs(weights, reference):
 
 def test_buffers_are_declared_once(voc):
     names = {s.name: s for s in voc.buffer_specs()}
-    assert set(names) == {"features", "length", "audio"}
+    assert set(names) == {"features", "length", "offset", "audio"}
     assert names["audio"].shape == (2, voc.max_frames * 16)
     assert "features" in voc.buffers.summary() and voc.buffers.nbytes() > 0
     assert "hifigan vocoder" in voc.describe()
@@ -260,3 +265,95 @@ def test_card_with_checkpoint_loads(tmp_path):
 def test_numpy_roundtrip_types(voc):
     out = voc(np.zeros((16, 8), dtype=np.float32))
     assert out.shape == (1, 128)
+
+
+# ------------------------------------------------------------------------------------ stage timing
+
+def test_call_times_its_stages_into_a_given_timer(voc, reference):
+    timer = StageTimer()
+    mel = _mel(20)
+    got = voc(mel, timer=timer)
+    assert [r.stage for r in timer.records()] == ["validate", "h2d", "replay", "d2h"]
+    with torch.no_grad():
+        assert (got - reference(mel)).abs().max() <= 1e-5
+    assert got.device.type == "cpu" and voc.report()["compute_ms"] == sum(r.ms for r in timer.records())
+    with pytest.raises(InputError):
+        voc(_mel(20)[:, :3], timer=timer)
+    assert [r.stage for r in timer.records()][4:] == ["validate"]      # refused before any buffer is touched
+    parts = list(voc.stream([mel[..., :12], mel[..., 12:]], timer=timer))
+    stages = [r.stage for r in timer.records()][5:]
+    assert stages[:2] == ["validate", "validate"] and stages.count("replay") == len(parts)
+    assert voc.report()["ttfa_ms"] > 0 and voc.report()["windows"] == len(parts)
+
+
+# --------------------------------------------------------------------- eager: EXACT on a full bucket
+
+def test_eager_skips_the_padding_fixups_when_the_bucket_is_full(voc, weights, monkeypatch):
+    """Host-known length: a request filling its bucket runs with EXACT on the eager backend; the trace
+    backend (a recorded program) always reads the length buffer."""
+    seen = []
+    forward = voc.module.forward
+    spy = lambda *x, valid: seen.append(valid) or forward(*x, valid=valid)
+    monkeypatch.setattr(voc.module, "forward", spy)
+    full, short = voc(_mel(16)), voc(_mel(15))
+    assert seen[0] is EXACT and isinstance(seen[1], ValidLength)
+    assert full.shape[-1] == 16 * 16 and short.shape[-1] == 15 * 16
+    traced = load_vocoder(weights, family="hifigan", config="tiny", buckets=(16,), backend="trace",
+                          stream_chunk=4)
+    assert (traced(_mel(16)) - full).abs().max() <= 1e-6     # the same values through the padded path
+
+
+# ------------------------------------------------------------------------------------- stacked codes
+
+ENC = FIXTURES / "vocos_encodec_tiny"
+
+
+def test_stacked_codes_equal_separate_codebooks():
+    """Vocos-EnCodec: K codebook inputs given as one (B, K, T) tensor (EnCodec's layout) or as K tensors."""
+    voc = load_vocoder(ENC, buckets=(32,), batch=2, stream_chunk=4)
+    io = load_file(str(ENC.parent / "vocos_encodec_tiny_io.safetensors"))
+    stacked = io["codes"].transpose(0, 1).contiguous()          # the file keeps Vocos' (K, B, T)
+    want = io["audio_bw1"]
+    assert (voc(stacked) - want).abs().max() <= 1e-5
+    assert torch.equal(voc(stacked), voc(*stacked.unbind(1)))
+    assert torch.equal(voc(stacked.numpy()), voc(stacked))
+    parts = list(voc.stream(stacked[..., i:i + 7] for i in range(0, 30, 7)))
+    assert (torch.cat(parts, -1) - want).abs().max() <= 1e-5
+    for bad in (stacked[:, :1], stacked.float(), stacked + 1024):
+        with pytest.raises(InputError):
+            voc(bad)
+    assert (voc(stacked) - want).abs().max() <= 1e-5
+
+
+# ----------------------------------------------------------------------------------- exact_stream
+
+@pytest.fixture
+def one_thread():
+    """Single-threaded (a loaded 2-core machine stalls on descheduled OpenMP workers); restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_exact_stream_one_shot_equals_the_stream_bit_for_bit(one_thread):
+    """Mid-size BigVGAN (base layout, 128 channels, random weights): oneDNN's shape-dependent summation
+    order made stream vs one-shot differ by 1.3e-5 here (1.6e-5 to 5e-5 at the released size). With
+    exact_stream the one-shot runs the stream's windows: equal bit for bit, and within rounding of the
+    single-graph one-shot. Also decodes past the largest bucket (windows fit)."""
+    from flashrt.frontends.vocoders.bench import random_module
+
+    fam = get_family("bigvgan")
+    cfg = replace(fam.presets["base-24k-100band"], upsample_initial_channel=128)
+    module = random_module(fam, cfg, 1, "cpu", torch.float32)
+    plain, exact = (Vocoder(fam, cfg, module, buckets=(100,), stream_chunk=16, exact_stream=e).capture()
+                    for e in (False, True))
+    mel = torch.randn(1, 100, 100, generator=torch.Generator().manual_seed(1))
+    one, streamed = exact(mel), torch.cat(list(exact.stream(mel[..., i:i + 8] for i in range(0, 100, 8))), -1)
+    assert torch.equal(one, streamed) and exact.report()["windows"] > 1
+    assert (one - plain(mel)).abs().max() <= 1e-4
+    assert torch.equal(torch.cat(list(plain.stream([mel])), -1), one)       # the same windows either way
+    longer = torch.cat([mel, mel[..., :30]], -1)                            # 130 frames > bucket 100
+    assert torch.equal(exact(longer), torch.cat(list(exact.stream([longer])), -1))
+    with pytest.raises(InputError, match="largest bucket"):
+        plain(longer)

@@ -163,6 +163,26 @@ def test_seeded_noise_is_deterministic_and_positional():
     assert _max_diff(module(*window, offset=0)[:, left * hop:], full[:, (8 + left) * hop:]) > 1e-3
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_seeded_noise_stream_equals_one_shot(exact):
+    """The frontend fills the `offset` buffer with each window's absolute start frame, so a seeded-noise
+    stream draws the one-shot's noise at every sample (without it each window would restart at 0)."""
+    name = "snac_24khz_noise_tiny"
+    cfg = dataclasses.replace(load_config(FIXTURES / name), noise_mode="seeded", noise_seed=5)
+    frames = 2 * sum(signature(cfg).context) + 5
+    voc = load_vocoder(FIXTURES / name, config=cfg, buckets=(frames,), stream_chunk=2, exact_stream=exact)
+    assert voc.takes_offset
+    codes = _random_codes(cfg, frames, seed=4)
+    one = voc(codes)
+    rates = [s.rate for s in voc.signature.inputs]
+    parts = list(voc.stream(tuple(c[:, f * r:(f + 3) * r] for c, r in zip(codes, rates))
+                            for f in range(0, frames, 3)))
+    assert len(parts) > 3 and _max_diff(torch.cat(parts, -1), one) <= (0.0 if exact else TOL)
+    assert _max_diff(one, voc.module(*codes)) <= TOL                      # one-shot: offset 0, as unpadded
+    quiet = dataclasses.replace(cfg, noise_mode="off")
+    assert _max_diff(one, load_vocoder(FIXTURES / name, config=quiet)(codes)) > 1e-3   # the noise is there
+
+
 def test_seeded_noise_needs_noise_blocks():
     with pytest.raises(ConfigError):
         dataclasses.replace(PRESETS["tiny"], noise_mode="seeded")
