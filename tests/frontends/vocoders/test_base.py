@@ -327,14 +327,6 @@ def test_stacked_codes_equal_separate_codebooks():
 
 # ----------------------------------------------------------------------------------- exact_stream
 
-@pytest.fixture
-def one_thread():
-    """Single-threaded (a loaded 2-core machine stalls on descheduled OpenMP workers); restored after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def test_exact_stream_one_shot_equals_the_stream_bit_for_bit(one_thread):
     """Mid-size BigVGAN (base layout, 128 channels, random weights): oneDNN's shape-dependent summation
