@@ -207,6 +207,8 @@ def _fusable(x: torch.Tensor) -> bool:
 
 _POINTWISE = getattr(torch.ops.mkldnn, "_convolution_pointwise", None) \
     if torch.backends.mkldnn.is_available() else None
+_POINTWISE_INTO = getattr(torch.ops.mkldnn, "_convolution_pointwise_", None) \
+    if torch.backends.mkldnn.is_available() else None
 
 
 class Conv1d(nn.Conv1d):
@@ -215,7 +217,9 @@ class Conv1d(nn.Conv1d):
     x: (B, Cin, T) or rows (B, Cin, 1, T) channels-last -> (B, Cout, T') in the same layout. With a
     `ValidLength`, the padding steps this conv's valid outputs reach are zeroed first (in place).
     Optional epilogue, fused into the oneDNN conv on CPU rows (else run after it, same math):
-    ``slope`` applies leaky_relu(y, slope); ``residual`` returns y + residual (residual is not modified).
+    ``slope`` applies leaky_relu(y, slope); ``residual`` returns y + residual (residual is not modified,
+    unless ``into=True``: then y is added into ``residual`` in place and ``residual`` is returned, which
+    saves allocating (and page-faulting) a fresh output where the caller owns the residual).
     """
 
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, *, stride: int = 1,
@@ -230,25 +234,30 @@ class Conv1d(nn.Conv1d):
         _rows_weight(self)
 
     def forward(self, x: torch.Tensor, valid=EXACT, *, slope: float | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, into: bool = False) -> torch.Tensor:
         x = valid.zero(x, self.halo)
         if _fusable(x) and (slope is None or residual is None):
-            return self._fused(x, slope, residual)
+            return self._fused(x, slope, residual, into)
         y = super().forward(x) if x.dim() == 3 else F.conv2d(
             x, self.weight_rows, self.bias, (1, self.stride[0]), (0, self.padding[0]), (1, self.dilation[0]),
             self.groups)
         if slope is not None:
             y = F.leaky_relu_(y, slope)
-        return y if residual is None else y.add_(residual)
+        if residual is None:
+            return y
+        return residual.add_(y) if into else y.add_(residual)
 
-    def _fused(self, x: torch.Tensor, slope: float | None, residual: torch.Tensor | None) -> torch.Tensor:
+    def _fused(self, x: torch.Tensor, slope: float | None, residual: torch.Tensor | None,
+               into: bool = False) -> torch.Tensor:
         geometry = ([0, self.padding[0]], [1, self.stride[0]], [1, self.dilation[0]], self.groups)
-        if residual is not None:
-            return _POINTWISE.binary(x, residual, self.weight_rows, self.bias, *geometry, "add", None, None,
-                                     [], None)
-        if slope is not None:
-            return _POINTWISE(x, self.weight_rows, self.bias, *geometry, "leaky_relu", [slope], "")
-        return _POINTWISE(x, self.weight_rows, self.bias, *geometry, "none", [], "")
+        if residual is None:
+            attr, scalars = ("none", []) if slope is None else ("leaky_relu", [slope])
+            return _POINTWISE(x, self.weight_rows, self.bias, *geometry, attr, scalars, "")
+        args = (self.weight_rows, self.bias, *geometry, "add", None, None, [], None)
+        if into and _POINTWISE_INTO is not None and residual.is_contiguous(memory_format=ROWS):
+            return _POINTWISE_INTO.binary(residual, x, *args)        # oneDNN sum into the residual's memory
+        y = _POINTWISE.binary(x, residual, *args)
+        return residual.copy_(y) if into else y
 
 
 class ConvTranspose1d(nn.ConvTranspose1d):
@@ -309,7 +318,11 @@ def conv_rules(source: str, target: str, bias: bool = True) -> list[Rule]:
 # ---------------------------------------------------------------------------- leaky-relu resblocks
 
 class ResBlock1(nn.Module):
-    """HiFi-GAN ResBlock1: per dilation d, x += conv2(lrelu(conv1_d(lrelu(x)))). (B, C, T) -> same."""
+    """HiFi-GAN ResBlock1: per dilation d, x += conv2(lrelu(conv1_d(lrelu(x)))). (B, C, T) -> same.
+
+    ``activated`` (optional) is lrelu(x, slope) computed once by a caller that runs several blocks on the
+    same x (`mrf`); x and ``activated`` are left unmodified except for their padding halo.
+    """
 
     def __init__(self, channels: int, kernel: int, dilations: Sequence[int], slope: float = 0.1) -> None:
         super().__init__()
@@ -317,10 +330,11 @@ class ResBlock1(nn.Module):
         self.convs1 = nn.ModuleList(conv1d(channels, channels, kernel, d) for d in self.dilations)
         self.convs2 = nn.ModuleList(conv1d(channels, channels, kernel, 1) for _ in self.dilations)
 
-    def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
-        for c1, c2 in zip(self.convs1, self.convs2):
-            xt = c1(F.leaky_relu(x, self.slope), valid, slope=self.slope)   # conv + leaky_relu
-            x = c2(xt, valid, residual=x)                                   # conv + residual (x kept)
+    def forward(self, x: torch.Tensor, valid=EXACT, activated: torch.Tensor | None = None) -> torch.Tensor:
+        for i, (c1, c2) in enumerate(zip(self.convs1, self.convs2)):
+            a = activated if i == 0 and activated is not None else F.leaky_relu(x, self.slope)
+            xt = c1(a, valid, slope=self.slope)                             # conv + leaky_relu
+            x = c2(xt, valid, residual=x, into=i > 0)                       # conv + residual; x ours if i > 0
         return x
 
     @staticmethod
@@ -329,16 +343,20 @@ class ResBlock1(nn.Module):
 
 
 class ResBlock2(nn.Module):
-    """HiFi-GAN ResBlock2: per dilation d, x += conv_d(lrelu(x)). (B, C, T) -> same."""
+    """HiFi-GAN ResBlock2: per dilation d, x += conv_d(lrelu(x)). (B, C, T) -> same.
+
+    ``activated``: as in `ResBlock1`.
+    """
 
     def __init__(self, channels: int, kernel: int, dilations: Sequence[int], slope: float = 0.1) -> None:
         super().__init__()
         self.slope, self.kernel, self.dilations = slope, kernel, tuple(dilations)
         self.convs = nn.ModuleList(conv1d(channels, channels, kernel, d) for d in self.dilations)
 
-    def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
-        for conv in self.convs:
-            x = conv(F.leaky_relu(x, self.slope), valid, residual=x)
+    def forward(self, x: torch.Tensor, valid=EXACT, activated: torch.Tensor | None = None) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            a = activated if i == 0 and activated is not None else F.leaky_relu(x, self.slope)
+            x = conv(a, valid, residual=x, into=i > 0)
         return x
 
     @staticmethod
@@ -346,11 +364,14 @@ class ResBlock2(nn.Module):
         return sum((Reach.conv(kernel, d, rate) for d in dilations), Reach())
 
 
-def mrf(blocks: Sequence[nn.Module], x: torch.Tensor, valid=EXACT) -> torch.Tensor:
-    """Multi-receptive-field fusion: the mean of parallel residual blocks applied to the same x."""
-    out = blocks[0](x, valid)
+def mrf(blocks: Sequence[nn.Module], x: torch.Tensor, valid=EXACT, **shared: torch.Tensor) -> torch.Tensor:
+    """Multi-receptive-field fusion: the mean of parallel residual blocks applied to the same x.
+
+    ``shared`` tensors (e.g. ``activated=lrelu(x)``), computed once by the caller, go to every block.
+    """
+    out = blocks[0](x, valid, **shared)
     for block in blocks[1:]:
-        out.add_(block(x, valid))
+        out.add_(block(x, valid, **shared))
     return out.div_(len(blocks))
 
 

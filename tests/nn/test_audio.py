@@ -129,6 +129,37 @@ def test_fused_epilogues_match_separate_ops():
         assert (conv(x, slope=0.2, residual=res) - (F.leaky_relu(plain, 0.2) + res)).abs().max() <= 1e-6
 
 
+@pytest.mark.parametrize("layout", ["ncw", "rows", "rows-strided"])
+def test_conv_into_adds_into_the_residual_in_place(layout):
+    conv = _ready(Conv1d(8, 8, 5, 2))
+    x, res = torch.randn(2, 8, 30), torch.randn(2, 8, 30)
+    with torch.no_grad():
+        want = conv(x) + res
+        if layout == "ncw":
+            xi, r = x, res.clone()
+        elif layout == "rows":
+            xi, r = to_rows(x), to_rows(res)
+        else:   # a residual that is not channels-last contiguous still gets the sum, in place
+            xi, r = to_rows(x), to_rows(torch.cat([res, res], dim=-1))[..., :30]
+        out = conv(xi, residual=r, into=True)
+    assert out is r
+    got = out if layout == "ncw" else from_rows(out)
+    assert (got - want).abs().max() <= 1e-6
+
+
+@pytest.mark.parametrize("block", [lambda: ResBlock1(8, 5, (1, 3)), lambda: ResBlock2(8, 3, (1, 2))],
+                         ids=["resblock1", "resblock2"])
+def test_resblock_shared_activation_equals_its_own(block):
+    """mrf computes lrelu(x) once for all blocks of a stage: same result, x and the activation untouched."""
+    b = _ready(block())
+    x = to_rows(torch.randn(1, 8, 40))
+    act = F.leaky_relu(x, b.slope)
+    x0, act0 = x.clone(), act.clone()
+    with torch.no_grad():
+        assert torch.equal(b(x, activated=act), b(x))
+    assert torch.equal(x, x0) and torch.equal(act, act0)
+
+
 def test_padded_without_mask_would_differ():
     """Negative control: the same padded run without ValidLength differs near the end."""
     block = _ready(ResBlock1(8, 3, (1, 3, 5)))

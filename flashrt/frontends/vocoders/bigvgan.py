@@ -133,9 +133,9 @@ class AMPBlock1(nn.Module):
 
     def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
         acts = self.activations
-        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, acts[::2], acts[1::2]):
+        for i, (c1, c2, a1, a2) in enumerate(zip(self.convs1, self.convs2, acts[::2], acts[1::2])):
             xt = c1(a1(x, valid), valid)
-            x = c2(a2(xt, valid), valid, residual=x)          # conv + residual; x may be shared
+            x = c2(a2(xt, valid), valid, residual=x, into=i > 0)  # x is shared at i = 0, ours after
         return x
 
     @staticmethod
@@ -154,8 +154,8 @@ class AMPBlock2(nn.Module):
         self.activations = nn.ModuleList(_act(cfg, channels) for _ in dilations)
 
     def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
-        for conv, act in zip(self.convs, self.activations):
-            x = conv(act(x, valid), valid, residual=x)
+        for i, (conv, act) in enumerate(zip(self.convs, self.activations)):
+            x = conv(act(x, valid), valid, residual=x, into=i > 0)
         return x
 
     @staticmethod

@@ -21,8 +21,10 @@ Shape legend:
     U  upsample_initial_channel
     N  samples = T * hop_length, hop_length = prod(upsample_rates)
 
-Forward (per stage i): leaky_relu(0.1) -> ups[i] -> mean of the stage's resblocks; then
-leaky_relu(0.01, torch's default, as every reference uses) -> conv_post -> tanh.
+Forward (per stage i): leaky_relu(0.1) -> ups[i] -> mean of the stage's resblocks (their common first
+activation leaky_relu(x) is computed once per stage; later residual adds go in place, see
+`flashrt.nn.audio.ResBlock1`); then leaky_relu(0.01, torch's default, as every reference uses) ->
+conv_post -> tanh.
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ class HifiGan(nn.Module):
         x = self.conv_pre(to_rows(x), valid, slope=slope)                     # rows (B, U, 1, T), activated
         for i, up in enumerate(self.ups):
             x = up(x if i == 0 else F.leaky_relu_(x, slope), valid)         # (B, U/2^(i+1), 1, T*r)
-            x = mrf(self.resblocks[i * n:(i + 1) * n], x, valid)            # fresh: activated in place
+            act = F.leaky_relu(x, slope)                                     # shared by the stage's blocks
+            x = mrf(self.resblocks[i * n:(i + 1) * n], x, valid, activated=act)  # fresh: activated in place
         x = self.conv_post(F.leaky_relu_(x, self.cfg.final_slope), valid)    # (B, 1, 1, N)
         return torch.tanh(x).reshape(x.shape[0], -1)                          # (B, N)
 
