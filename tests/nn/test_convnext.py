@@ -20,17 +20,7 @@ from flashrt.nn.convnext import (
     zero_padding_cl,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Run single-threaded: on a loaded 2-core machine every parallel op waits for a descheduled OpenMP
-    worker (measured 0.2 ms -> 15 ms per op); results are the same. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_depthwise_conv_equals_grouped_conv1d():

@@ -10,17 +10,7 @@ from flashrt.io import build_on_meta, reset_derived
 from flashrt.nn.audio import ValidLength
 from flashrt.nn.istft import ISTFT, ISTFTHead, hann_window, overlap_add
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Run single-threaded: on a loaded 2-core machine every parallel op waits for a descheduled OpenMP
-    worker (measured 0.2 ms -> 15 ms per op); results are the same. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _spec(batch: int, frames: int, n_fft: int, seed: int = 0) -> torch.Tensor:

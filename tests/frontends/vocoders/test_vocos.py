@@ -17,17 +17,7 @@ from flashrt.frontends.vocoders import config_for, get_family, load_vocoder, rea
 from flashrt.frontends.vocoders.vocos import PRESETS, Vocos, VocosConfig, load_config, signature, weight_map
 from flashrt.io import load_module, open_checkpoint
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Run single-threaded: on a loaded 2-core machine every parallel op waits for a descheduled OpenMP
-    worker (measured 0.2 ms -> 15 ms per op); results are the same. Restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
 MEL, ENC = FIXTURES / "vocos_mel_tiny", FIXTURES / "vocos_encodec_tiny"
