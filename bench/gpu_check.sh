@@ -28,6 +28,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/flashrt-site .whl/*.whl
   export PYTHONPATH="/tmp/flashrt-site:${PYTHONPATH:-}"
 fi
+if ! "$PY" -c "import platformdirs" 2>/dev/null; then
+  echo "gpu_check: platformdirs is missing and no wheel was carried; here, before the run:"
+  echo "  pip download --no-deps --only-binary=:all: -d .whl platformdirs   (and carry .whl)"
+  exit 2
+fi
 step install 120 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
 step info 60 "$PY" -m flashrt.cli info --device cuda
 step cuda-tests 240 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests

@@ -251,9 +251,9 @@ def write_demo_checkpoint(folder: Path, sizes: DemoSizes = SIZES, seed: int = SE
 
 
 def default_checkpoint_dir() -> Path:
-    from platformdirs import user_cache_dir
+    from flashrt.paths import user_cache_dir
 
-    return Path(user_cache_dir("flashrt")) / "demo" / f"pi05-tiny-random-v{DEMO_VERSION}"
+    return user_cache_dir("demo", f"pi05-tiny-random-v{DEMO_VERSION}")
 
 
 def _demo_version(folder: Path) -> str | None:

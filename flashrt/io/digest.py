@@ -23,10 +23,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-import platformdirs
 import torch
 
 from flashrt.io.atomic import atomic_write_text
+from flashrt.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def default_memo_dir() -> Path:
     """Folder of the default digest memo: the user cache dir of flashrt."""
-    return Path(platformdirs.user_cache_dir("flashrt"))
+    return user_cache_dir()
 
 
 def file_digest(path: str | os.PathLike, memo: bool = True, memo_dir: str | os.PathLike | None = None,

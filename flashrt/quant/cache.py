@@ -45,7 +45,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 import safetensors.torch
 import torch
 
@@ -53,6 +52,7 @@ from flashrt import __version__
 from flashrt.errors import CalibrationError
 from flashrt.io.atomic import atomic_write_bytes
 from flashrt.io.digest import file_digest, tensor_digest
+from flashrt.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ Scales = dict[str, torch.Tensor]
 
 def default_root() -> Path:
     """The per-user calibration cache folder."""
-    return Path(platformdirs.user_cache_dir("flashrt")) / "calibration"
+    return user_cache_dir("calibration")
 
 
 # ---------------------------------------------------------------------------------------------- the key
