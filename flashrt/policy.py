@@ -149,8 +149,7 @@ class Policy:
         ids = self.prompts.ids(o.prompt, state_norm if self.config.variant == "pi05" else None)
         bucket = self.frontend.bucket_for(len(ids))
         checked_noise = self.frontend.check_noise(noise) if noise is not None else None
-        inputs = self._static_inputs(ids, state_norm)
-        self.frontend.buffers.validate(inputs, partial=True)
+        inputs = self.frontend.buffers.validate(self._static_inputs(ids, state_norm), partial=True)
         return {"images": images, "inputs": inputs, "noise": checked_noise}, state, bucket
 
     def _static_inputs(self, ids: list[int], state_norm: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -165,7 +164,7 @@ class Policy:
     def _write(self, checked: dict[str, Any], seed: int | None) -> None:
         bufs = self.frontend.buffers
         self.images.write(checked["images"], bufs["vision_images"][0], bufs["vision_masks"][0])
-        bufs.populate(checked["inputs"], partial=True)
+        bufs.write(checked["inputs"])
         self.frontend.write_noise(checked["noise"], seed)
 
     def _finish(self, state: torch.Tensor) -> np.ndarray:

@@ -149,8 +149,7 @@ class StaticBlock:
         with timer.stage("validate"):
             checked = self.buffers.validate(inputs)
         with timer.stage("h2d"):  # the copying half of buffers.populate, timed on its own
-            for name, value in checked.items():
-                self.buffers[name].copy_(value, non_blocking=True)
+            self.buffers.write(checked)
         with timer.stage("replay"):
             self.graph.replay()
         with timer.stage("d2h"):

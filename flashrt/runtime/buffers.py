@@ -151,7 +151,18 @@ class Buffers:
 
     def populate(self, inputs: Mapping[str, Any], partial: bool = False) -> None:
         """Validate all inputs first, then copy them into their static buffers (the only hot-path writer)."""
-        checked = self.validate(inputs, partial=partial)
+        self.write(self.validate(inputs, partial=partial))
+
+    def write(self, checked: Mapping[str, torch.Tensor]) -> None:
+        """The copying half of `populate`, for values already value-checked (by `validate`, or derived
+        from inputs a frontend validated itself). Names, roles and shapes are still checked — all of them
+        before anything is copied; finiteness and ranges are not scanned a second time."""
+        for name, value in checked.items():
+            spec = self._by_name.get(name)
+            if spec is None or spec.role != "input":
+                raise InputError(f"{name}: not an input buffer; inputs are {self.names('input')}")
+            if tuple(value.shape) != spec.shape:
+                raise InputError(f"{spec.name}: expected shape {spec.shape}, got {tuple(value.shape)}")
         for name, value in checked.items():
             self.tensors[name].copy_(value, non_blocking=True)
 

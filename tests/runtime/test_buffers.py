@@ -91,3 +91,18 @@ def test_declaration_errors():
         Buffers([BufferSpec("a", (1,), torch.float32), BufferSpec("a", (2,), torch.float32)])
     with pytest.raises(ValueError, match="role"):
         BufferSpec("a", (1,), torch.float32, role="weird")  # type: ignore[arg-type]
+
+
+def test_write_checks_names_and_shapes_before_copying_anything():
+    buf = make()
+    buf.populate({"x": np.full((2, 3), 0.5, np.float32), "ids": np.arange(4)})
+    before = {n: buf.read(n) for n in buf.names()}
+    with pytest.raises(InputError, match="ids: expected shape"):
+        buf.write({"x": torch.zeros(2, 3), "ids": torch.zeros(5, dtype=torch.int64)})
+    with pytest.raises(InputError, match="y: not an input buffer"):
+        buf.write({"x": torch.zeros(2, 3), "y": torch.zeros(2, 3)})
+    for n in buf.names():
+        assert torch.equal(buf[n], before[n]), n
+    buf.write(buf.validate({"x": np.full((2, 3), -0.25, np.float32)}, partial=True))
+    assert torch.equal(buf["x"], torch.full((2, 3), -0.25))
+    assert torch.equal(buf["ids"], before["ids"])

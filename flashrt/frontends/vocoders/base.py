@@ -178,6 +178,18 @@ def _check_values(spec: FeatureInput, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def as_tuples(value: Any) -> Any:
+    """JSON lists (nested too) as tuples, for frozen config dataclasses read from config files."""
+    return tuple(as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def check_upsampler_pairs(family: str, cfg: Any) -> None:
+    """HiFi-GAN-style generators: upsample rates/kernels and resblock kernels/dilations come in pairs."""
+    if len(cfg.upsample_rates) != len(cfg.upsample_kernel_sizes) or \
+            len(cfg.resblock_kernel_sizes) != len(cfg.resblock_dilation_sizes):
+        raise ConfigError(f"{family}: upsample rates/kernels and resblock kernels/dilations must pair up")
+
+
 def check_inputs(signature: VocoderSignature, values: Sequence[Any]) -> tuple[list[torch.Tensor], int]:
     """All inputs checked (nothing touched); returns them and the number of frames they span."""
     if len(values) == 1 and isinstance(values[0], (list, tuple)):
@@ -371,7 +383,7 @@ class Vocoder:
         batch = tensors[0].shape[0]
         with log.timer.stage("h2d"):
             bucket = self.graphs.bucket_for(frames)
-            self.buffers.populate(self._padded(tensors, frames, offset))
+            self.buffers.write(self._padded(tensors, frames, offset))  # values checked by check_inputs
             self._host_length = frames
         with log.timer.stage("replay"), torch.inference_mode():
             self.graphs.replay(bucket)

@@ -37,7 +37,14 @@ from torch import nn
 
 from flashrt.errors import ConfigError
 from flashrt.frontends.vocoders import register_vocoder
-from flashrt.frontends.vocoders.base import CheckpointSource, FeatureInput, VocoderFamily, VocoderSignature
+from flashrt.frontends.vocoders.base import (
+    CheckpointSource,
+    FeatureInput,
+    VocoderFamily,
+    VocoderSignature,
+    as_tuples,
+    check_upsampler_pairs,
+)
 from flashrt.io.weightmap import Rule, WeightMap
 from flashrt.nn.audio import (
     EXACT,
@@ -79,9 +86,7 @@ class BigVGANConfig:
         if self.resblock not in ("1", "2") or self.activation not in ACTIVATIONS:
             raise ConfigError(f"bigvgan: resblock {self.resblock!r} (1 or 2), activation {self.activation!r} "
                               f"(one of {sorted(ACTIVATIONS)})")
-        if len(self.upsample_rates) != len(self.upsample_kernel_sizes) or \
-                len(self.resblock_kernel_sizes) != len(self.resblock_dilation_sizes):
-            raise ConfigError("bigvgan: upsample rates/kernels and resblock kernels/dilations must pair up")
+        check_upsampler_pairs("bigvgan", self)
 
     @property
     def hop_length(self) -> int:
@@ -93,11 +98,10 @@ class BigVGANConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> BigVGANConfig:
         """From BigVGAN's config.json (training-only keys are ignored)."""
-        deep = lambda v: tuple(deep(x) for x in v) if isinstance(v, (list, tuple)) else v
         names = ("num_mels", "upsample_initial_channel", "upsample_rates", "upsample_kernel_sizes",
                  "resblock_kernel_sizes", "resblock_dilation_sizes", "activation", "snake_logscale",
                  "use_tanh_at_final", "use_bias_at_final")
-        kw = {n: deep(d[n]) for n in names if n in d}
+        kw = {n: as_tuples(d[n]) for n in names if n in d}
         return cls(resblock=str(d.get("resblock", "1")), sample_rate=d.get("sampling_rate", 24000), **kw)
 
 

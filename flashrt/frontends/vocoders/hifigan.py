@@ -41,7 +41,14 @@ from torch import nn
 
 from flashrt.errors import ConfigError
 from flashrt.frontends.vocoders import register_vocoder
-from flashrt.frontends.vocoders.base import CheckpointSource, FeatureInput, VocoderFamily, VocoderSignature
+from flashrt.frontends.vocoders.base import (
+    CheckpointSource,
+    FeatureInput,
+    VocoderFamily,
+    VocoderSignature,
+    as_tuples,
+    check_upsampler_pairs,
+)
 from flashrt.io.weightmap import Rule, WeightMap
 from flashrt.nn.audio import (
     EXACT,
@@ -84,9 +91,7 @@ class HifiGanConfig:
         if self.resblock not in RESBLOCKS or self.layout not in LAYOUTS:
             raise ConfigError(f"hifigan: resblock {self.resblock!r} (one of {sorted(RESBLOCKS)}), layout "
                               f"{self.layout!r} (one of {sorted(LAYOUTS)})")
-        if len(self.upsample_rates) != len(self.upsample_kernel_sizes) or \
-                len(self.resblock_kernel_sizes) != len(self.resblock_dilation_sizes):
-            raise ConfigError("hifigan: upsample rates/kernels and resblock kernels/dilations must pair up")
+        check_upsampler_pairs("hifigan", self)
         if self.normalize_before and self.layout != "speecht5":
             raise ConfigError("hifigan: normalize_before (mean/scale) exists only in the speecht5 layout")
 
@@ -116,8 +121,7 @@ def _shared(d: Mapping[str, Any]) -> dict[str, Any]:
     names = ("upsample_initial_channel", "upsample_rates", "upsample_kernel_sizes", "resblock_kernel_sizes",
              "resblock_dilation_sizes")
     known = {f.name for f in fields(HifiGanConfig)}
-    deep = lambda v: tuple(deep(x) for x in v) if isinstance(v, (list, tuple)) else v
-    return {n: deep(d[n]) for n in names if n in d and n in known}
+    return {n: as_tuples(d[n]) for n in names if n in d and n in known}
 
 
 PRESETS: dict[str, HifiGanConfig] = {

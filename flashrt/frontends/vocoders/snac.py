@@ -39,7 +39,13 @@ from torch import nn
 
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders import register_vocoder
-from flashrt.frontends.vocoders.base import CheckpointSource, FeatureInput, VocoderFamily, VocoderSignature
+from flashrt.frontends.vocoders.base import (
+    CheckpointSource,
+    FeatureInput,
+    VocoderFamily,
+    VocoderSignature,
+    as_tuples,
+)
 from flashrt.io.transforms import weight_norm
 from flashrt.io.weightmap import Rule, WeightMap
 from flashrt.nn.audio import EXACT, WEIGHT_NORM_SOURCES, Reach
@@ -103,8 +109,7 @@ class SnacConfig:
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"snac: unknown config.json keys {sorted(unknown)}")
-        fix = lambda v: tuple(v) if isinstance(v, list) else v
-        return cls(**{k: fix(v) for k, v in d.items()})
+        return cls(**{k: as_tuples(v) for k, v in d.items()})
 
 
 def load_config(path: str | Path) -> SnacConfig:
