@@ -94,16 +94,23 @@ def hifigan_v1(args: argparse.Namespace, workdir: Path) -> Case:
     ref = SpeechT5HifiGan(cfg).eval()
     randomize_(ref, seed=0)
     ref.save_pretrained(workdir / "hifigan-v1")
-    voc = load_vocoder(workdir / "hifigan-v1", buckets=(args.frames,), stream_chunk=args.chunk)
+    voc = load_vocoder(workdir / "hifigan-v1", buckets=(args.frames,), stream_chunk=args.chunk,
+                       conv=args.conv)
     mel = _mel(80, args.frames)
     return Case("hifigan-v1", voc, lambda m: ref(m.transpose(1, 2)), (mel,), 22050,
                 {"reference": "transformers SpeechT5HifiGan (V1 sizes)", "params_M": _params(ref)},
-                _bf16(workdir / "hifigan-v1", args))
+                {**_direct(workdir / "hifigan-v1", args), **_bf16(workdir / "hifigan-v1", args)})
 
 
 def _bf16(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The same weights at bf16 (oneDNN/AMX on CPUs that have it): a different precision, reported apart."""
     return {"bf16": load_vocoder(folder, buckets=(args.frames,), precision="bf16")} if args.bf16 else {}
+
+
+def _direct(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The same weights with every conv on oneDNN (``conv="direct"``): what the spectral convs add."""
+    return {} if args.conv == "direct" else \
+        {"direct_conv": load_vocoder(folder, buckets=(args.frames,), conv="direct")}
 
 
 @register_case("bigvgan-base")
@@ -121,10 +128,11 @@ def bigvgan_base(args: argparse.Namespace, workdir: Path) -> Case:
     folder.mkdir()
     ref._save_pretrained(folder)                    # {"generator": sd} with weight_g/weight_v + config.json
     _quiet(ref.remove_weight_norm)
-    voc = load_vocoder(folder, buckets=(args.frames,), stream_chunk=args.chunk)
+    voc = load_vocoder(folder, buckets=(args.frames,), stream_chunk=args.chunk, conv=args.conv)
     mel = _mel(100, args.frames, seed=1)
     return Case("bigvgan-base", voc, lambda m: ref(m), (mel,), 24000,
-                {"reference": "bigvgan 2.4.1 BigVGAN (base 24k 100-band sizes)", "params_M": _params(ref)})
+                {"reference": "bigvgan 2.4.1 BigVGAN (base 24k 100-band sizes)", "params_M": _params(ref)},
+                _direct(folder, args))
     # no bf16 variant here: measured 3.4x SLOWER than the reference on this CPU (bf16 sin/pad/depthwise
     # filters run unvectorized), 35.6 dB SNR; the fp32 path is the fast one for BigVGAN.
 
@@ -323,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--threads", type=int, default=torch.get_num_threads(), help="torch threads (both sides)")
     add("--plot", type=Path, default=None, help="folder for one latency PNG per case (needs matplotlib)")
     add("--no-bf16", dest="bf16", action="store_false", help="skip the bf16 variants")
+    add("--conv", default="auto", help="flashrt conv policy: auto | direct | spectral "
+        "(flashrt.nn.spectral_conv)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = []

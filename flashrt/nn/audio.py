@@ -47,6 +47,7 @@ from torch import nn
 
 from flashrt.io.transforms import weight_norm
 from flashrt.io.weightmap import Rule
+from flashrt.nn.spectral_conv import SpectralPlan
 
 __all__ = [
     "EXACT", "ValidLength", "Reach", "ROWS", "to_rows", "from_rows", "get_padding", "Conv1d",
@@ -211,6 +212,16 @@ _POINTWISE_INTO = getattr(torch.ops.mkldnn, "_convolution_pointwise_", None) \
     if torch.backends.mkldnn.is_available() else None
 
 
+def _epilogue(y: torch.Tensor, slope: float | None, residual: torch.Tensor | None,
+              into: bool) -> torch.Tensor:
+    """leaky_relu(y, slope) and/or the residual add, unfused (y is a fresh tensor, changed in place)."""
+    if slope is not None:
+        y = F.leaky_relu_(y, slope)
+    if residual is None:
+        return y
+    return residual.add_(y) if into else y.add_(residual)
+
+
 class Conv1d(nn.Conv1d):
     """`nn.Conv1d` (same parameters and state dict) that also runs on rows and masks its padding halo.
 
@@ -229,23 +240,32 @@ class Conv1d(nn.Conv1d):
                          groups=groups)
         self.halo = dilation * (kernel - 1) - pad
         self.register_buffer("weight_rows", torch.empty(0), persistent=False)
+        self.spectral_block: int | None = None
+        self.spectral: SpectralPlan | None = None
 
     def reset_derived(self) -> None:
         _rows_weight(self)
+        self.set_spectral(self.spectral_block)
+
+    def set_spectral(self, block: int | None) -> None:
+        """Run as a block-spectral conv of block size ``block`` on CPU float32 rows (None: direct). The
+        plan is derived from the current weight (`reset_derived` rebuilds it)."""
+        self.spectral_block = block
+        self.spectral = None if block is None else \
+            SpectralPlan(self.weight, self.dilation[0], self.padding[0], block)
 
     def forward(self, x: torch.Tensor, valid=EXACT, *, slope: float | None = None,
                 residual: torch.Tensor | None = None, into: bool = False) -> torch.Tensor:
         x = valid.zero(x, self.halo)
+        if self.spectral is not None and x.dim() == 4 and x.device.type == "cpu" and x.dtype == torch.float32:
+            y = self.spectral(x.contiguous(memory_format=ROWS), self.bias)
+            return _epilogue(y, slope, residual, into)
         if _fusable(x) and (slope is None or residual is None):
             return self._fused(x, slope, residual, into)
         y = super().forward(x) if x.dim() == 3 else F.conv2d(
             x, self.weight_rows, self.bias, (1, self.stride[0]), (0, self.padding[0]), (1, self.dilation[0]),
             self.groups)
-        if slope is not None:
-            y = F.leaky_relu_(y, slope)
-        if residual is None:
-            return y
-        return residual.add_(y) if into else y.add_(residual)
+        return _epilogue(y, slope, residual, into)
 
     def _fused(self, x: torch.Tensor, slope: float | None, residual: torch.Tensor | None,
                into: bool = False) -> torch.Tensor:

@@ -67,6 +67,7 @@ from torch import nn
 
 from flashrt.errors import ConfigError, InputError
 from flashrt.nn.audio import EXACT, ValidLength
+from flashrt.nn.spectral_conv import SpectralPlan, spectral_bytes
 from flashrt.profile import StageTimer
 from flashrt.runtime.buckets import GraphSet, pad_to
 from flashrt.runtime.buffers import Buffers, BufferSpec
@@ -456,9 +457,11 @@ class Vocoder:
     def describe(self) -> str:
         sig, nbytes = self.signature, self.buffers.nbytes() if self.buffers else 0
         exact = ", one-shot through the stream windows" if self.exact_stream else ""
+        spectral = sum(1 for m in self.module.modules() if isinstance(m, SpectralPlan))
+        convs = f", {spectral} spectral convs ({spectral_bytes(self.module):,d} bytes)" if spectral else ""
         return (f"{self.family.name} vocoder: {sig.sample_rate} Hz, hop {sig.hop_length}, context "
                 f"{sig.context} frames, buckets {list(self.buckets)}, stream chunk {self.stream_chunk}"
-                f"{exact}, backend {self.backend_name}, {nbytes:,d} buffer bytes")
+                f"{exact}, backend {self.backend_name}, {nbytes:,d} buffer bytes{convs}")
 
 
 class _StreamState:

@@ -24,10 +24,11 @@ def _io(name: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("backend", ["eager", "trace"])
-def test_parity_with_bigvgan_package(name, backend):
+@pytest.mark.parametrize("backend,conv", [("eager", "auto"), ("trace", "auto"), ("eager", "spectral"),
+                                          ("trace", "spectral")])
+def test_parity_with_bigvgan_package(name, backend, conv):
     io = _io(name)
-    voc = load_vocoder(FIXTURES / name, batch=2, buckets=(40,), backend=backend, stream_chunk=4)
+    voc = load_vocoder(FIXTURES / name, batch=2, buckets=(40,), backend=backend, stream_chunk=4, conv=conv)
     assert voc.family.name == "bigvgan"
     got = voc(io["mel"])
     assert got.shape == io["audio"].shape
@@ -57,10 +58,11 @@ def test_snake_parameters_matter():
     assert (voc(io["mel"]) - io["audio"]).abs().max() > 0.05
 
 
-@pytest.mark.parametrize("piece,chunk", [(5, 6), (37, 8), (1, 37)])
-def test_stream_equals_one_shot(piece, chunk):
+@pytest.mark.parametrize("piece,chunk,conv", [(5, 6, "auto"), (37, 8, "auto"), (1, 37, "auto"),
+                                              (5, 6, "spectral"), (37, 8, "spectral")])
+def test_stream_equals_one_shot(piece, chunk, conv):
     io = _io("bigvgan_tiny_wn")
-    voc = load_vocoder(FIXTURES / "bigvgan_tiny_wn", batch=2, buckets=(37,), stream_chunk=chunk)
+    voc = load_vocoder(FIXTURES / "bigvgan_tiny_wn", batch=2, buckets=(37,), stream_chunk=chunk, conv=conv)
     mel = io["mel"]
     parts = list(voc.stream(mel[..., i:i + piece] for i in range(0, 37, piece)))
     assert (torch.cat(parts, -1) - io["audio"]).abs().max() <= 1e-5

@@ -31,9 +31,11 @@ def _io(name: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_parity_with_reference(name):
+@pytest.mark.parametrize("conv", ["auto", "spectral"])
+def test_parity_with_reference(name, conv):
     io = _io(name)
-    voc = load_vocoder(FIXTURES / name, batch=2, buckets=(40,), **CASES[name])
+    voc = load_vocoder(FIXTURES / name, batch=2, buckets=(40,), conv=conv, **CASES[name])
+    assert voc.describe().count("spectral convs") == (conv == "spectral")   # tiny sizes: auto is all direct
     got = voc(io["mel"])
     assert got.shape == io["audio"].shape
     assert (got - io["audio"]).abs().max() <= 1e-5
@@ -53,9 +55,10 @@ def test_speecht5_normalization_is_used():
         assert (module(io["mel"]) - io["audio"]).abs().max() > 0.05
 
 
-def test_stream_equals_one_shot_on_fixture():
+@pytest.mark.parametrize("conv", ["auto", "spectral"])
+def test_stream_equals_one_shot_on_fixture(conv):
     io = _io("hifigan_v1_tiny")
-    voc = load_vocoder(FIXTURES / "hifigan_v1_tiny", batch=2, buckets=(40,), stream_chunk=6)
+    voc = load_vocoder(FIXTURES / "hifigan_v1_tiny", batch=2, buckets=(40,), stream_chunk=6, conv=conv)
     mel = io["mel"]
     parts = list(voc.stream(mel[..., i:i + 5] for i in range(0, mel.shape[-1], 5)))
     assert (torch.cat(parts, -1) - io["audio"]).abs().max() <= 1e-5

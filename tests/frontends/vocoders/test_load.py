@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import flashrt
-from flashrt.errors import CheckpointError
+from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders import checkpoint_config, get_family
 from flashrt.frontends.vocoders.bench import random_module
 from flashrt.frontends.vocoders.hifigan import HifiGanConfig
@@ -75,6 +75,22 @@ def test_plain_load_detects_family_and_matches_reference(name):
         got = voc(*inputs)
     assert got.shape == want.shape
     assert float((got - want).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("name", [n for n in FOLDERS if n not in NO_CONFIG and "noise" not in n])
+def test_spectral_convs_match_reference(name):
+    """Every family with every eligible conv forced onto the block-spectral path (`conv="spectral"`)."""
+    voc = _load(FIXTURES / name, conv="spectral")
+    if EXPECTED[name][0] in ("hifigan", "bigvgan"):                    # SNAC and Vocos have no such convs
+        assert "spectral convs" in voc.describe()
+    inputs, want = _reference(name)
+    got = voc(*inputs)
+    assert float((got - want).abs().max()) <= TOL
+
+
+def test_unknown_conv_policy_is_refused():
+    with pytest.raises(ConfigError, match="conv 'fft'"):
+        _load(FIXTURES / "hifigan_v1_tiny", conv="fft")
 
 
 @pytest.mark.parametrize("name", sorted(NO_CONFIG))

@@ -1,0 +1,149 @@
+"""Block-spectral conv: the same function as F.conv1d (checked against float64), the policy table, which
+convs `apply_spectral` picks, the fused-epilogue paths, plan rebuilds, and trace capture."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashrt.nn.audio import Conv1d, from_rows, to_rows
+from flashrt.nn.spectral_conv import POLICIES, SpectralPlan, SpectralPolicy, apply_spectral, spectral_bytes
+from flashrt.runtime.graphs import get_backend
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _conv(cin: int, cout: int, kernel: int, dilation: int = 1, bias: bool = True, seed: int = 0) -> Conv1d:
+    torch.manual_seed(seed)
+    conv = Conv1d(cin, cout, kernel, dilation, bias=bias).requires_grad_(False)
+    nn.init.normal_(conv.weight, std=1 / math.sqrt(cin * kernel))
+    if bias:
+        nn.init.normal_(conv.bias, std=0.1)
+    conv.reset_derived()
+    return conv
+
+
+def _truth(conv: Conv1d, x: torch.Tensor) -> torch.Tensor:
+    bias = None if conv.bias is None else conv.bias.double()
+    return F.conv1d(x.double(), conv.weight.double(), bias, padding=conv.padding, dilation=conv.dilation)
+
+
+@pytest.mark.parametrize("cin,cout,kernel,dilation,steps,batch,block", [
+    (16, 24, 7, 1, 100, 1, 32),     # steps not a multiple of the hop
+    (16, 16, 11, 5, 333, 2, 64),    # dilated, batch 2
+    (8, 8, 3, 3, 50, 1, 16),
+    (32, 32, 7, 3, 7, 1, 32),       # shorter than one block
+    (4, 4, 5, 2, 9, 2, 8),
+    (12, 6, 11, 1, 54, 1, 64),      # exactly one hop
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_float64_conv(cin, cout, kernel, dilation, steps, batch, block, bias):
+    conv = _conv(cin, cout, kernel, dilation, bias)
+    x = torch.randn(batch, cin, steps)
+    want = _truth(conv, x)
+    direct = from_rows(conv(to_rows(x)))
+    conv.set_spectral(block)
+    rows = conv(to_rows(x))
+    assert rows.is_contiguous(memory_format=torch.channels_last)         # the layout the next conv wants
+    got = from_rows(rows)
+    assert got.shape == want.shape
+    err, direct_err = (got.double() - want).abs().max(), (direct.double() - want).abs().max()
+    assert err <= 3e-6 and err <= 3 * direct_err + 1e-7      # as exact as the direct fp32 conv
+
+
+@pytest.mark.parametrize("into", [False, True])
+def test_epilogue_slope_and_residual(into):
+    conv = _conv(8, 8, 7, 3)
+    conv.set_spectral(32)
+    x, res = torch.randn(1, 8, 61), torch.randn(1, 8, 61)
+    want = _truth(conv, x)
+    act = from_rows(conv(to_rows(x), slope=0.1))
+    assert (act.double() - F.leaky_relu(want, 0.1)).abs().max() <= 2e-6
+    residual = to_rows(res)
+    out = from_rows(conv(to_rows(x), residual=residual, into=into))
+    assert (out.double() - (want + res.double())).abs().max() <= 2e-6
+    assert torch.equal(from_rows(residual), out if into else res)           # into: summed in place
+
+
+def test_plan_follows_the_weight():
+    conv = _conv(8, 8, 7)
+    conv.set_spectral(32)
+    x = torch.randn(1, 8, 40)
+    before = from_rows(conv(to_rows(x)))
+    with torch.no_grad():
+        conv.weight.mul_(-2.0)
+    conv.reset_derived()                             # what load_module calls after assigning weights
+    after = from_rows(conv(to_rows(x)))
+    assert conv.spectral_block == 32 and conv.spectral is not None
+    assert (after.double() - _truth(conv, x)).abs().max() <= 2e-6
+    assert (after - before).abs().max() > 0.1
+
+
+def test_non_rows_and_other_dtypes_run_direct():
+    conv = _conv(8, 8, 7)
+    conv.set_spectral(32)
+    x = torch.randn(1, 8, 30)
+    assert (conv(x).double() - _truth(conv, x)).abs().max() <= 2e-6          # (B, C, T) layout: direct
+    y = conv.bfloat16()(to_rows(x).bfloat16())                               # bf16: direct, no plan use
+    assert y.dtype == torch.bfloat16
+
+
+def test_policy_table():
+    auto = SpectralPolicy()
+    assert auto.block(3, 512, 512) is None and auto.block(5, 256, 256) is None
+    assert auto.block(7, 256, 256) == 32 and auto.block(11, 256, 256) == 32
+    assert auto.block(7, 128, 128) == 64 and auto.block(11, 128, 128) == 64
+    assert auto.block(7, 64, 64) is None and auto.block(11, 64, 64) == 64 and auto.block(11, 32, 32) is None
+    every = POLICIES["spectral"]
+    assert every.block(3, 4, 4) == 16 and every.block(11, 4, 4) == 64 and every.block(1, 4, 4) is None
+    assert POLICIES["direct"] is None
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = Conv1d(128, 128, 11, 3)
+        self.narrow = Conv1d(128, 128, 3)
+        self.grouped = Conv1d(128, 128, 11, groups=4)
+        self.small = Conv1d(32, 32, 11)
+
+
+def test_apply_spectral_picks_by_policy_and_eligibility():
+    net = _Net()
+    for conv in net.modules():
+        if isinstance(conv, Conv1d):
+            conv.reset_derived()
+    assert apply_spectral(net, POLICIES["auto"]) == ["wide"]
+    assert spectral_bytes(net) == sum(b.numel() * 4 for b in net.wide.spectral.buffers())
+    assert spectral_bytes(net) >= 8 * 33 * 128 * 128                          # the two kernel spectra
+    assert apply_spectral(net, POLICIES["spectral"]) == ["wide", "narrow", "small"]  # never grouped
+    assert apply_spectral(net, None) == [] and spectral_bytes(net) == 0
+    net.bfloat16()
+    assert apply_spectral(net, POLICIES["spectral"]) == []                    # float32 only
+
+
+def test_plan_rejects_bad_geometry():
+    with pytest.raises(ValueError, match="same"):
+        SpectralPlan(torch.randn(4, 4, 7), dilation=1, padding=2, block=32)
+    with pytest.raises(ValueError, match="block"):
+        SpectralPlan(torch.randn(4, 4, 11), dilation=1, padding=5, block=8)
+
+
+def test_trace_capture_replays_like_eager():
+    conv = _conv(16, 16, 11, 5)
+    conv.set_spectral(64)
+    x = to_rows(torch.randn(1, 16, 90))
+    out = torch.empty(1, 16, 1, 90).contiguous(memory_format=torch.channels_last)
+
+    def step() -> None:
+        out.copy_(conv(x, slope=0.1))
+
+    graph = get_backend("trace").capture(step)
+    for seed in range(3):
+        x.copy_(to_rows(torch.randn(1, 16, 90, generator=torch.Generator().manual_seed(seed))))
+        graph.replay()
+        assert torch.equal(out, conv(x, slope=0.1))
