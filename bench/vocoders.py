@@ -175,7 +175,8 @@ def vocos_mel(args: argparse.Namespace, workdir: Path) -> Case:
     voc = load_vocoder(folder, buckets=(args.frames,), stream_chunk=args.chunk)  # reads config.yaml
     mel = _mel(100, args.frames, seed=2)
     return Case("vocos-mel-24khz", voc, lambda m: ref.decode(m), (mel,), 24000,
-                {"reference": "vocos 0.1.0 Vocos.decode (mel-24khz sizes)", "params_M": _params(ref)})
+                {"reference": "vocos 0.1.0 Vocos.decode (mel-24khz sizes)", "params_M": _params(ref)},
+                _bf16(folder, args))
 
 
 @register_case("snac-24khz")
@@ -331,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     add("--threads", type=int, default=torch.get_num_threads(), help="torch threads (both sides)")
     add("--plot", type=Path, default=None, help="folder for one latency PNG per case (needs matplotlib)")
     add("--no-bf16", dest="bf16", action="store_false", help="skip the bf16 variants")
-    add("--conv", default="auto", help="flashrt conv policy: auto | direct | spectral "
-        "(flashrt.nn.spectral_conv)")
+    add("--conv", default=None, help="flashrt conv policy: auto | invariant | direct | spectral "
+        "(flashrt.nn.conv_policy; default: each family's own)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = []

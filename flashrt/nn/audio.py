@@ -51,7 +51,7 @@ from flashrt.nn.spectral_conv import SpectralPlan
 
 __all__ = [
     "EXACT", "ValidLength", "Reach", "ROWS", "to_rows", "from_rows", "get_padding", "Conv1d",
-    "ConvTranspose1d", "conv1d", "conv_transpose1d", "conv_rules",
+    "ConvTranspose1d", "polyphase_weight", "conv1d", "conv_transpose1d", "conv_rules",
     "WEIGHT_NORM_SOURCES", "ResBlock1", "ResBlock2", "mrf", "Snake", "SnakeBeta", "kaiser_sinc_filter1d",
     "UpSample1d", "DownSample1d", "Activation1d",
 ]
@@ -67,6 +67,11 @@ class _Exact:
 
     def hold(self, x: torch.Tensor, halo: int | None = None) -> torch.Tensor:
         return x
+
+    def add_end(self, y: torch.Tensor, x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+        """y[..., -R:] += x[..., -1:] * gains (R = len(gains)), in place."""
+        y[..., y.shape[-1] - gains.numel():].add_(x[..., -1:] * gains)
+        return y
 
     def __repr__(self) -> str:
         return "EXACT"
@@ -122,6 +127,20 @@ class ValidLength:
         _, _, fill, pad = self._index(x.shape[-1], halo)
         value = x.index_select(-1, fill).masked_fill_(pad, 0.0)            # keeps valid steps as they are
         return x.index_copy_(-1, fill, value)
+
+    def add_end(self, y: torch.Tensor, x: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+        """y[..., e_y - R + i] += x[..., e_x - 1] * gains[i] in place, e the real end on each tensor's axis:
+        the replicate padding's share at the end of the data, added exactly as `EXACT.add_end` adds it
+        at the end of an unpadded tensor (same products, same single add), so a padded window and an
+        unpadded run of the same data round alike."""
+        _, last, _, _ = self._index(x.shape[-1], 0)
+        key = ("tail", y.shape[-1], gains.numel())
+        pos = self._cache.get(key)
+        if pos is None:
+            end, _, _, _ = self._index(y.shape[-1], 0)
+            pos = self._cache[key] = (end - gains.numel() + torch.arange(gains.numel(), device=end.device))
+            pos = self._cache[key] = pos.clamp_min(0)
+        return y.index_add_(-1, pos, x.index_select(-1, last) * gains)
 
     def hold(self, x: torch.Tensor, halo: int | None = None) -> torch.Tensor:
         """x (..., T) with the padding (all, or its first `halo` steps in place) set to x[..., end - 1]."""
@@ -231,6 +250,12 @@ class Conv1d(nn.Conv1d):
     ``slope`` applies leaky_relu(y, slope); ``residual`` returns y + residual (residual is not modified,
     unless ``into=True``: then y is added into ``residual`` in place and ``residual`` is returned, which
     saves allocating (and page-faulting) a fresh output where the caller owns the residual).
+
+    Algorithms on CPU rows (chosen at load by `flashrt.nn.conv_policy`): oneDNN's direct conv (default);
+    block-spectral GEMMs (`set_spectral`, float32); or, for a dilated conv, ``phase_split``: the same
+    conv as an undilated (K, 1) conv over the (T/d, d) view of the sequence, whose summation order does
+    not depend on the length or on where the sequence starts (oneDNN's dilated kernels' order does), so
+    a window of a stream computes every sample exactly as the one-shot run does.
     """
 
     def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, *, stride: int = 1,
@@ -242,6 +267,7 @@ class Conv1d(nn.Conv1d):
         self.register_buffer("weight_rows", torch.empty(0), persistent=False)
         self.spectral_block: int | None = None
         self.spectral: SpectralPlan | None = None
+        self.phase_split = False
 
     def reset_derived(self) -> None:
         _rows_weight(self)
@@ -254,35 +280,86 @@ class Conv1d(nn.Conv1d):
         self.spectral = None if block is None else \
             SpectralPlan(self.weight, self.dilation[0], self.padding[0], block)
 
+    def can_phase_split(self) -> bool:
+        """Dilated, stride 1, 'same' padding: the geometry `phase_split` handles."""
+        d, k = self.dilation[0], self.kernel_size[0]
+        return d > 1 and self.stride[0] == 1 and 2 * self.padding[0] == d * (k - 1)
+
     def forward(self, x: torch.Tensor, valid=EXACT, *, slope: float | None = None,
                 residual: torch.Tensor | None = None, into: bool = False) -> torch.Tensor:
         x = valid.zero(x, self.halo)
-        if self.spectral is not None and x.dim() == 4 and x.device.type == "cpu" and x.dtype == torch.float32:
+        rows_cpu = x.dim() == 4 and x.device.type == "cpu"
+        if self.spectral is not None and rows_cpu and x.dtype == torch.float32:
             y = self.spectral(x.contiguous(memory_format=ROWS), self.bias)
             return _epilogue(y, slope, residual, into)
+        if self.phase_split and rows_cpu:
+            return self._phases(x.contiguous(memory_format=ROWS), slope, residual, into)
+        geometry = ([0, self.padding[0]], [1, self.stride[0]], [1, self.dilation[0]], self.groups)
         if _fusable(x) and (slope is None or residual is None):
-            return self._fused(x, slope, residual, into)
-        y = super().forward(x) if x.dim() == 3 else F.conv2d(
-            x, self.weight_rows, self.bias, (1, self.stride[0]), (0, self.padding[0]), (1, self.dilation[0]),
-            self.groups)
+            return _fused_conv(x, self.weight_rows, self.bias, geometry, slope, residual, into)
+        pad, stride, dilation, groups = geometry
+        y = super().forward(x) if x.dim() == 3 else F.conv2d(x, self.weight_rows, self.bias, stride, pad,
+                                                             dilation, groups)
         return _epilogue(y, slope, residual, into)
 
-    def _fused(self, x: torch.Tensor, slope: float | None, residual: torch.Tensor | None,
-               into: bool = False) -> torch.Tensor:
-        geometry = ([0, self.padding[0]], [1, self.stride[0]], [1, self.dilation[0]], self.groups)
-        if residual is None:
-            attr, scalars = ("none", []) if slope is None else ("leaky_relu", [slope])
-            return _POINTWISE(x, self.weight_rows, self.bias, *geometry, attr, scalars, "")
-        args = (self.weight_rows, self.bias, *geometry, "add", None, None, [], None)
-        if into and _POINTWISE_INTO is not None and residual.is_contiguous(memory_format=ROWS):
-            return _POINTWISE_INTO.binary(residual, x, *args)        # oneDNN sum into the residual's memory
-        y = _POINTWISE.binary(x, residual, *args)
-        return residual.copy_(y) if into else y
+    def _phases(self, x: torch.Tensor, slope: float | None, residual: torch.Tensor | None,
+                into: bool) -> torch.Tensor:
+        """The dilated conv on the (B, C, T/d, d) view of rows x (end padded to a multiple of d)."""
+        d, (b, c, _, t) = self.dilation[0], x.shape
+        steps = -(-t // d) * d
+        seq = x.permute(0, 2, 3, 1).reshape(b, t, c)                          # (B, T, C), no copy
+        if steps != t:
+            seq = F.pad(seq, (0, 0, 0, steps - t))
+        image = seq.view(b, steps // d, d, c).permute(0, 3, 1, 2)            # (B, C, T/d, d) channels-last
+        weight = self.weight_rows.squeeze(2).unsqueeze(3)                     # (O, C, K, 1), same memory
+        geometry = ([self.padding[0] // d, 0], [1, 1], [1, 1], self.groups)
+        fuse = _fusable(image) and (slope is None or residual is None) and \
+            (residual is None or (steps == t and residual.is_contiguous(memory_format=ROWS)))
+        if fuse:
+            res = None if residual is None else _as_phases(residual, d)
+            y = _fused_conv(image, weight, self.bias, geometry, slope, res, into)
+            return residual if into and residual is not None else _phases_to_rows(y, t)
+        y = _phases_to_rows(F.conv2d(image, weight, self.bias, 1, geometry[0], 1, self.groups), t)
+        return _epilogue(y, slope, residual, into)
+
+
+def _as_phases(rows: torch.Tensor, d: int) -> torch.Tensor:
+    """Rows (B, C, 1, T) channels-last contiguous, T a multiple of d -> the (B, C, T/d, d) view of it."""
+    b, c, _, t = rows.shape
+    return rows.permute(0, 2, 3, 1).reshape(b, t // d, d, c).permute(0, 3, 1, 2)
+
+
+def _phases_to_rows(y: torch.Tensor, t: int) -> torch.Tensor:
+    """(B, O, T'/d, d) channels-last -> rows (B, O, 1, t) of its first t steps."""
+    b, o = y.shape[:2]
+    rows = y.permute(0, 2, 3, 1).reshape(b, -1, o)[:, :t].permute(0, 2, 1).unsqueeze(2)
+    return rows if b == 1 else rows.contiguous(memory_format=ROWS)
+
+
+def _fused_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, geometry: tuple,
+                slope: float | None, residual: torch.Tensor | None, into: bool = False) -> torch.Tensor:
+    """One oneDNN conv (2-D channels-last ``geometry`` = padding, stride, dilation, groups) with the
+    leaky-relu or residual-add epilogue fused."""
+    if residual is None:
+        attr, scalars = ("none", []) if slope is None else ("leaky_relu", [slope])
+        return _POINTWISE(x, weight, bias, *geometry, attr, scalars, "")
+    args = (weight, bias, *geometry, "add", None, None, [], None)
+    if into and _POINTWISE_INTO is not None and residual.is_contiguous(memory_format=ROWS):
+        return _POINTWISE_INTO.binary(residual, x, *args)            # oneDNN sum into the residual's memory
+    y = _POINTWISE.binary(x, residual, *args)
+    return residual.copy_(y) if into else y
 
 
 class ConvTranspose1d(nn.ConvTranspose1d):
     """`nn.ConvTranspose1d` on (B, C, T) or rows; the HiFi-GAN/BigVGAN upsampler: padding (K - stride)/2,
-    so T' = T x stride. With a `ValidLength`, the padding steps its valid outputs reach are zeroed first."""
+    so T' = T x stride. With a `ValidLength`, the padding steps its valid outputs reach are zeroed first.
+
+    ``polyphase`` (set by `set_polyphase`, from the ``invariant`` conv policy): on CPU rows, run it as one
+    undilated stride-1 conv with stride x Cout output channels (output phase p of step t is channel block
+    p; `polyphase_weight`), whose (B, T, stride, Cout) result is the upsampled sequence in place. Its
+    summation order does not depend on the length or start of the sequence (oneDNN's transposed conv's
+    does); it costs ceil(K / stride + 1) / (K / stride) the FLOPs (1.5x for K = 2 stride).
+    """
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
         if (kernel - stride) % 2:
@@ -290,15 +367,60 @@ class ConvTranspose1d(nn.ConvTranspose1d):
         super().__init__(cin, cout, kernel, stride, padding=(kernel - stride) // 2)
         self.halo = -(-self.padding[0] // stride) + 1
         self.register_buffer("weight_rows", torch.empty(0), persistent=False)
+        self.register_buffer("poly_rows", torch.empty(0), persistent=False)
+        self.register_buffer("poly_bias", None, persistent=False)
+        self.polyphase = False
+        self.poly_pad = (0, 0)
 
     def reset_derived(self) -> None:
         _rows_weight(self)
+        self.set_polyphase(self.polyphase)
+
+    def set_polyphase(self, on: bool) -> None:
+        """Run as the polyphase stride-1 conv on CPU rows (True) or as oneDNN's transposed conv."""
+        self.polyphase = bool(on)
+        if not on:
+            self.poly_rows, self.poly_bias = torch.empty(0), None
+            return
+        weight, left, right = polyphase_weight(self.weight.detach(), self.stride[0], self.padding[0])
+        self.poly_rows = weight.unsqueeze(2).contiguous(memory_format=ROWS)          # (s O, C, 1, M)
+        self.poly_bias = None if self.bias is None else self.bias.detach().repeat(self.stride[0])
+        self.poly_pad = (left, right)
 
     def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
         x = valid.zero(x, self.halo)
         if x.dim() == 3:
             return super().forward(x)
+        if self.polyphase and x.device.type == "cpu":
+            return self._polyphase(x)
         return F.conv_transpose2d(x, self.weight_rows, self.bias, (1, self.stride[0]), (0, self.padding[0]))
+
+    def _polyphase(self, x: torch.Tensor) -> torch.Tensor:
+        left, right = self.poly_pad
+        if left != right:
+            x, left = F.pad(x, (left, right)).contiguous(memory_format=ROWS), 0
+        y = F.conv2d(x, self.poly_rows, self.poly_bias, padding=(0, left))          # (B, s O, 1, T)
+        b, _, _, t = y.shape
+        seq = y.contiguous(memory_format=ROWS).permute(0, 2, 3, 1)                 # (B, 1, T, s O)
+        return seq.reshape(b, t * self.stride[0], self.out_channels).permute(0, 2, 1).unsqueeze(2)
+
+
+def polyphase_weight(weight: torch.Tensor, stride: int, padding: int) -> tuple[torch.Tensor, int, int]:
+    """A transposed conv's weight (Cin, Cout, K) as the weight (stride Cout, Cin, M) of an undilated conv
+    over the input whose output channel p Cout + o is output step t stride + p, channel o; with the zero
+    padding (left, right) that conv needs. Output n = t s + p takes x[i] w[k] with k = n + padding - i s,
+    i.e. x[t + m], m = (p + padding) // s - j, k = j s + (p + padding) % s for every j with k < K."""
+    cin, cout, kernel = weight.shape
+    taps = {}
+    for p in range(stride):
+        shift, phase = divmod(p + padding, stride)
+        for j in range(-(-(kernel - phase) // stride)):
+            taps[(p, shift - j)] = j * stride + phase
+    low, high = min(m for _, m in taps), max(m for _, m in taps)
+    out = weight.new_zeros(stride, cout, cin, high - low + 1)
+    for (p, m), k in taps.items():
+        out[p, :, :, m - low] = weight[:, :, k].T
+    return out.reshape(stride * cout, cin, high - low + 1), -low, high
 
 
 def conv1d(cin: int, cout: int, kernel: int, dilation: int = 1, bias: bool = True, groups: int = 1) -> Conv1d:
@@ -486,12 +608,13 @@ def _extent(d: torch.Tensor) -> int:
     return int(hits.max()) + 1 if hits.numel() else 0
 
 
-def _add_edges(x: torch.Tensor, y: torch.Tensor, gains: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """y (zero-padded filter output) plus the replicate-padding contribution of x's first/last value."""
+def _add_edges(x: torch.Tensor, y: torch.Tensor, gains: tuple[torch.Tensor, torch.Tensor],
+               valid=EXACT) -> torch.Tensor:
+    """y (zero-padded filter output) plus the replicate-padding contribution of x's first value and of
+    its last real value (the end of the tensor, or where `valid` says the data ends)."""
     left, right = gains
     y[..., :left.numel()].add_(x[..., :1] * left)
-    y[..., y.shape[-1] - right.numel():].add_(x[..., -1:] * right)
-    return y
+    return valid.add_end(y, x, right)
 
 
 def _cast_filters(module: nn.Module, dtype: torch.dtype) -> None:
@@ -542,16 +665,17 @@ class UpSample1d(nn.Module):
         return y[..., self.trim_left:y.shape[-1] - self.trim_right]
 
     def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
-        x = valid.hold(x, self.pad)
-        if x.dim() == 3:
-            return self._padded(x, self.filter)
-        if self.gains is None or x.shape[-1] < self.kernel_size:
+        if x.dim() == 3 or self.gains is None or x.shape[-1] < self.kernel_size:
+            x = valid.hold(x, self.pad)
+            if x.dim() == 3:
+                return self._padded(x, self.filter)
             y = F.conv_transpose2d(F.pad(x, (self.pad, self.pad, 0, 0), mode="replicate"), self.filter_rows,
                                    stride=(1, self.ratio), groups=self.channels)
             return y[..., self.trim_left:y.shape[-1] - self.trim_right]
+        x = valid.zero(x, self.pad)                  # zeros past the data, the edge's share added after
         y = F.conv_transpose2d(x, self.filter_rows, stride=(1, self.ratio), padding=(0, self.zero_pad),
                                groups=self.channels)
-        return _add_edges(x, y, self.gains)
+        return _add_edges(x, y, self.gains, valid)
 
     @staticmethod
     def reach(ratio: int = 2, kernel_size: int = 12, rate: int = 1) -> Reach:
@@ -594,15 +718,16 @@ class DownSample1d(nn.Module):
         return F.conv1d(x, filt, stride=self.ratio, groups=x.shape[1])
 
     def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
-        x = valid.hold(x, self.pad_right)
-        if x.dim() == 3:
-            return self._padded(x, self.filter)
-        if self.gains is None or x.shape[-1] < 2 * self.kernel_size:
+        if x.dim() == 3 or self.gains is None or x.shape[-1] < 2 * self.kernel_size:
+            x = valid.hold(x, self.pad_right)
+            if x.dim() == 3:
+                return self._padded(x, self.filter)
             x = F.pad(x, (self.pad_left, self.pad_right, 0, 0), mode="replicate")
             return F.conv2d(x, self.filter_rows, stride=(1, self.ratio), groups=self.channels)
+        x = valid.zero(x, self.pad_right)            # zeros past the data, the edge's share added after
         y = F.conv2d(x, self.filter_rows, stride=(1, self.ratio), padding=(0, self.pad_left),
                      groups=self.channels)
-        return _add_edges(x, y, self.gains)
+        return _add_edges(x, y, self.gains, valid)
 
     @staticmethod
     def reach(ratio: int = 2, kernel_size: int = 12, rate: int = 1) -> Reach:

@@ -19,12 +19,14 @@ DFT is one (H, 2F) matmul. The result is the same function as ``F.conv1d``, and 
 float64 result than oneDNN's direct conv (measured 2e-6 vs 6e-6 to 1e-5 max |err| on unit-variance
 inputs).
 
-Measured on one core of the dev CPU (Xeon, AVX-512; ms per conv, direct oneDNN rows conv -> spectral):
-C = O = 256, T = 1600: r 7: 7.1 -> 4.4 (N 32), r 11: 12.2 -> 5.1 (N 32); C = 128, T = 12800: r 7: 16.2 ->
-10.5, r 11: 24.7 -> 11.5 (N 64); C = 64, T = 25600: r 11: 12.3 -> 8.5, r 7: 7.8 -> 7.3; r = 3 and r = 5
-are slower than direct at every width (the DFT overhead is not paid back). `SpectralPolicy` encodes
-that table. The price is memory: the kernel spectra take 8 F C O bytes per conv (4.4 MB for
-C = O = 256 at N = 32), reported by `spectral_bytes`.
+Measured on one core of the dev CPU (Xeon with AVX-512, 2026-11-29), ms per conv with its leaky-relu
+epilogue, oneDNN direct -> spectral: C = O = 256, T = 1600: r 7 d 3: 10.7 -> 5.7, r 11 d 5: 17.1 -> 5.7
+(N 32); C = 128, T = 12800: r 7 d 1: 18.1 -> 11.6, r 7 d 3: 16.8 -> 15.2, r 11 d 5: 30.0 -> 14.5 (N 64);
+C = 64, T = 25600: r 11: 13.5 -> 9.9, r 7: 7.8 -> 7.3. Kernels 3 and 5, and anything at 32 channels,
+are slower spectral at every width tried (the transforms are not paid back). `SpectralPolicy` encodes
+that table; `flashrt.nn.conv_policy` applies it. The price is memory: the kernel spectra take 8 F C O
+bytes per conv (8.9 MB at C = O = 256, N = 32; 165 MB over HiFi-GAN V1's 30 spectral convs, whose own
+weights are 56 MB), reported by `spectral_bytes` and `Vocoder.describe()`.
 
 Layout: input and output are "rows" (B, C, 1, T) channels-last (`flashrt.nn.audio.to_rows`), i.e.
 (B, T, C) in memory, the layout the rest of the vocoder runs in. CPU float32 only; anything else uses
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["SpectralPolicy", "SpectralPlan", "POLICIES", "apply_spectral", "spectral_bytes"]
+__all__ = ["SpectralPolicy", "SpectralPlan", "eligible", "spectral_bytes"]
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,6 @@ class SpectralPolicy:
         if not (wide or (kernel >= self.min_kernel and channels >= self.min_channels)):
             return None
         return 32 if channels >= 256 else 64
-
-
-POLICIES: dict[str, SpectralPolicy | None] = {
-    "direct": None,
-    "auto": SpectralPolicy(),
-    "spectral": SpectralPolicy(every=True),
-}
 
 
 def _dft_matrices(n: int, first: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,28 +170,11 @@ class SpectralPlan(nn.Module):
         return prod
 
 
-def _eligible(conv: nn.Module) -> bool:
+def eligible(conv: nn.Module) -> bool:
     """Stride 1, no groups, 'same' output length (odd span), float32 on the CPU."""
     same = 2 * conv.padding[0] == conv.dilation[0] * (conv.kernel_size[0] - 1)
     return conv.groups == 1 and conv.stride[0] == 1 and same and conv.weight.dtype == torch.float32 \
         and conv.weight.device.type == "cpu"
-
-
-def apply_spectral(module: nn.Module, policy: SpectralPolicy | None) -> list[str]:
-    """Give every eligible `flashrt.nn.audio.Conv1d` in ``module`` the spectral block size ``policy``
-    picks (None: all direct) and build its plan. Returns the names of the spectral convs."""
-    from flashrt.nn.audio import Conv1d
-
-    chosen = []
-    for name, conv in module.named_modules():
-        if not isinstance(conv, Conv1d):
-            continue
-        out_ch, in_ch, taps = conv.weight.shape
-        block = policy.block(taps, in_ch, out_ch) if policy is not None and _eligible(conv) else None
-        conv.set_spectral(block)
-        if block is not None:
-            chosen.append(name)
-    return chosen
 
 
 def spectral_bytes(module: nn.Module) -> int:

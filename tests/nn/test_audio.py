@@ -28,8 +28,10 @@ from flashrt.nn.audio import (
     conv_rules,
     from_rows,
     kaiser_sinc_filter1d,
+    polyphase_weight,
     to_rows,
 )
+from flashrt.nn.conv_policy import POLICIES, apply_conv_policy
 
 
 def _ready(module: nn.Module, seed: int = 0) -> nn.Module:
@@ -291,3 +293,91 @@ def test_conv_rules_missing_weight_is_reported():
     with pytest.raises(CheckpointError, match="weight"):
         load_module(lambda: nn.Conv1d(4, 6, 3), Checkpoint.from_tensors({"layer.bias": torch.zeros(6)}),
                     WeightMap(conv_rules("layer", "")))
+
+
+# ------------------------------------------------------------------------- phase-split dilated convs
+
+def _dilated(cin: int, cout: int, kernel: int, dilation: int, seed: int = 0) -> Conv1d:
+    torch.manual_seed(seed)
+    conv = Conv1d(cin, cout, kernel, dilation).requires_grad_(False)
+    nn.init.normal_(conv.weight, std=1 / math.sqrt(cin * kernel))
+    nn.init.normal_(conv.bias, std=0.1)
+    conv.reset_derived()
+    conv.phase_split = True
+    return conv
+
+
+@pytest.mark.parametrize("kernel,dilation,steps,batch", [(3, 5, 100, 1), (7, 3, 61, 2), (11, 5, 45, 1),
+                                                         (3, 2, 7, 2)])
+@pytest.mark.parametrize("epilogue", ["none", "slope", "residual", "into"])
+def test_phase_split_conv_matches_float64(kernel, dilation, steps, batch, epilogue):
+    conv = _dilated(12, 16 if epilogue in ("none", "slope") else 12, kernel, dilation)
+    x = torch.randn(batch, 12, steps)
+    res = torch.randn(batch, conv.out_channels, steps)
+    want = F.conv1d(x.double(), conv.weight.double(), conv.bias.double(), padding=conv.padding,
+                    dilation=dilation)
+    residual = to_rows(res)
+    kwargs = {"none": {}, "slope": {"slope": 0.1}, "residual": {"residual": residual},
+              "into": {"residual": residual, "into": True}}[epilogue]
+    rows = conv(to_rows(x), **kwargs)
+    want = F.leaky_relu(want, 0.1) if epilogue == "slope" else want
+    want = want + res.double() if epilogue in ("residual", "into") else want
+    assert rows.is_contiguous(memory_format=torch.channels_last)
+    assert (from_rows(rows).double() - want).abs().max() <= 3e-6
+    assert torch.equal(from_rows(residual), from_rows(rows) if epilogue == "into" else res)
+
+
+@pytest.mark.parametrize("kernel,dilation", [(3, 5), (7, 3), (11, 5)])
+def test_phase_split_conv_is_position_invariant(kernel, dilation):
+    """A window computes every sample bit for bit as the whole sequence does, wherever it starts."""
+    conv = _dilated(64, 64, kernel, dilation)
+    x = to_rows(torch.randn(1, 64, 3000))
+    full = from_rows(conv(x))
+    reach = dilation * (kernel - 1) // 2
+    for start, stop in [(1000, 2200), (1001, 2999), (7, 1500)]:
+        part = from_rows(conv(x[..., start:stop].contiguous(memory_format=torch.channels_last)))
+        lo, hi = start + reach, stop - reach
+        assert torch.equal(full[..., lo:hi], part[..., lo - start:hi - start])
+
+
+# ------------------------------------------------------------------ the invariant policy: equal arithmetic
+
+INVARIANT_BLOCKS = {
+    "activation1d": lambda: Activation1d(64, SnakeBeta(64, logscale=True)),
+    "conv-dilated": lambda: Conv1d(64, 64, 7, 3),
+    "conv-transpose": lambda: ConvTranspose1d(64, 32, 16, 8),
+    "resblock1": lambda: ResBlock1(64, 11, (1, 3, 5)),
+}
+
+
+@pytest.mark.parametrize("name", list(INVARIANT_BLOCKS))
+def test_invariant_policy_padded_run_equals_unpadded_bit_for_bit(name):
+    """A padded window (the stream's last one) and an unpadded run round alike at every valid output."""
+    torch.manual_seed(1)
+    block = _ready(INVARIANT_BLOCKS[name]())
+    apply_conv_policy(block, POLICIES["invariant"])
+    assert _padded_equals_exact(block, torch.randn(1, 64, 150), pad=37, rows=True) == 0.0
+
+
+@pytest.mark.parametrize("cin,cout,kernel,stride",
+                         [(16, 8, 16, 8), (8, 4, 4, 2), (6, 3, 11, 3), (4, 4, 6, 2)])
+def test_polyphase_upsampler_matches_float64(cin, cout, kernel, stride):
+    up = _ready(ConvTranspose1d(cin, cout, kernel, stride))
+    x = torch.randn(2, cin, 13)
+    want = F.conv_transpose1d(x.double(), up.weight.double(), up.bias.double(), stride, up.padding)
+    up.set_polyphase(True)
+    rows = up(to_rows(x))
+    assert rows.is_contiguous(memory_format=torch.channels_last)
+    assert (from_rows(rows).double() - want).abs().max() <= 1e-5
+    assert polyphase_weight(up.weight, stride, up.padding[0])[0].shape[0] == stride * cout
+
+
+def test_polyphase_upsampler_is_position_invariant():
+    up = _ready(ConvTranspose1d(256, 128, 16, 8))
+    up.set_polyphase(True)
+    x = to_rows(torch.randn(1, 256, 400))
+    full = from_rows(up(x))
+    for start, stop in [(100, 300), (101, 399)]:
+        part = from_rows(up(x[..., start:stop].contiguous(memory_format=torch.channels_last)))
+        lo, hi = (start + 2) * 8, (stop - 2) * 8
+        assert torch.equal(full[..., lo:hi], part[..., lo - start * 8:hi - start * 8])

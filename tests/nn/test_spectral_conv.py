@@ -1,5 +1,5 @@
 """Block-spectral conv: the same function as F.conv1d (checked against float64), the policy table, which
-convs `apply_spectral` picks, the fused-epilogue paths, plan rebuilds, and trace capture."""
+convs `apply_conv_policy` makes spectral, the fused-epilogue paths, plan rebuilds, and trace capture."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flashrt.nn.audio import Conv1d, from_rows, to_rows
-from flashrt.nn.spectral_conv import POLICIES, SpectralPlan, SpectralPolicy, apply_spectral, spectral_bytes
+from flashrt.nn.audio import Conv1d, ConvTranspose1d, from_rows, to_rows
+from flashrt.nn.conv_policy import POLICIES, ConvPolicy, apply_conv_policy
+from flashrt.nn.spectral_conv import SpectralPlan, SpectralPolicy, spectral_bytes
 from flashrt.runtime.graphs import get_backend
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -98,9 +99,9 @@ def test_policy_table():
     assert auto.block(7, 256, 256) == 32 and auto.block(11, 256, 256) == 32
     assert auto.block(7, 128, 128) == 64 and auto.block(11, 128, 128) == 64
     assert auto.block(7, 64, 64) is None and auto.block(11, 64, 64) == 64 and auto.block(11, 32, 32) is None
-    every = POLICIES["spectral"]
+    every = POLICIES["spectral"].spectral
     assert every.block(3, 4, 4) == 16 and every.block(11, 4, 4) == 64 and every.block(1, 4, 4) is None
-    assert POLICIES["direct"] is None
+    assert POLICIES["direct"] == ConvPolicy() and POLICIES["invariant"].spectral is None
 
 
 class _Net(nn.Module):
@@ -110,20 +111,29 @@ class _Net(nn.Module):
         self.narrow = Conv1d(128, 128, 3)
         self.grouped = Conv1d(128, 128, 11, groups=4)
         self.small = Conv1d(32, 32, 11)
+        self.up = ConvTranspose1d(32, 16, 8, 4)
 
 
-def test_apply_spectral_picks_by_policy_and_eligibility():
+def _chosen(net: nn.Module, name: str) -> tuple[list[str], list[str], list[str]]:
+    got = apply_conv_policy(net, POLICIES[name])
+    return got["spectral"], got["phase_split"], got["polyphase"]
+
+
+def test_policy_picks_by_table_and_eligibility():
     net = _Net()
     for conv in net.modules():
-        if isinstance(conv, Conv1d):
+        if isinstance(conv, (Conv1d, ConvTranspose1d)):
             conv.reset_derived()
-    assert apply_spectral(net, POLICIES["auto"]) == ["wide"]
+    assert _chosen(net, "auto") == (["wide"], [], [])
     assert spectral_bytes(net) == sum(b.numel() * 4 for b in net.wide.spectral.buffers())
     assert spectral_bytes(net) >= 8 * 33 * 128 * 128                          # the two kernel spectra
-    assert apply_spectral(net, POLICIES["spectral"]) == ["wide", "narrow", "small"]  # never grouped
-    assert apply_spectral(net, None) == [] and spectral_bytes(net) == 0
+    assert _chosen(net, "spectral") == (["wide", "narrow", "small"], [], [])  # never grouped
+    assert _chosen(net, "invariant") == ([], ["wide"], ["up"])
+    assert spectral_bytes(net) == 0 and net.narrow.spectral is None          # the previous policy undone
+    assert _chosen(net, "direct") == ([], [], [])
+    assert not net.wide.phase_split and not net.up.polyphase
     net.bfloat16()
-    assert apply_spectral(net, POLICIES["spectral"]) == []                    # float32 only
+    assert _chosen(net, "spectral")[0] == []                                  # float32 only
 
 
 def test_plan_rejects_bad_geometry():

@@ -9,7 +9,7 @@
 
 ``load_vocoder(path_or_card, device="cpu", precision="fp32", backend=None, buckets=None, *, family=None,
 config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False, capture=True,
-exact_stream=False, conv="auto")``:
+exact_stream=False, conv=None)``:
 
 * ``path_or_card``: a checkpoint folder or file as the releases ship them, its config read from the same
   folder: transformers ``save_pretrained`` (config.json + model.safetensors: SpeechT5HifiGan), jik876 /
@@ -31,11 +31,13 @@ exact_stream=False, conv="auto")``:
 * backend: "eager" (CPU default), "trace", "cuda" (CUDA default); buckets: frame counts.
 * exact_stream: one-shot calls decode through the stream's windows, so ``stream()`` equals them bit
   for bit (see `flashrt.frontends.vocoders.base`: summation order).
-* conv: how the stride-1 convolutions run on the CPU in float32 (`flashrt.nn.spectral_conv`):
-  ``"auto"`` runs the wide ones (kernel >= 7 at >= 128 channels, kernel >= 11 at >= 64) as block-spectral
-  GEMMs where that measured faster (HiFi-GAN / BigVGAN resblocks: up to 2.6x per conv; costs the kernel
-  spectra's memory, ``Vocoder.describe()`` says how much), ``"direct"`` keeps every conv on oneDNN,
-  ``"spectral"`` forces every eligible conv spectral (tests, comparisons). No effect on GPU or in bf16.
+* conv: how the stride-1 convolutions run on the CPU in float32, a `flashrt.nn.conv_policy` name;
+  None takes the family's default (``VocoderFamily.conv``). ``"auto"`` (HiFi-GAN, Vocos, SNAC) runs the
+  wide convs (kernel >= 7 at >= 128 channels, kernel >= 11 at >= 64) as block-spectral GEMMs where that
+  measured faster (up to 3x per conv; the kernel spectra cost memory, ``Vocoder.describe()`` says how
+  much); ``"invariant"`` (BigVGAN) computes every sample in an order independent of the sequence's
+  length and start, so ``stream()`` equals the one-shot call bit for bit; ``"direct"`` keeps oneDNN
+  everywhere; ``"spectral"`` forces every eligible conv spectral. No effect on GPU or in bf16/fp16.
 
 Registering a family (how vocos.py / snac.py plug in; import-time, no other side effects)::
 
@@ -73,8 +75,8 @@ import yaml
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders.base import CheckpointSource, Vocoder, VocoderFamily
 from flashrt.io import Checkpoint, load_module, open_checkpoint
-from flashrt.nn.spectral_conv import POLICIES as CONV_POLICIES
-from flashrt.nn.spectral_conv import apply_spectral
+from flashrt.nn.conv_policy import POLICIES as CONV_POLICIES
+from flashrt.nn.conv_policy import apply_conv_policy
 from flashrt.resources import list_data
 
 __all__ = ["load_vocoder", "register_vocoder", "get_family", "families", "read_card", "checkpoint_config",
@@ -249,12 +251,12 @@ def load_vocoder(
     strict: bool = False,
     capture: bool = True,
     exact_stream: bool = False,
-    conv: str = "auto",
+    conv: str | None = None,
 ) -> Vocoder:
     """Load, map strictly, and capture a vocoder (see the module docstring for every argument)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision {precision!r}; choose one of {sorted(PRECISIONS)}")
-    if conv not in CONV_POLICIES:
+    if conv is not None and conv not in CONV_POLICIES:
         raise ConfigError(f"conv {conv!r}; choose one of {sorted(CONV_POLICIES)}")
     card: dict[str, Any] = {}
     if _looks_like_card(path_or_card):
@@ -269,7 +271,7 @@ def load_vocoder(
     cfg = _pick_config(fam, config, card, ckpt_config)
     dtype = PRECISIONS[precision]
     module = load_module(lambda: fam.build(cfg), ckpt, fam.weight_map(cfg, ckpt), device=device, dtype=dtype)
-    apply_spectral(module, CONV_POLICIES[conv])
+    apply_conv_policy(module, CONV_POLICIES[conv or fam.conv])
     runtime = card.get("runtime", {})
     voc = Vocoder(fam, cfg, module, device=device, backend=backend, dtype=dtype, batch=batch, strict=strict,
                   buckets=buckets or runtime.get("buckets"),

@@ -36,16 +36,19 @@ artificial left edge; at the real start and end of the signal the window edges a
 padded exactly like the one-shot run. So the concatenated stream equals the one-shot output up to float
 summation order, and the window length is one of the captured buckets.
 
-Summation order, and ``exact_stream``. CPU convolutions and GEMMs (oneDNN) pick their blocking, hence
-the order in which they add, from the tensor length (and, for dilated convs, the position in it), so
-a window of W frames and a one-shot run of T frames round differently at the same sample. Measured at
-the released sizes with random weights, streaming (chunk 32) vs one-shot (200 frames): HiFi-GAN V1 4e-7,
-Vocos mel and SNAC 24 kHz 0 (bit for bit), BigVGAN-base 1.6e-5 to 5e-5: its snake activations amplify
-the per-layer rounding (2e-6 to 1e-5 per dilated or transposed conv) through 90 convs; for scale, the
-one-shot output differs from the ``bigvgan`` package's own by 7e-5. With ``exact_stream=True`` a
-one-shot call decodes through the very windows the stream would (same shapes, same positions, same
-kernels), so ``stream()`` equals it bit for bit for every family and size, at the cost of the windows'
-overlap ((L + chunk + R) / chunk more compute) and with no length limit but the batch.
+Summation order, the ``invariant`` conv policy, and ``exact_stream``. oneDNN's dilated and transposed
+convolutions (and the block-spectral convs of the ``auto`` policy) lay their work out from the start of
+the tensor, so a window of W frames and a one-shot run of T frames can round differently at the same
+sample. BigVGAN's default conv policy, ``invariant`` (`flashrt.nn.conv_policy`), removes every such
+dependence (dilated convs phase-split, upsamplers polyphase, the resamplers' edge terms added at the
+real end of the data exactly as at the end of a tensor), so its stream equals the one-shot output bit
+for bit at any size (measured: BigVGAN-base, 200 frames, chunk 32: 0; with ``conv="direct"`` 1.6e-5, as
+its snake activations amplify 1e-7 rounding differences through ~90 convs). The other families keep
+the faster ``auto`` policy: measured streaming (chunk 32) vs one-shot (200 frames) at the released
+sizes: HiFi-GAN V1 4e-7, Vocos mel and SNAC 24 kHz 0. With ``exact_stream=True`` a one-shot call
+decodes through the very windows the stream would (same shapes, same positions, same kernels), so
+``stream()`` equals it bit for bit for every family and policy, at the cost of the windows' overlap
+((L + chunk + R) / chunk more compute) and with no length limit but the batch.
 
 `report()` gives the last call's compute time (sum of its stages), real-time factor (compute / audio
 duration) and, for a stream, the time to first audio: from the first chunk handed over to the first
@@ -135,6 +138,7 @@ class VocoderFamily:
     default_buckets: tuple[int, ...] = DEFAULT_BUCKETS
     default_stream_chunk: int = DEFAULT_STREAM_CHUNK
     doc: str = ""
+    conv: str = "auto"                      # default `flashrt.nn.conv_policy` name on the CPU
 
 
 # ------------------------------------------------------------------------------------------- input
@@ -458,7 +462,9 @@ class Vocoder:
         sig, nbytes = self.signature, self.buffers.nbytes() if self.buffers else 0
         exact = ", one-shot through the stream windows" if self.exact_stream else ""
         spectral = sum(1 for m in self.module.modules() if isinstance(m, SpectralPlan))
+        split = sum(1 for m in self.module.modules() if getattr(m, "phase_split", False))
         convs = f", {spectral} spectral convs ({spectral_bytes(self.module):,d} bytes)" if spectral else ""
+        convs += f", {split} phase-split dilated convs (position-invariant)" if split else ""
         return (f"{self.family.name} vocoder: {sig.sample_rate} Hz, hop {sig.hop_length}, context "
                 f"{sig.context} frames, buckets {list(self.buckets)}, stream chunk {self.stream_chunk}"
                 f"{exact}, backend {self.backend_name}, {nbytes:,d} buffer bytes{convs}")

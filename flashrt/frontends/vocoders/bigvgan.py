@@ -252,5 +252,5 @@ def detect(source: CheckpointSource) -> bool:
 
 FAMILY = register_vocoder(VocoderFamily(
     name="bigvgan", presets=PRESETS, config_from_dict=BigVGANConfig.from_dict, build=BigVGAN,
-    weight_map=weight_map, signature=signature, detect=detect,
+    weight_map=weight_map, signature=signature, detect=detect, conv="invariant",
     doc="BigVGAN v1/v2 (snake/snakebeta, anti-aliased activations)"))

@@ -1,0 +1,72 @@
+"""Which algorithm each `flashrt.nn.audio.Conv1d` of a loaded model runs on the CPU: a named policy,
+applied once after load (``load_vocoder(conv=...)``; each vocoder family names its default).
+
+Policies (`POLICIES`):
+
+* ``direct``: oneDNN's direct convolution everywhere.
+* ``auto``: block-spectral GEMMs for the wide convs where they measured faster (`SpectralPolicy`,
+  `flashrt.nn.spectral_conv`), oneDNN for the rest. Fastest; the result of a sample may depend (at the
+  1e-7 level) on the length of the sequence and where it starts, because both the spectral blocks and
+  oneDNN's dilated kernels are laid out from the start of the sequence.
+* ``invariant``: every conv adds in an order that does not depend on the sequence's length or start:
+  oneDNN's undilated direct conv (measured position-invariant); dilated convs as undilated convs over
+  the (T/d, d) view (`Conv1d.phase_split`); transposed convs as one stride-1 conv over all output
+  phases (`ConvTranspose1d.polyphase`). oneDNN's dilated and transposed kernels are not
+  position-invariant. A streamed window then computes each sample exactly as the one-shot run does:
+  stream == one-shot bit for bit. BigVGAN's default: its snake activations amplify rounding
+  differences through ~90 convs to 1e-5 and more (fp32's own floor for that network: the reference
+  package is 9e-6 from float64), so only equal arithmetic keeps its stream within 1e-5 of the one-shot
+  output. Costs 5-40% on the dilated convs and 1.5x the upsamplers' FLOPs.
+* ``spectral``: every eligible conv spectral (tests and comparisons).
+
+Policies apply to float32 CPU models; other dtypes/devices keep oneDNN/cuDNN whatever the policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from flashrt.nn.spectral_conv import SpectralPolicy, eligible
+
+__all__ = ["ConvPolicy", "POLICIES", "apply_conv_policy"]
+
+
+@dataclass(frozen=True)
+class ConvPolicy:
+    """``spectral``: which convs go block-spectral (None: none); ``invariant``: dilated convs phase-split."""
+
+    spectral: SpectralPolicy | None = None
+    invariant: bool = False
+
+
+POLICIES: dict[str, ConvPolicy] = {
+    "direct": ConvPolicy(),
+    "auto": ConvPolicy(spectral=SpectralPolicy()),
+    "invariant": ConvPolicy(invariant=True),
+    "spectral": ConvPolicy(spectral=SpectralPolicy(every=True)),
+}
+
+
+def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[str]]:
+    """Set every Conv1d of ``module`` per ``policy`` (re-applying another policy undoes the previous
+    one). Returns the names of the convs made spectral, phase-split, and polyphase (upsamplers)."""
+    from flashrt.nn.audio import Conv1d, ConvTranspose1d
+
+    chosen: dict[str, list[str]] = {"spectral": [], "phase_split": [], "polyphase": []}
+    for name, conv in module.named_modules():
+        if isinstance(conv, ConvTranspose1d):
+            conv.set_polyphase(policy.invariant)
+            chosen["polyphase"] += [name] if policy.invariant else []
+        if not isinstance(conv, Conv1d):
+            continue
+        out_ch, in_ch, taps = conv.weight.shape
+        spectral = policy.spectral is not None and eligible(conv)
+        block = policy.spectral.block(taps, in_ch, out_ch) if spectral else None
+        conv.set_spectral(block)
+        conv.phase_split = policy.invariant and conv.can_phase_split()
+        for key, on in (("spectral", block is not None), ("phase_split", conv.phase_split)):
+            if on:
+                chosen[key].append(name)
+    return chosen
