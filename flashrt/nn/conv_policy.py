@@ -63,7 +63,7 @@ def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[s
             continue
         out_ch, in_ch, taps = conv.weight.shape
         spectral = policy.spectral is not None and eligible(conv)
-        block = policy.spectral.block(taps, in_ch, out_ch) if spectral else None
+        block = policy.spectral.block(taps, in_ch, out_ch, conv.dilation[0]) if spectral else None
         conv.set_spectral(block)
         conv.phase_split = policy.invariant and conv.can_phase_split()
         for key, on in (("spectral", block is not None), ("phase_split", conv.phase_split)):

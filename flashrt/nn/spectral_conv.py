@@ -19,14 +19,16 @@ DFT is one (H, 2F) matmul. The result is the same function as ``F.conv1d``, and 
 float64 result than oneDNN's direct conv (measured 2e-6 vs 6e-6 to 1e-5 max |err| on unit-variance
 inputs).
 
-Measured on one core of the dev CPU (Xeon with AVX-512, 2026-11-29), ms per conv with its leaky-relu
-epilogue, oneDNN direct -> spectral: C = O = 256, T = 1600: r 7 d 3: 10.7 -> 5.7, r 11 d 5: 17.1 -> 5.7
-(N 32); C = 128, T = 12800: r 7 d 1: 18.1 -> 11.6, r 7 d 3: 16.8 -> 15.2, r 11 d 5: 30.0 -> 14.5 (N 64);
-C = 64, T = 25600: r 11: 13.5 -> 9.9, r 7: 7.8 -> 7.3. Kernels 3 and 5, and anything at 32 channels,
-are slower spectral at every width tried (the transforms are not paid back). `SpectralPolicy` encodes
-that table; `flashrt.nn.conv_policy` applies it. The price is memory: the kernel spectra take 8 F C O
-bytes per conv (8.9 MB at C = O = 256, N = 32; 165 MB over HiFi-GAN V1's 30 spectral convs, whose own
-weights are 56 MB), reported by `spectral_bytes` and `Vocoder.describe()`.
+Measured on the dev CPU (Xeon with AVX-512, 2026-11-29), ms per conv with its leaky-relu epilogue,
+oneDNN direct -> spectral at 1 thread (speedup at 2 threads in brackets): C = O = 256, T = 1600:
+r 7 d 3: 10.7 -> 5.7 (1.44x), r 11 d 5: 17.1 -> 5.7 (2.1x) (N 32); C = 128, T = 12800: r 7 d 1: 18.1
+-> 11.6 (1.27x), r 7 d 3: 16.8 -> 15.2 (0.84x: slower), r 11 d 5: 30.0 -> 14.5 (1.75x) (N 64); C = 64,
+T = 25600: r 11 d 1: 13.5 -> 9.9 (1.26x), r 11 d 5: 16.9 -> 12.5 (1.24x), r 7: 7.8 -> 7.3 (slower at 2).
+Kernels 3 and 5, and anything at 32 channels, are slower spectral at every width tried (the transforms
+are not paid back). `SpectralPolicy`'s rules encode that table; `flashrt.nn.conv_policy` applies it.
+The price is memory: the kernel spectra take 8 F C O bytes per conv (8.9 MB at C = O = 256, N = 32;
+about 150 MB over HiFi-GAN V1's spectral convs, whose own weights are 56 MB), reported by
+`spectral_bytes` and `Vocoder.describe()`.
 
 Layout: input and output are "rows" (B, C, 1, T) channels-last (`flashrt.nn.audio.to_rows`), i.e.
 (B, T, C) in memory, the layout the rest of the vocoder runs in. CPU float32 only; anything else uses
@@ -41,31 +43,44 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["SpectralPolicy", "SpectralPlan", "eligible", "spectral_bytes"]
+__all__ = ["SpectralRule", "SpectralPolicy", "SpectralPlan", "MEASURED_RULES", "eligible", "spectral_bytes"]
+
+
+@dataclass(frozen=True)
+class SpectralRule:
+    """Convs with at least ``kernel`` taps and ``channels`` channels (in and out) go spectral; with
+    ``undilated``, only when their dilation is 1 (the phase copies of a dilated one are not paid back)."""
+
+    kernel: int
+    channels: int
+    undilated: bool = False
+
+    def matches(self, kernel: int, channels: int, dilation: int) -> bool:
+        return kernel >= self.kernel and channels >= self.channels and (dilation == 1 or not self.undilated)
+
+
+MEASURED_RULES = (SpectralRule(11, 64), SpectralRule(7, 256), SpectralRule(7, 128, undilated=True))
 
 
 @dataclass(frozen=True)
 class SpectralPolicy:
     """Which convs run spectrally, and at what block size. ``None`` from `block` means direct.
 
-    Default: the measured break-even (module docstring): kernels >= 7 at >= 128 channels, kernels >= 11
-    at >= 64 channels; N = 32 for kernels <= 8 or >= 256 channels (it halves the spectra's memory there
-    at no loss of speed), else 64. ``every`` forces the spectral path on every eligible conv (kernel >= 2),
-    N being the smallest power of two >= 4 r, for tests and for comparing the two paths.
+    Default ``rules``: the measured break-even at 1 and 2 threads (module docstring): kernels >= 11 at
+    >= 64 channels, kernels >= 7 at >= 256, undilated kernels >= 7 at >= 128. N = 32 at >= 256 channels
+    (it halves the spectra's memory there at no loss of speed), else 64. ``every`` forces the spectral
+    path on every eligible conv (kernel >= 2), N being the smallest power of two >= 4 r, for tests and
+    for comparing the two paths.
     """
 
-    min_kernel: int = 7
-    min_channels: int = 128
-    wide_kernel: int = 11
-    wide_min_channels: int = 64
+    rules: tuple[SpectralRule, ...] = MEASURED_RULES
     every: bool = False
 
-    def block(self, kernel: int, cin: int, cout: int) -> int | None:
+    def block(self, kernel: int, cin: int, cout: int, dilation: int = 1) -> int | None:
         channels = min(cin, cout)
         if self.every:
             return max(8, 1 << math.ceil(math.log2(4 * kernel))) if kernel >= 2 else None
-        wide = kernel >= self.wide_kernel and channels >= self.wide_min_channels
-        if not (wide or (kernel >= self.min_kernel and channels >= self.min_channels)):
+        if not any(rule.matches(kernel, channels, dilation) for rule in self.rules):
             return None
         return 32 if channels >= 256 else 64
 

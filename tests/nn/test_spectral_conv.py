@@ -97,7 +97,8 @@ def test_policy_table():
     auto = SpectralPolicy()
     assert auto.block(3, 512, 512) is None and auto.block(5, 256, 256) is None
     assert auto.block(7, 256, 256) == 32 and auto.block(11, 256, 256) == 32
-    assert auto.block(7, 128, 128) == 64 and auto.block(11, 128, 128) == 64
+    assert auto.block(7, 128, 128) == 64 and auto.block(11, 128, 128, dilation=5) == 64
+    assert auto.block(7, 128, 128, dilation=3) is None and auto.block(7, 256, 256, dilation=3) == 32
     assert auto.block(7, 64, 64) is None and auto.block(11, 64, 64) == 64 and auto.block(11, 32, 32) is None
     every = POLICIES["spectral"].spectral
     assert every.block(3, 4, 4) == 16 and every.block(11, 4, 4) == 64 and every.block(1, 4, 4) is None
