@@ -19,7 +19,8 @@ Policies (`POLICIES`):
   output. Costs 5-40% on the dilated convs and 1.5x the upsamplers' FLOPs.
 * ``spectral``: every eligible conv spectral (tests and comparisons).
 
-Policies apply to float32 CPU models; other dtypes/devices keep oneDNN/cuDNN whatever the policy.
+Spectral convs apply to float32 CPU models, the invariant forms to CPU models of any dtype; on a GPU
+every conv stays cuDNN's whatever the policy.
 """
 
 from __future__ import annotations
@@ -56,16 +57,18 @@ def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[s
 
     chosen: dict[str, list[str]] = {"spectral": [], "phase_split": [], "polyphase": []}
     for name, conv in module.named_modules():
+        if not isinstance(conv, (Conv1d, ConvTranspose1d)):
+            continue
+        invariant = policy.invariant and conv.weight.device.type == "cpu"
         if isinstance(conv, ConvTranspose1d):
-            conv.set_polyphase(policy.invariant)
-            chosen["polyphase"] += [name] if policy.invariant else []
-        if not isinstance(conv, Conv1d):
+            conv.set_polyphase(invariant)
+            chosen["polyphase"] += [name] if invariant else []
             continue
         out_ch, in_ch, taps = conv.weight.shape
         spectral = policy.spectral is not None and eligible(conv)
         block = policy.spectral.block(taps, in_ch, out_ch, conv.dilation[0]) if spectral else None
         conv.set_spectral(block)
-        conv.phase_split = policy.invariant and conv.can_phase_split()
+        conv.phase_split = invariant and conv.can_phase_split()
         for key, on in (("spectral", block is not None), ("phase_split", conv.phase_split)):
             if on:
                 chosen[key].append(name)
