@@ -27,7 +27,7 @@ T = 25600: r 11 d 1: 13.5 -> 9.9 (1.26x), r 11 d 5: 16.9 -> 12.5 (1.24x), r 7: 7
 Kernels 3 and 5, and anything at 32 channels, are slower spectral at every width tried (the transforms
 are not paid back). `SpectralPolicy`'s rules encode that table; `flashrt.nn.conv_policy` applies it.
 The price is memory: the kernel spectra take 8 F C O bytes per conv (8.9 MB at C = O = 256, N = 32;
-about 150 MB over HiFi-GAN V1's spectral convs, whose own weights are 56 MB), reported by
+157 MB over HiFi-GAN V1's 28 spectral convs, whose own weights are 56 MB), reported by
 `spectral_bytes` and `Vocoder.describe()`.
 
 Layout: input and output are "rows" (B, C, 1, T) channels-last (`flashrt.nn.audio.to_rows`), i.e.
