@@ -124,8 +124,10 @@ class SpectralPlan(nn.Module):
         self.register_buffer("w_im", spectrum.imag.float().contiguous(), persistent=False)
         self.out_ch = out_ch
 
+    @torch.no_grad()
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x rows (B, C, 1, T) channels-last -> rows (B, O, 1, T) channels-last (conv + bias)."""
+        """x rows (B, C, 1, T) channels-last -> rows (B, O, 1, T) channels-last (conv + bias); inference
+        only (its GEMMs write into preallocated outputs)."""
         b, c, _, t = x.shape
         seq = x.permute(0, 2, 3, 1).reshape(b, t, c)                             # (B, T, C), no copy
         nb = math.ceil(math.ceil(t / self.dilation) / self.hop)
