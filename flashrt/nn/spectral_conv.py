@@ -94,7 +94,7 @@ def _dft_matrices(n: int, first: int) -> tuple[torch.Tensor, torch.Tensor]:
     forward = torch.stack([torch.cos(angle), -torch.sin(angle)], 1).reshape(-1, n)
     weight = torch.full_like(f, 2.0 / n)
     weight[0] = weight[-1] = 1.0 / n                                         # DC and Nyquist counted once
-    back = angle.T[first:] * 1.0                                             # (H, F)
+    back = angle.T[first:]                                                   # (H, F)
     inverse = torch.cat([torch.cos(back) * weight, -torch.sin(back) * weight], 1)
     return forward.float(), inverse.float()
 
@@ -103,15 +103,16 @@ class SpectralPlan(nn.Module):
     """One conv's block-spectral form (derived from its weight; rebuilt when the weight changes).
 
     weight (O, C, r) float32 on the CPU, ``dilation`` d, ``padding`` the left zero padding (right: the
-    rest of the span, output length = input length), ``block`` N (N - r + 1 >= 1).
+    rest of the span, output length = input length), ``block`` N >= 2 r - 2 (so a hop H = N - r + 1
+    covers the r - 1 steps of overlap; `_windows` relies on it).
     """
 
     def __init__(self, weight: torch.Tensor, dilation: int, padding: int, block: int) -> None:
         super().__init__()
         out_ch, in_ch, taps = weight.shape
-        if block - taps + 1 < 1 or 2 * padding != dilation * (taps - 1):
-            raise ValueError(f"spectral conv needs 'same' padding and a block ({block}) >= the kernel "
-                             f"({taps} taps, dilation {dilation}, padding {padding})")
+        if block < 2 * taps - 2 or 2 * padding != dilation * (taps - 1):
+            raise ValueError(f"spectral conv needs 'same' padding and a block ({block}) of at least twice "
+                             f"the kernel ({taps} taps, dilation {dilation}, padding {padding})")
         self.taps, self.dilation, self.padding, self.block = taps, dilation, padding, block
         self.hop = block - taps + 1
         self.freqs = block // 2 + 1
