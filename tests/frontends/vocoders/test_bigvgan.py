@@ -141,3 +141,27 @@ def test_real_size_presets(name, millions):
     with torch.device("meta"):
         module = BigVGAN(PRESETS[name])
     assert abs(sum(p.numel() for p in module.parameters()) / 1e6 - millions) < 0.01
+
+
+def test_invariant_policy_makes_a_wider_stream_exact():
+    """At these sizes oneDNN's dilated/transposed kernels round by position (negative control: the
+    `direct` policy's stream differs from its one-shot output); the default `invariant` does not."""
+    from flashrt.frontends.vocoders import get_family
+    from flashrt.frontends.vocoders.base import Vocoder
+    from flashrt.frontends.vocoders.bench import random_module
+    from flashrt.nn.conv_policy import POLICIES, apply_conv_policy
+
+    fam = get_family("bigvgan")
+    cfg = BigVGANConfig(num_mels=20, upsample_initial_channel=128, upsample_rates=(8, 8),
+                        upsample_kernel_sizes=(16, 16), resblock_kernel_sizes=(3, 11),
+                        resblock_dilation_sizes=((1, 3, 5), (1, 3, 5)))
+    module = random_module(fam, cfg, 0, "cpu", torch.float32)
+    mel = torch.randn(1, 20, 60, generator=torch.Generator().manual_seed(0))
+    delta = {}
+    for policy in ("direct", "invariant"):
+        apply_conv_policy(module, POLICIES[policy])
+        voc = Vocoder(fam, cfg, module, buckets=(60,), stream_chunk=8).capture()
+        parts = list(voc.stream(mel[..., i:i + 7] for i in range(0, 60, 7)))
+        delta[policy] = float((torch.cat(parts, -1) - voc(mel)).abs().max())
+    # the negative control is CPU-dependent (oneDNN picks its kernels per ISA): 4e-6 on the dev CPU
+    assert delta["invariant"] == 0.0, delta
