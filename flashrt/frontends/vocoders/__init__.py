@@ -31,13 +31,14 @@ exact_stream=False, conv=None)``:
 * backend: "eager" (CPU default), "trace", "cuda" (CUDA default); buckets: frame counts.
 * exact_stream: one-shot calls decode through the stream's windows, so ``stream()`` equals them bit
   for bit (see `flashrt.frontends.vocoders.base`: summation order).
-* conv: how the stride-1 convolutions run on the CPU in float32, a `flashrt.nn.conv_policy` name;
-  None takes the family's default (``VocoderFamily.conv``). ``"auto"`` (HiFi-GAN, Vocos, SNAC) runs the
-  wide convs (kernel >= 7 at >= 128 channels, kernel >= 11 at >= 64) as block-spectral GEMMs where that
-  measured faster (up to 3x per conv; the kernel spectra cost memory, ``Vocoder.describe()`` says how
-  much); ``"invariant"`` (BigVGAN) computes every sample in an order independent of the sequence's
-  length and start, so ``stream()`` equals the one-shot call bit for bit; ``"direct"`` keeps oneDNN
-  everywhere; ``"spectral"`` forces every eligible conv spectral. No effect on GPU or in bf16/fp16.
+* conv: how the convolutions run on the CPU, a `flashrt.nn.conv_policy` name; None takes the family's
+  default (``VocoderFamily.conv``). ``"auto"`` (HiFi-GAN, Vocos, SNAC) runs the wide float32 convs as
+  block-spectral GEMMs where that measured faster (`flashrt.nn.spectral_conv.MEASURED_RULES`: kernel
+  >= 11 at >= 64 channels, >= 7 at >= 256, undilated >= 7 at >= 128; up to 3x per conv; the kernel
+  spectra cost memory, ``Vocoder.describe()`` says how much); ``"invariant"`` (BigVGAN) computes every
+  sample in an order independent of the sequence's length and start, so ``stream()`` equals the
+  one-shot call bit for bit; ``"direct"`` keeps oneDNN everywhere; ``"spectral"`` forces every
+  eligible float32 conv spectral. No effect on a GPU.
 
 Registering a family (how vocos.py / snac.py plug in; import-time, no other side effects)::
 
