@@ -138,8 +138,8 @@ class ValidLength:
         pos = self._cache.get(key)
         if pos is None:
             end, _, _, _ = self._index(y.shape[-1], 0)
-            pos = self._cache[key] = (end - gains.numel() + torch.arange(gains.numel(), device=end.device))
-            pos = self._cache[key] = pos.clamp_min(0)
+            steps = torch.arange(gains.numel(), device=end.device)
+            pos = self._cache[key] = (end - gains.numel() + steps).clamp_min(0)
         return y.index_add_(-1, pos, x.index_select(-1, last) * gains)
 
     def hold(self, x: torch.Tensor, halo: int | None = None) -> torch.Tensor:
