@@ -80,6 +80,33 @@ def dtype_info(name: str) -> DTypeInfo:
     return DTYPES[key]
 
 
+COMPUTE_PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def compute_dtype(precision: str | torch.dtype, quantized: tuple[str, ...] = ()) -> torch.dtype:
+    """The one precision vocabulary of every loader (`load_policy`, `load_vocoder`, profiles, the CLI).
+
+    Accepts a torch floating dtype or a name from `DTYPES` or its aliases ("float32" = "fp32",
+    "bfloat16" = "bf16", "float16" = "half" = "fp16", "fp8" = "fp8_e4m3"). A float name gives its
+    dtype. A quantized name ("int8", "fp8_e4m3") is accepted only where the caller lists it in
+    `quantized` (a family that installs quantized kernels) and then gives the float32 compute dtype of
+    the unquantized parts; anywhere else it is a ConfigError saying what is supported."""
+    allowed = [*COMPUTE_PRECISIONS, *quantized]
+    if isinstance(precision, torch.dtype):
+        for name in COMPUTE_PRECISIONS:
+            if DTYPES[name].torch_dtype == precision:
+                return precision
+        raise ConfigError(f"precision {precision} is not supported; use one of {allowed} "
+                          f"(aliases: {sorted(_ALIASES)})")
+    if not isinstance(precision, str) or _ALIASES.get(precision, precision) not in DTYPES:
+        raise ConfigError(f"unknown precision {precision!r}; use one of {allowed} "
+                          f"(aliases: {sorted(_ALIASES)})")
+    info = dtype_info(precision)
+    if info.quantized and info.name not in quantized:
+        raise ConfigError(f"precision {precision!r} is not supported here; use one of {allowed}")
+    return torch.float32 if info.quantized else info.torch_dtype
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Precision of one tensor class: dtype name, granularity and scale source."""

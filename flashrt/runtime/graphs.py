@@ -56,6 +56,7 @@ __all__ = [
     "named_tensors",
     "register_backend",
     "get_backend",
+    "backend_for_device",
     "backend_names",
     "backends_for",
 ]
@@ -162,6 +163,7 @@ class BackendEntry:
     factory: Callable[..., GraphBackend] | str
     devices: tuple[str, ...]
     doc: str = ""
+    takes_device: bool = False
 
     def build(self, **opts: Any) -> GraphBackend:
         factory = self.factory
@@ -181,11 +183,13 @@ def register_backend(
     devices: tuple[str, ...] = ("cpu", "cuda"),
     doc: str = "",
     replace: bool = False,
+    takes_device: bool = False,
 ) -> None:
-    """Add a backend under `name`. `devices` lists the device types it runs on, preferred first."""
+    """Add a backend under `name`. `devices` lists the device types it runs on, preferred first;
+    `takes_device`: its factory accepts ``device=`` (`backend_for_device` passes the frontend's)."""
     if name in _REGISTRY and not replace:
         raise ConfigError(f"graph backend {name!r} is already registered (pass replace=True to override)")
-    _REGISTRY[name] = BackendEntry(name, factory, tuple(devices), doc)
+    _REGISTRY[name] = BackendEntry(name, factory, tuple(devices), doc, takes_device)
 
 
 def get_backend(name: str, **opts: Any) -> GraphBackend:
@@ -197,6 +201,24 @@ def get_backend(name: str, **opts: Any) -> GraphBackend:
         return entry.build(**opts)
     except TypeError as exc:
         raise ConfigError(f"graph backend {name!r}: bad options {sorted(opts)} ({exc})") from None
+
+
+def backend_for_device(name: str | None, device: torch.device, **opts: Any) -> GraphBackend:
+    """The backend `name` (None: the device's preferred one, `cuda` on a GPU, `eager` otherwise) built
+    for `device`: a backend that runs on one device (cuda) gets the frontend's own device, so a
+    frontend on cuda:1 is captured on cuda:1. A backend that does not run on the device's type is a
+    ConfigError naming the ones that do."""
+    device = torch.device(device)
+    name = name or ("cuda" if device.type == "cuda" else "eager")
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ConfigError(f"unknown graph backend {name!r}; known: {backend_names()}")
+    if device.type not in entry.devices:
+        raise ConfigError(f"graph backend {name!r} does not run on {device.type}; "
+                          f"use one of {backends_for(device.type)}")
+    if entry.takes_device:
+        opts.setdefault("device", device)
+    return get_backend(name, **opts)
 
 
 def backend_names() -> list[str]:
@@ -211,7 +233,7 @@ def backends_for(device_type: str) -> list[str]:
 
 
 register_backend("cuda", "flashrt.runtime.cuda_graph:CudaBackend", devices=("cuda",),
-                 doc="torch.cuda.CUDAGraph, side-stream warm-up, shared memory pool")
+                 doc="torch.cuda.CUDAGraph, side-stream warm-up, shared memory pool", takes_device=True)
 register_backend("eager", EagerBackend, devices=("cpu", "cuda"),
                  doc="plain call of fn; debugging and the fast CPU default")
 register_backend("trace", "flashrt.runtime.trace:TraceBackend", devices=("cpu", "cuda"),

@@ -1,0 +1,120 @@
+"""The frontend interface: what every family declares and the verbs the runners call.
+
+The contract between `flashrt/frontends` (below it: nothing here knows a family) and the runners
+(`flashrt/runner`, `flashrt/chain`, the bench adapters).
+
+A **frontend** owns one loaded model of one family: its module, its declared `Buffers`, its shape
+buckets and every input check. A **runner** (`Policy`, the stream runner, the AR decode runner, the
+local chain) owns the call pattern and knows no model. They meet here, and only here.
+
+Hot path, in this order, for one call (each verb has one job; a runner never reaches past them):
+
+    bucket, checked = frontend.check(inputs, ...)   every check; NO buffer touched (InputError)
+    frontend.write(bucket, checked, ...)            the only writer of static inputs
+    frontend.replay(bucket)                         the captured step of that bucket
+    out = frontend.read(checked)                    outputs copied to the host, post-processed
+
+`check` may raise `InputError` naming the field; `write`, `replay` and `read` must not fail on what
+`check` accepted. `describe()` says what was chosen at load (backend, buckets, precision, kernels,
+bytes); `report()` gives the graphs' counters (captures, replays, fallbacks).
+
+`PolicyFrontend` adds what the `Policy` runner needs from a robot-policy family: the chunk and action
+sizes, the checkpoint's replan period, and how randomness enters (a `noise` array checked by `check`,
+a `seed` drawn in `write`). Family-specific extras (prefix K/V, embodiment tables, tokenizers,
+normalizers, observation spellings) stay inside the family's folder.
+
+A family registers a `PolicyFamily` (detect -> load) in `flashrt.frontends.registry`; `detect`
+raises `CheckpointError` with its reason when a folder is not its own, so `load_policy` can list,
+for an unknown folder, every family tried and why each declined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from flashrt.runtime.buffers import Buffers
+
+__all__ = ["Frontend", "PolicyFrontend", "PolicyFamily"]
+
+
+@runtime_checkable
+class Frontend(Protocol):
+    """The verbs every frontend answers (module docstring)."""
+
+    device: torch.device
+    buffers: Buffers
+
+    @property
+    def buckets(self) -> tuple[int, ...]: ...
+
+    def check(self, inputs: Any) -> tuple[int, Any]: ...
+
+    def write(self, bucket: int, checked: Any) -> None: ...
+
+    def replay(self, bucket: int) -> None: ...
+
+    def read(self, checked: Any) -> Any: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def report(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class PolicyFrontend(Protocol):
+    """A robot-policy frontend: observation in, one un-normalized action chunk out.
+
+    chunk_size       actions per inferred chunk
+    action_dim       the checkpoint's own action size (columns of the chunk `read` returns)
+    n_action_steps   the checkpoint's replan period (actions of a chunk executed by `Policy.step`)
+
+    check(obs, noise)        -> (bucket, checked); validates the observation (and the caller's noise,
+                                None when not given); nothing written
+    write(bucket, checked, seed) static inputs written; noise from `checked`, else drawn from `seed`
+                                (an int already validated by the runner), else the frontend's own
+                                generator (a family without randomness ignores both)
+    replay(bucket)           the captured step
+    read(checked)            -> (chunk_size, action_dim) float32 numpy, un-normalized (relative
+                                actions made absolute with the raw state kept in `checked`)
+    """
+
+    device: torch.device
+    buffers: Buffers
+    chunk_size: int
+    action_dim: int
+    n_action_steps: int
+
+    @property
+    def buckets(self) -> tuple[int, ...]: ...
+
+    def check(self, obs: Mapping[str, Any], noise: Any = None) -> tuple[int, Any]: ...
+
+    def write(self, bucket: int, checked: Any, seed: int | None = None) -> None: ...
+
+    def replay(self, bucket: int) -> None: ...
+
+    def read(self, checked: Any) -> np.ndarray: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def report(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class PolicyFamily:
+    """A registry entry: `detect(folder)` returns None when the folder is this family's and raises
+    `CheckpointError` saying why not otherwise; `load(folder, **options)` returns a captured
+    `PolicyFrontend`. Options every family accepts: device, precision, num_steps, backend, buckets;
+    a family lists its own extras (tokenizer, asset_id, embodiment, ...) in `options`."""
+
+    name: str
+    detect: Callable[[Path], None]
+    load: Callable[..., PolicyFrontend]
+    options: tuple[str, ...] = ()
+    doc: str = ""
