@@ -36,6 +36,7 @@ activations (BigVGAN v2, `Activation1d`).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -222,7 +223,20 @@ def _rows_weight(module: nn.Module) -> None:
 def _fusable(x: torch.Tensor) -> bool:
     """oneDNN can fuse the epilogue (leaky ReLU, residual add) into this rows conv."""
     return _POINTWISE is not None and x.dim() == 4 and x.device.type == "cpu" and \
-        x.dtype in (torch.float32, torch.bfloat16)
+        (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and _fused_bf16()))
+
+
+@functools.cache
+def _fused_bf16() -> bool:
+    """Whether oneDNN's fused conv runs bf16 on this CPU (it needs avx512bw/vl/dq or avx_ne_convert;
+    without them, bf16 rows convs take the plain conv2d path, which runs everywhere)."""
+    x = torch.zeros(1, 1, 1, 4, dtype=torch.bfloat16).contiguous(memory_format=ROWS)
+    w = torch.zeros(1, 1, 1, 3, dtype=torch.bfloat16).contiguous(memory_format=ROWS)
+    try:
+        _POINTWISE(x, w, None, [0, 0], [1, 1], [1, 1], 1, "none", [], "")
+    except RuntimeError:
+        return False
+    return True
 
 
 _POINTWISE = getattr(torch.ops.mkldnn, "_convolution_pointwise", None) \
