@@ -38,6 +38,7 @@ import torch
 
 from flashrt.errors import CheckpointError
 from flashrt.io.atomic import atomic_write_bytes
+from flashrt.io.files import check_regular, open_regular, read_json, resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ def open_checkpoint(path: str | os.PathLike[str], subkey: str | None = None) -> 
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.is_dir():
         path = _pick_in_directory(path)
+    check_regular(path, "checkpoint file")
     opener = _opener_for(path)
     if subkey is not None and opener is not _open_torch:
         raise CheckpointError(f"{path}: subkey={subkey!r} only applies to PyTorch files {TORCH_SUFFIXES}")
@@ -203,7 +205,7 @@ def _opener_for(path: Path) -> Callable[..., Checkpoint]:
 
 def _sniff(path: Path) -> Callable[..., Checkpoint] | None:
     """Opener for a file without a known suffix (e.g. HiFi-GAN's ``g_02500000``), from its first bytes."""
-    with path.open("rb") as f:
+    with open_regular(path, "checkpoint file") as f:
         head = f.read(9)
     if zipfile.is_zipfile(path) or head[:1] == b"\x80":  # torch zip format, or a raw pickle
         return _open_torch
@@ -241,8 +243,8 @@ _DIR_PREFERENCE: tuple[tuple[str, bool], ...] = (
 
 def _read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
     """Parse and validate a safetensors header against the file size; no tensor data is read."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
+    with open_regular(path, "safetensors file") as f:
+        size = os.fstat(f.fileno()).st_size
         prefix = f.read(8)
         if len(prefix) < 8:
             raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, the header length "
@@ -342,8 +344,9 @@ def _open_index(path: Path) -> Checkpoint:
         raise CheckpointError(f"{path}: a .json checkpoint must be a shard index (*.safetensors.index.json)")
     index = _read_index(path)
     weight_map: dict[str, str] = index["weight_map"]
-    shards = {name: path.parent / name for name in dict.fromkeys(weight_map.values())}
-    missing = [str(p) for p in shards.values() if not p.is_file()]
+    shards = {name: resolve_inside(path.parent, name, f"{path}: weight_map[{key!r}]")
+              for name, key in _first_keys(weight_map).items()}
+    missing = [str(p) for p in shards.values() if not p.exists()]
     if missing:
         raise CheckpointError(f"{path}: {len(missing)} shard file(s) missing: {', '.join(missing)}")
     shard_infos = {name: _read_header(file)[0] for name, file in shards.items()}
@@ -353,13 +356,23 @@ def _open_index(path: Path) -> Checkpoint:
                       files=tuple(shards.values()), closer=files.close)
 
 
+def _first_keys(weight_map: Mapping[str, Any]) -> dict[Any, str]:
+    """Shard name -> the first key naming it (what an error about that shard name points at)."""
+    first: dict[Any, str] = {}
+    for key, name in weight_map.items():
+        if not isinstance(name, str):
+            raise CheckpointError(f"shard index: weight_map[{key!r}] must be a file name, got {name!r}")
+        first.setdefault(name, key)
+    return first
+
+
 def _read_index(path: Path) -> dict[str, Any]:
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: corrupt shard index (not valid JSON: {exc})") from None
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+    index = read_json(path, "shard index")
+    if not isinstance(index.get("weight_map"), dict):
         raise CheckpointError(f"{path}: shard index has no 'weight_map' object")
+    metadata = index.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise CheckpointError(f"{path}: shard index 'metadata' must be an object, got {metadata!r}")
     return index
 
 
@@ -392,6 +405,7 @@ def _open_torch(path: Path, subkey: str | None = None) -> Checkpoint:
 
 
 def _torch_load(path: Path) -> Any:
+    check_regular(path, "PyTorch weight file")
     mmap = zipfile.is_zipfile(path)  # only the zip format can be memory-mapped
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)

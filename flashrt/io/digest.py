@@ -25,7 +25,9 @@ from pathlib import Path
 
 import torch
 
+from flashrt.errors import CheckpointError
 from flashrt.io.atomic import atomic_write_text
+from flashrt.io.files import open_regular, read_text
 from flashrt.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -95,8 +97,10 @@ def _hidden(rel: Path) -> bool:
 
 def _hash_file(path: Path, chunk_bytes: int) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_bytes):
+    with open_regular(path, "file to digest") as f:
+        left = os.fstat(f.fileno()).st_size  # capped at the size when opened
+        while left > 0 and (chunk := f.read(min(chunk_bytes, left))):
+            left -= len(chunk)
             h.update(chunk)
     return h.hexdigest()
 
@@ -122,11 +126,11 @@ def _memoized(real: Path, memo_dir: Path, chunk_bytes: int) -> str:
 
 def _read_memo(memo_path: Path) -> dict:
     """The memo's entries; an unreadable or foreign memo is treated as empty (it is only a cache)."""
-    try:
-        data = json.loads(memo_path.read_text())
-    except FileNotFoundError:
+    if not os.path.lexists(memo_path):
         return {}
-    except (OSError, ValueError) as err:
+    try:
+        data = json.loads(read_text(memo_path, "digest memo"))
+    except (CheckpointError, ValueError) as err:
         log.warning("ignoring unreadable digest memo %s: %s", memo_path, err)
         return {}
     if not isinstance(data, dict) or data.get("version") != _MEMO_VERSION:

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from flashrt.errors import CheckpointError, ConfigError
+from flashrt.io.checks import describe_nonfinite, first_nonfinite, kind_problem
 
 log = logging.getLogger(__name__)
 
@@ -178,11 +179,13 @@ class MapPlan:
     unexpected: list[str] = field(default_factory=list)
     misshaped: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    wrong_dtype: list[str] = field(default_factory=list)
+    nonfinite: list[str] = field(default_factory=list)
     deferred: list[Production] = field(default_factory=list)  # shapes known only after the transform runs
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.misshaped or self.conflicts)
+        return not any(items for _, items in self._sections())
 
     def error(self, name: str) -> CheckpointError:
         counts = ", ".join(f"{len(v)} {k}" for k, v in self._sections() if v)
@@ -197,7 +200,8 @@ class MapPlan:
 
     def _sections(self) -> list[tuple[str, list[str]]]:
         return [("missing", self.missing), ("unexpected", self.unexpected),
-                ("mis-shaped", self.misshaped), ("conflicting", self.conflicts)]
+                ("mis-shaped", self.misshaped), ("conflicting", self.conflicts),
+                ("wrong dtype", self.wrong_dtype), ("non-finite", self.nonfinite)]
 
 
 class _KeyIndex:
@@ -251,7 +255,7 @@ class WeightMap:
         if expected is None:
             plan.missing += unmatched
         else:
-            _check_expected(plan, checkpoint, expected, skip=incomplete.keys())
+            _check_expected(plan, checkpoint, expected, skip=incomplete.keys(), rules=self.rules)
         return plan
 
     def check(self, checkpoint: Any, expected: Expected | None = None) -> MapPlan:
@@ -341,18 +345,49 @@ def _conflicts(productions: list[Production]) -> list[str]:
 
 # ------------------------------------------------------------------------------------ shape checks
 
-def _check_expected(plan: MapPlan, checkpoint: Any, expected: Expected, skip: Iterable[str]) -> None:
+def _check_expected(
+    plan: MapPlan, checkpoint: Any, expected: Expected, skip: Iterable[str], rules: Sequence[Rule] = ()
+) -> None:
     produced = {p.target for p in plan.productions} | set(skip)
-    plan.missing += [f"{k} (no rule produced it)" for k in expected if k not in produced]
+    plan.missing += [_missing_slot(k, rules) for k in expected if k not in produced]
     for prod in plan.productions:
         if prod.target not in expected:
             plan.unexpected.append(f"{', '.join(prod.sources)} -> {prod.target} (module has no such slot)")
             continue
-        shape = _meta_shape(prod, checkpoint)
-        if shape is None:
+        out = _meta_out(prod, checkpoint)
+        if out is None:
             plan.deferred.append(prod)
         else:
-            _note_shape(plan, prod, shape, _slot_shape(expected[prod.target]))
+            _note_shape(plan, prod, out.shape, _slot_shape(expected[prod.target]))
+            _note_kind(plan, prod, out.dtype, expected)
+
+
+def _missing_slot(slot: str, rules: Sequence[Rule]) -> str:
+    """A missing slot, named by the checkpoint key(s) that would have filled it."""
+    for rule in rules:
+        binding = rule._target.match(slot)
+        if binding is not None:
+            keys = [" or ".join(repr(t.format(binding)) for t in el) for el in rule._elements]
+            return f"{' + '.join(keys)} (for slot {slot}): not in the checkpoint"
+    return f"{slot} (no rule produced it)"
+
+
+def _note_kind(plan: MapPlan, prod: Production, got: torch.dtype, expected: Expected | None) -> None:
+    """An implicit cast (no Rule.dtype) must not change the dtype kind (see flashrt.io.checks)."""
+    slot = None if expected is None else expected.get(prod.target)
+    if prod.rule.dtype is not None or not isinstance(slot, torch.Tensor):
+        return
+    problem = kind_problem(got, slot.dtype)
+    if problem:
+        plan.wrong_dtype.append(f"{', '.join(prod.sources)} -> {prod.target}: {problem}")
+
+
+def _note_finite(plan: MapPlan, prod: Production, t: torch.Tensor) -> None:
+    index = first_nonfinite(t)
+    if index is not None:
+        plan.nonfinite.append(f"{', '.join(prod.sources)} -> {prod.target}: {describe_nonfinite(t, index)} "
+                              f"(shape {tuple(t.shape)}, {t.dtype}); the checkpoint is corrupt or was saved "
+                              "after training diverged")
 
 
 def _note_shape(plan: MapPlan, prod: Production, got: torch.Size, want: torch.Size) -> None:
@@ -365,17 +400,17 @@ def _slot_shape(slot: torch.Size | torch.Tensor) -> torch.Size:
     return slot.shape if isinstance(slot, torch.Tensor) else torch.Size(slot)
 
 
-def _meta_shape(prod: Production, checkpoint: Any) -> torch.Size | None:
-    """Output shape from headers only: transforms run on meta tensors; None if a transform cannot."""
-    shapes = [_source_shape(checkpoint, s) for s in prod.sources]
+def _meta_out(prod: Production, checkpoint: Any) -> torch.Tensor | None:
+    """Output (a meta tensor: shape and dtype) from headers only; None if a transform cannot run on meta."""
+    metas = [torch.empty(_source_shape(checkpoint, s), dtype=_source_dtype(checkpoint, s), device="meta")
+             for s in prod.sources]
     if prod.rule.transform is None:
-        return shapes[0]
-    metas = [torch.empty(shape, dtype=_source_dtype(checkpoint, s), device="meta")
-             for shape, s in zip(shapes, prod.sources)]
+        return metas[0]
     try:
-        return prod.rule.transform(*metas).shape
+        out = prod.rule.transform(*metas)
     except Exception:  # a transform that needs real data (e.g. calls .item()) is checked after loading
         return None
+    return out if isinstance(out, torch.Tensor) else None
 
 
 def _source_shape(checkpoint: Any, key: str) -> torch.Size:
@@ -408,7 +443,9 @@ def _materialize(
             continue
         if id(prod) in deferred:
             _note_shape(plan, prod, result.shape, _slot_shape(expected[prod.target]))
+            _note_kind(plan, prod, result.dtype, expected)
         result = _cast(result, prod.rule.dtype, expected, prod.target).contiguous()
+        _note_finite(plan, prod, result)
         out[prod.target] = result if device is None else _move(result, device, moved)
     return out
 

@@ -172,7 +172,7 @@ def test_corrupt_header(tmp_path):
 def test_corrupt_index_json(tmp_path):
     index = tmp_path / "model.safetensors.index.json"
     index.write_text("{not json")
-    with pytest.raises(CheckpointError, match="corrupt shard index"):
+    with pytest.raises(CheckpointError, match="shard index .* not valid JSON"):
         open_checkpoint(index)
     index.write_text("{}")
     with pytest.raises(CheckpointError, match="no 'weight_map'"):

@@ -93,7 +93,7 @@ def test_strict_errors_reported_together():
     with pytest.raises(CheckpointError) as err:
         load_module(Tiny, src, WMAP)
     msg = str(err.value)
-    assert "conv.bias (no rule produced it)" in msg and "model.extra" in msg
+    assert "'model.conv.bias' (for slot conv.bias): not in the checkpoint" in msg and "model.extra" in msg
     assert "model.tok.weight -> embed.weight: checkpoint gives (6, 4), module expects (5, 4)" in msg
 
 
