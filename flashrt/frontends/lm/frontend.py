@@ -1,0 +1,113 @@
+"""`CausalLM`: a loaded Llama / Qwen decoder with its static K/V cache, answering the AR decode protocol.
+
+    lm = load_lm("path/to/transformers_dir", device="cpu", precision="fp32", cache_len=1024)
+
+The AR decode runner (`flashrt.runner.decode.Decoder`) owns the call pattern, the sampler and its own
+step buffers (prompt, length, token, position, logits: a `flashrt.runner.decode.DecodeIO`); this
+frontend owns the module, the cache and the two graph bodies the runner captures:
+
+    lm.prefill(bucket, io)   prompt tokens io.prompt[:, :bucket] (valid up to io.length) -> K/V slots
+                             [0, bucket) filled, io.logits (B, V) = logits of the last valid position
+    lm.decode(io)            the token io.token (B, 1) at slot io.position (1,) -> K/V of that slot,
+                             io.logits of the next token
+
+Both read sizes only from Python ints fixed at capture; positions and lengths are device tensors.
+
+Buffers (state, allocated once): ``lm_k``, ``lm_v`` (N, B, KV, T, D) in the compute dtype, T =
+``cache_len``. Owner: this frontend. Lifetime: slots [0, length) are written by a prefill and stay
+valid for the decode steps of that request; the next prefill overwrites them. Reuse hazard: one
+request at a time (the runner serializes); slots past the current position hold stale keys that the
+decode bias masks until the position reaches (and overwrites) them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashrt.errors import CheckpointError, ConfigError
+from flashrt.frontends.lm.config import LMConfig
+from flashrt.frontends.lm.weights import weight_map
+from flashrt.io import load_module, open_checkpoint
+from flashrt.nn.attention import StaticKV
+from flashrt.nn.llama import Llama, causal_bias, decode_bias, gather_rope, rope_table
+from flashrt.quant.precision import compute_dtype
+from flashrt.runtime.buffers import Buffers, BufferSpec
+
+__all__ = ["CausalLM", "load_lm", "read_config"]
+
+
+class CausalLM:
+    """One loaded causal LM (module docstring). Built by `load_lm`; the constructor allocates the cache."""
+
+    def __init__(self, cfg: LMConfig, module: Llama, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, cache_len: int = 1024, batch: int = 1) -> None:
+        if not 0 < cache_len <= cfg.max_positions:
+            raise ConfigError(f"lm: cache_len {cache_len} must lie in 1..{cfg.max_positions} "
+                              "(the checkpoint's max_position_embeddings)")
+        self.cfg, self.module = cfg, module
+        self.device, self.dtype = torch.device(device), dtype
+        self.cache_len, self.batch, self.vocab_size = int(cache_len), int(batch), cfg.vocab_size
+        shape = (cfg.depth, self.batch, cfg.kv_heads, self.cache_len, cfg.head_dim)
+        self.buffers = Buffers([BufferSpec("lm_k", shape, dtype, "state", doc="keys per layer, RoPE'd"),
+                                BufferSpec("lm_v", shape, dtype, "state", doc="values per layer")],
+                               self.device)
+        self.kv = StaticKV(self.buffers["lm_k"], self.buffers["lm_v"])
+        self.rope = rope_table(cfg.head_dim, cfg.rope_theta, self.cache_len, cfg.rope, self.device)
+
+    def prefill(self, bucket: int, io: Any) -> None:
+        """Graph body of a prompt bucket (module docstring)."""
+        tokens = io.prompt[:, :bucket]
+        positions = torch.arange(bucket, device=self.device)[None].expand(self.batch, bucket)
+        rope = gather_rope(self.rope, positions, self.dtype)
+        h = self.module.hidden(tokens, rope, self.kv, 0, causal_bias(bucket, self.dtype, self.device))
+        last = h.index_select(1, io.length - 1)  # (B, 1, W): the last valid prompt position
+        io.logits.copy_(self.module.logits(last)[:, 0])
+
+    def decode(self, io: Any) -> None:
+        """Graph body of one decode step (module docstring)."""
+        rope = gather_rope(self.rope, io.position[None].expand(self.batch, 1), self.dtype)
+        bias = decode_bias(io.position, self.cache_len, self.dtype)
+        h = self.module.hidden(io.token, rope, self.kv, io.position, bias)
+        io.logits.copy_(self.module.logits(h)[:, 0])
+
+    def describe(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"family": c.model_type, "width": c.width, "depth": c.depth, "heads": (c.heads, c.kv_heads),
+                "vocab": c.vocab_size, "tied_head": c.tied, "rope": c.rope.rope_type,
+                "dtype": str(self.dtype),
+                "cache_len": self.cache_len, "cache_bytes": self.buffers.nbytes()}
+
+    def flops_per_token(self) -> int:
+        """Matmul FLOPs of one decode token (2 x parameters touched, attention over a full cache)."""
+        c = self.cfg
+        per_layer = c.width * (c.heads + 2 * c.kv_heads) * c.head_dim + c.heads * c.head_dim * c.width
+        per_layer += 3 * c.width * c.mlp + 2 * c.heads * c.head_dim * self.cache_len
+        return 2 * (c.depth * per_layer + c.width * c.vocab_size)
+
+
+def read_config(folder: str | Path) -> LMConfig:
+    """The `LMConfig` of a transformers folder's config.json (CheckpointError naming the file)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: no config.json (expected a transformers save_pretrained folder)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: not readable JSON ({exc})") from None
+    return LMConfig.from_dict(data, where=str(path))
+
+
+def load_lm(folder: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "fp32",
+            cache_len: int = 1024, batch: int = 1, config: LMConfig | None = None) -> CausalLM:
+    """Build on meta, map the safetensors strictly, allocate the cache (no capture: the runner does)."""
+    cfg = config or read_config(folder)
+    dtype = compute_dtype(precision)
+    ckpt = open_checkpoint(folder)
+    module = load_module(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), ckpt,
+                         weight_map(cfg), device=device, dtype=dtype)
+    return CausalLM(cfg, module, device=device, dtype=dtype, cache_len=min(cache_len, cfg.max_positions),
+                    batch=batch)

@@ -1,0 +1,226 @@
+"""Llama / Qwen2 / Qwen3 decoder stack over a static K/V cache (the causal LMs of TTS and Pi0-FAST).
+
+Shapes: B batch, L tokens of this call, W width, H query heads, KV key/value heads (H % KV == 0),
+D head_dim, M mlp width, T static K/V length (cache slots), N depth.
+
+Differences from transformers' `LlamaForCausalLM` / `Qwen3ForCausalLM`, all exact re-arrangements:
+
+* q|k|v are one fused projection ``qkv`` (W -> (H + 2 KV) D, with bias when the checkpoint has one:
+  Qwen2) and gate|up one ``gate_up`` (W -> 2M); the weight map concatenates the separate matrices.
+* RoPE tables for every cache slot are computed once at load (`rope_table`, float32, any scaling in
+  `ROPE_SCALINGS`) and gathered by position inside the step, so positions can live in device tensors.
+* Two ways to store this call's keys/values (`Slot`): ``int start`` writes slots [start, start + L)
+  (a prefill bucket, shapes fixed at capture) and attends to [0, start + L); a ``(1,) int64 tensor``
+  writes the single decode token at that slot with ``index_copy_`` and attends to all T slots under a
+  bias that masks slots beyond the position. Either way nothing is concatenated per call and no value
+  is read on the host.
+* Qwen3's q/k RMSNorms over head_dim run before RoPE, as in the reference.
+* Norms are the Llama form ``w * normalize(x)`` (statistics in float32, `rms_normalize`).
+
+Attention is SDPA with ``enable_gqa`` (the causal prefill mask depends on the query, so the query-fold
+trick of `flashrt.nn.attention.attend` does not apply) and an additive bias from `causal_bias` /
+`decode_bias` (finite `mask_value`, never -inf).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from flashrt.errors import CheckpointError
+from flashrt.nn.attention import StaticKV, mask_value
+from flashrt.nn.norms import rms_normalize
+from flashrt.nn.rope import apply_rope
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin (B, L, 1, D) as in `flashrt.nn.rope`
+Slot = int | torch.Tensor                  # prefill start slot, or a (1,) int64 decode position
+
+
+# ------------------------------------------------------------------------------------------ RoPE
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """transformers' ``rope_parameters`` / ``rope_scaling`` (the fields flashrt implements)."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None, where: str = "config.json") -> RopeScaling:
+        d = dict(d or {})
+        kind = d.pop("rope_type", d.pop("type", "default"))
+        if kind not in ROPE_SCALINGS:
+            raise CheckpointError(f"{where}: rope_type {kind!r} is not supported; supported: "
+                                  f"{sorted(ROPE_SCALINGS)}")
+        d.pop("rope_theta", None)
+        known = {k: d[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                   "original_max_position_embeddings") if k in d}
+        return cls(kind, **known)
+
+
+def _default_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    return inv_freq
+
+
+def _linear_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    return inv_freq / s.factor
+
+
+def _llama3_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3.1+: long wavelengths divided by ``factor``, short ones kept, a smooth ramp between."""
+    old = s.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / s.low_freq_factor, old / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+ROPE_SCALINGS = {"default": _default_freq, "linear": _linear_freq, "llama3": _llama3_freq}
+
+
+def rope_table(head_dim: int, theta: float, length: int, scaling: RopeScaling = RopeScaling(),
+               device: torch.device | str | None = None) -> Rope:
+    """``[c | c]``, ``[-s | s]`` tables (T, D) float32 for positions 0..T-1 (see `flashrt.nn.rope`)."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    inv_freq = ROPE_SCALINGS[scaling.rope_type](1.0 / (theta ** exponent), scaling)
+    freqs = torch.arange(length, device=device).float()[:, None] * inv_freq[None, :]  # (T, D/2)
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
+
+
+def gather_rope(table: Rope, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+    """Rows of a `rope_table` at positions (B, L) int64 -> (B, L, 1, D) tables in ``dtype``."""
+    cos, sin = table
+    return cos[positions][:, :, None].to(dtype), sin[positions][:, :, None].to(dtype)
+
+
+# ------------------------------------------------------------------------------------------ masks
+
+def causal_bias(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(1, 1, L, L) additive bias: query i sees keys 0..i."""
+    i = torch.arange(length, device=device)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    return torch.where(i[None, :] <= i[:, None], zero, torch.full((), mask_value(dtype), dtype=dtype,
+                                                                   device=device))[None, None]
+
+
+def decode_bias(position: torch.Tensor, slots: int, dtype: torch.dtype) -> torch.Tensor:
+    """(1, 1, 1, T) additive bias for one token at ``position`` (a (1,) tensor): slots <= position."""
+    s = torch.arange(slots, device=position.device)
+    zero = torch.zeros((), dtype=dtype, device=position.device)
+    masked = torch.full((), mask_value(dtype), dtype=dtype, device=position.device)
+    return torch.where(s <= position, zero, masked)[None, None, None]
+
+
+# ------------------------------------------------------------------------------------------ layers
+
+class LlamaNorm(nn.Module):
+    """Llama RMSNorm: ``weight * normalize(x)`` (statistics in float32, cast back to x's dtype)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * rms_normalize(x, self.eps).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Sizes and switches of one decoder layer (the family differences are flags, not classes)."""
+
+    width: int
+    mlp: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float = 1e-6
+    qkv_bias: bool = False     # Qwen2 (and Llama with attention_bias)
+    o_bias: bool = False       # Llama with attention_bias
+    qk_norm: bool = False      # Qwen3
+
+
+class LlamaLayer(nn.Module):
+    """Pre-norm layer: norm -> attention (RoPE, static K/V) -> residual -> norm -> SwiGLU -> residual."""
+
+    def __init__(self, s: LayerShape) -> None:
+        super().__init__()
+        self.s = s
+        self.input_norm = LlamaNorm(s.width, s.eps)
+        self.qkv = nn.Linear(s.width, (s.heads + 2 * s.kv_heads) * s.head_dim, bias=s.qkv_bias)
+        self.o = nn.Linear(s.heads * s.head_dim, s.width, bias=s.o_bias)
+        self.q_norm = LlamaNorm(s.head_dim, s.eps) if s.qk_norm else None
+        self.k_norm = LlamaNorm(s.head_dim, s.eps) if s.qk_norm else None
+        self.post_norm = LlamaNorm(s.width, s.eps)
+        self.gate_up = nn.Linear(s.width, 2 * s.mlp, bias=False)
+        self.down = nn.Linear(s.mlp, s.width, bias=False)
+
+    def _qkv(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, L, W) -> q (B, L, H, D), k (B, L, KV, D) both RoPE'd, v (B, L, KV, D)."""
+        s = self.s
+        qkv = F.linear(self.input_norm(x), self.qkv.weight, self.qkv.bias).unflatten(-1, (-1, s.head_dim))
+        q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
+                bias: torch.Tensor) -> torch.Tensor:
+        """x (B, L, W) -> (B, L, W); this call's K/V stored at ``slot`` (module docstring)."""
+        q, k, v = self._qkv(x, rope)
+        keys, values = _store(kv, index, slot, k, v)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
+                                             scale=self.s.head_dim ** -0.5, enable_gqa=True)
+        x = x + F.linear(att.transpose(1, 2).flatten(2), self.o.weight, self.o.bias)
+        gate, up = F.linear(self.post_norm(x), self.gate_up.weight).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate).mul_(up), self.down.weight)
+
+
+def _store(kv: StaticKV, index: int, slot: Slot, k: torch.Tensor,
+           v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write k, v (B, L, KV, D) at ``slot``; return the keys/values to attend to, (B, KV, S, D) each."""
+    if isinstance(slot, int):
+        kv.write(index, slot, k, v)
+        return kv.read(index, slot + k.shape[1])
+    kv.k[index].index_copy_(2, slot, k.transpose(1, 2))
+    kv.v[index].index_copy_(2, slot, v.transpose(1, 2))
+    return kv.k[index], kv.v[index]
+
+
+class Llama(nn.Module):
+    """Embedding, N `LlamaLayer`s, final norm and the LM head (``head`` None: tied to the embedding)."""
+
+    def __init__(self, s: LayerShape, depth: int, vocab_size: int, tied: bool) -> None:
+        super().__init__()
+        self.s = s
+        self.embed = nn.Embedding(vocab_size, s.width)
+        self.layers = nn.ModuleList(LlamaLayer(s) for _ in range(depth))
+        self.norm = LlamaNorm(s.width, s.eps)
+        self.head = None if tied else nn.Linear(s.width, vocab_size, bias=False)
+
+    def hidden(self, tokens: torch.Tensor, rope: Rope, kv: StaticKV, slot: Slot,
+               bias: torch.Tensor) -> torch.Tensor:
+        """tokens (B, L) int64 -> final-normed hidden states (B, L, W)."""
+        x = self.embed(tokens)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, kv, i, slot, bias)
+        return self.norm(x)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., W) -> (..., V) float32 logits."""
+        weight = self.embed.weight if self.head is None else self.head.weight
+        return F.linear(h, weight).float()

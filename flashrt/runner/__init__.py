@@ -1,0 +1,8 @@
+"""Runners: call patterns over frontends that know no model (the AR decode runner, the stream runner,
+the TTS runner).
+
+`flashrt.runner.decode` prefill buckets + one decode step replayed per token; `flashrt.runner.sampling`
+token selection on the device; `flashrt.runner.stream` one-shot + streaming decode over a
+`StreamFrontend` (held partial frames, context windows); `flashrt.runner.vocoder` the vocoder families
+behind it (`load_vocoder`); `flashrt.runner.tts` text -> audio families (`load_tts`).
+"""

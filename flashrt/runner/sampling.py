@@ -1,0 +1,65 @@
+"""Token selection on the device, inside a captured step: repetition penalty, greedy, and sampling with
+temperature, top-k and top-p from a counter-based random stream.
+
+Every knob is a device tensor (written before the prefill replay, read by every step), so one captured
+decode step serves every request: no recapture when a request changes its temperature or k.
+
+Randomness: no generator state and no RNG op in the graph (a CUDA graph would freeze its offsets, the
+trace backend refuses it). The uniform variate of rank r at step t is a 32-bit integer hash of
+(seed, t, r) (`hashed_uniform`), so a request's tokens depend only on its seed, reproducibly on any
+backend, and a replay equals eager bit for bit.
+
+Semantics (as transformers' logits processors, in this order): repetition penalty over every token seen
+in the prompt and output (divide positive logits, multiply negative ones); temperature; top-k (k <= 0:
+off); top-p (keep the smallest set of top tokens whose probability reaches p, always the first); then
+Gumbel-max sampling over what is kept. Temperature 0 is greedy (`greedy_token`, its own graph).
+
+Shapes: B batch, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finalizer (xorshift-multiply), on int64 tensors holding 32-bit values."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def hashed_uniform(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
+    """(1, n) float32 uniforms in (0, 1) depending only on seed (1,), step (1,) and the column index."""
+    key = _mix32((seed & _M32) ^ _mix32((step + 0x3C6EF372) & _M32))
+    cols = torch.arange(n, device=seed.device, dtype=torch.int64)
+    h = _mix32(key[:, None] ^ _mix32(cols)[None, :])
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """Repetition penalty on the tokens marked in ``seen`` (B, V) bool; ``penalty`` (1,) (1.0: none)."""
+    hit = torch.where(logits < 0, logits * penalty, logits / penalty)
+    return torch.where(seen, hit, logits)
+
+
+def greedy_token(logits: torch.Tensor) -> torch.Tensor:
+    """(B, V) -> (B, 1) int64 argmax (the first maximum on ties, like torch.argmax everywhere)."""
+    return logits.argmax(-1, keepdim=True)
+
+
+def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                 seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """(B, V) -> (B, 1) int64 drawn after temperature, top-k and top-p (module docstring)."""
+    scaled, order = (logits / temperature).sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)
+    minus_inf = torch.full((), -torch.inf, device=logits.device)
+    top = torch.where((ranks < top_k) | (top_k <= 0), scaled, minus_inf)
+    probs = top.softmax(-1)  # top-p over what top-k kept, renormalized (as the reference chains them)
+    masked = torch.where((probs.cumsum(-1) - probs) < top_p, top, minus_inf)
+    gumbel = -torch.log(-torch.log(hashed_uniform(seed, step, logits.shape[-1])))
+    return order.gather(-1, (masked + gumbel).argmax(-1, keepdim=True))
