@@ -1,0 +1,17 @@
+"""VITS text-to-speech (Piper voices): text -> phonemes -> prior -> flow -> HiFi-GAN -> audio.
+
+    config.py    VitsConfig + presets (piper-medium, piper-high, tiny)
+    modules.py   text encoder (relative-position attention), duration predictors, coupling flow
+    weights.py   weights from a Piper .onnx (by graph structure) or a VITS training checkpoint
+    model.py     VitsPrior, the stage split and the host step (frame_index), load_weights
+    frontend.py  VitsFrontend: buffers, phoneme/frame/window buckets, captured graphs, streaming windows
+    phonemes.py  espeak-ng phonemes (piper-tts's bundled espeak), sentence splitting, phoneme ids
+    voice.py     VitsVoice (tts(text), tts.stream(text)), find_voice, load_voice
+    family.py    the TTS registry entry ("vits")
+
+The decoder is the vocoder family's `HifiGan` module (flashrt/frontends/vocoders/hifigan.py).
+"""
+
+from flashrt.frontends.vits.config import PRESETS, VitsConfig
+
+__all__ = ["PRESETS", "VitsConfig"]

@@ -1,0 +1,315 @@
+"""VitsFrontend: a VITS voice as three sets of captured graphs over declared buffers.
+
+Hot path of one utterance (phoneme ids in, audio out), every stage a replay of a captured bucket:
+
+    checked = fe.check(ids, scales)                  ids and scales validated; NO buffer touched
+    p = fe.write(checked, seed)                      phoneme bucket p: ids, mask, scales, duration noise
+    fe.replay(p)                                     stage 1: encoder + duration predictor
+    plan = fe.expand(checked, seed)                  HOST STEP: durations -> frames, frame bucket, index,
+                                                     flow noise (the only device->host read in the middle)
+    fe.replay_flow(plan.bucket)                      stage 2: prior expansion + flow (reverse)
+    for window in plan.windows(...):                 decoder windows (one window = the one-shot run)
+        audio = fe.decode(plan, window)              copy z's window, replay the decoder bucket, trim
+
+Buffers (declared once; stage prefixes ``enc_``, ``flow_``, ``dec_``): every bucket's graph reads and
+writes views ``[..., :bucket]`` of the max-size buffers. ``enc_m``/``enc_logs`` are state written by
+stage 1 and read by stage 2; ``flow_z`` is written by stage 2 and copied window by window into
+``dec_z``. Ownership: the frontend; valid until the next `write` (one utterance at a time, not
+thread-safe: a runner serializes calls).
+
+Streaming: the decoder's receptive field (`hifigan.receptive_field`) gives the context in frames; a
+window decodes its chunk plus that much context on each side (clipped at the utterance's ends) and
+keeps the chunk's samples, so the concatenated chunks equal the one-shot decode (to float rounding of
+the conv algorithms, measured <= 1e-6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashrt.errors import ConfigError, InputError
+from flashrt.frontends.vits.config import VitsConfig
+from flashrt.frontends.vits.model import VitsPrior, frame_index
+from flashrt.frontends.vits.modules import relative_index
+from flashrt.frontends.vocoders.hifigan import HifiGan, receptive_field
+from flashrt.nn.audio import ValidLength
+from flashrt.runtime.buffers import Buffers, BufferSpec
+from flashrt.runtime.graphs import GraphSet, backend_for_device
+
+__all__ = ["VitsFrontend", "Checked", "Plan", "Window", "PHONEME_BUCKETS", "FRAME_BUCKETS"]
+
+PHONEME_BUCKETS = (32, 64, 128, 256, 512, 1024)
+FRAME_BUCKETS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Validated inputs of one utterance (host values; nothing written yet)."""
+
+    ids: torch.Tensor  # (P,) int64
+    scales: torch.Tensor  # (3,) float32: noise_scale, length_scale, noise_w
+
+    @property
+    def phonemes(self) -> int:
+        return int(self.ids.numel())
+
+
+@dataclass(frozen=True)
+class Window:
+    """Decode frames [start, stop) and keep the samples of frames [keep_start, keep_stop)."""
+
+    start: int
+    stop: int
+    keep_start: int
+    keep_stop: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the host step decided: the real frame count, its bucket, and the durations (P,)."""
+
+    frames: int
+    bucket: int
+    durations: np.ndarray
+
+    def windows(self, first: int, chunk: int, context: tuple[int, int]) -> Iterator[Window]:
+        """Chunks of `first` then `chunk` frames, each with `context` (left, right) frames around it."""
+        left, right = context
+        start, size = 0, first
+        while start < self.frames:
+            stop = min(start + size, self.frames)
+            yield Window(max(0, start - left), min(self.frames, stop + right), start, stop)
+            start, size = stop, chunk
+
+
+class VitsFrontend:
+    """A loaded VITS voice: buffers, three graph sets, the verbs of the module docstring."""
+
+    def __init__(
+        self,
+        cfg: VitsConfig,
+        prior: VitsPrior,
+        decoder: HifiGan,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        backend: str | None = None,
+        phoneme_buckets: Sequence[int] = PHONEME_BUCKETS,
+        frame_buckets: Sequence[int] = FRAME_BUCKETS,
+        window_buckets: Sequence[int] = (),
+    ) -> None:
+        self.cfg, self.prior, self.decoder = cfg, prior, decoder
+        self.device, self.dtype = torch.device(device), dtype
+        self.phoneme_buckets = tuple(sorted(set(int(b) for b in phoneme_buckets)))
+        self.frame_buckets = tuple(sorted(set(int(b) for b in frame_buckets)))
+        self.decode_buckets = tuple(sorted(set(self.frame_buckets) | {int(b) for b in window_buckets}))
+        if max(self.decode_buckets) > max(self.frame_buckets):
+            raise ConfigError(f"vits: window buckets {window_buckets} exceed the largest frame bucket")
+        left, right = receptive_field(cfg.decoder).frames()
+        self.context = (left + 1, right + 1)
+        self.buffers = Buffers(self._specs(), self.device)
+        self._backend = backend_for_device(backend, self.device)
+        self.encode_graphs = GraphSet(
+            self._backend, self._build_encode, self.phoneme_buckets, buffers=self.buffers
+        )
+        self.flow_graphs = GraphSet(self._backend, self._build_flow, self.frame_buckets, buffers=self.buffers)
+        self.decode_graphs = GraphSet(
+            self._backend,
+            self._build_decode,
+            self.decode_buckets,
+            buffers=self.buffers,
+            max_graphs=max(16, len(self.decode_buckets)),
+        )
+
+    # ----------------------------------------------------------------------------------- buffers
+
+    def _specs(self) -> list[BufferSpec]:
+        p, f, d = max(self.phoneme_buckets), max(self.frame_buckets), max(self.decode_buckets)
+        c, dt, hop = self.cfg.inter_channels, self.dtype, self.cfg.hop_length
+        return [
+            BufferSpec("enc_ids", (1, p), torch.int64, low=0, high=self.cfg.n_vocab - 1, doc="phoneme ids"),
+            BufferSpec("enc_mask", (1, 1, p), dt, doc="1 on real phonemes"),
+            BufferSpec("enc_noise", (1, 2, p), dt, doc="duration-predictor noise (scaled by noise_w inside)"),
+            BufferSpec("scales", (3,), dt, doc="noise_scale, length_scale, noise_w"),
+            BufferSpec("enc_m", (1, c, p), dt, "state", doc="prior mean per phoneme (stage 1 -> 2)"),
+            BufferSpec("enc_logs", (1, c, p), dt, "state", doc="prior log-std per phoneme (stage 1 -> 2)"),
+            BufferSpec("enc_durations", (1, p), dt, "output", doc="ceil durations in frames"),
+            BufferSpec("flow_index", (f,), torch.int64, low=0, high=p - 1, doc="phoneme of each frame"),
+            BufferSpec("flow_mask", (1, 1, f), dt, doc="1 on real frames"),
+            BufferSpec("flow_noise", (1, c, f), dt, doc="prior noise (scaled by noise_scale inside)"),
+            BufferSpec("flow_z", (1, c, f), dt, "output", doc="decoder input of the whole utterance"),
+            BufferSpec("dec_z", (1, c, d), dt, doc="the decoder window"),
+            BufferSpec("dec_length", (1,), torch.int64, low=1, high=d, doc="real frames of the window"),
+            BufferSpec("dec_audio", (1, d * hop), dt, "output", doc="window audio"),
+        ]
+
+    # ---------------------------------------------------------------------------------- captures
+
+    def _build_encode(self, p: int):
+        b, index = self.buffers, relative_index(p, self.cfg.window_size, self.device)
+        ids, mask, noise = b["enc_ids"][:, :p], b["enc_mask"][..., :p], b["enc_noise"][..., :p]
+        m_out, logs_out, w_out = b["enc_m"][..., :p], b["enc_logs"][..., :p], b["enc_durations"][:, :p]
+
+        def step() -> None:
+            m, logs, w = self.prior.encode(ids, mask, noise, b["scales"], index)
+            m_out.copy_(m)
+            logs_out.copy_(logs)
+            w_out.copy_(w)
+
+        return step
+
+    def _build_flow(self, f: int):
+        b = self.buffers
+        index, mask, noise, z_out = (
+            b["flow_index"][:f],
+            b["flow_mask"][..., :f],
+            b["flow_noise"][..., :f],
+            b["flow_z"][..., :f],
+        )
+
+        def step() -> None:
+            m = b["enc_m"].index_select(2, index)
+            logs = b["enc_logs"].index_select(2, index)
+            z_out.copy_(self.prior.latent(m, logs, noise, b["scales"], mask))
+
+        return step
+
+    def _build_decode(self, d: int):
+        b, hop = self.buffers, self.cfg.hop_length
+        z, out = b["dec_z"][..., :d], b["dec_audio"][:, : d * hop]
+
+        def step() -> None:
+            out.copy_(self.decoder(z, ValidLength(b["dec_length"], d)))
+
+        return step
+
+    def capture(self) -> VitsFrontend:
+        """Capture every declared bucket now (load time) instead of on first use."""
+        for graphs in (self.encode_graphs, self.flow_graphs, self.decode_graphs):
+            graphs.capture_all()
+        return self
+
+    # ------------------------------------------------------------------------------------- verbs
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return self.phoneme_buckets
+
+    def check(
+        self, ids: Any, noise_scale: float = 0.667, length_scale: float = 1.0, noise_w: float = 0.8
+    ) -> Checked:
+        """Validate phoneme ids (1-D ints in the vocabulary, 1..max bucket long) and the three scales."""
+        t = torch.as_tensor(np.asarray(ids))
+        if t.ndim != 1 or t.numel() == 0 or t.dtype.is_floating_point or t.dtype == torch.bool:
+            raise InputError(
+                f"ids: expected a non-empty 1-D sequence of ints, got {tuple(t.shape)} {t.dtype}"
+            )
+        if t.numel() > self.phoneme_buckets[-1]:
+            raise InputError(
+                f"ids: {t.numel()} phonemes exceed the largest bucket {self.phoneme_buckets[-1]}; "
+                "split the text into shorter sentences"
+            )
+        if int(t.min()) < 0 or int(t.max()) >= self.cfg.n_vocab:
+            raise InputError(
+                f"ids: values must lie in [0, {self.cfg.n_vocab}), got [{int(t.min())}, {int(t.max())}]"
+            )
+        scales = (float(noise_scale), float(length_scale), float(noise_w))
+        if not all(np.isfinite(scales)) or scales[0] < 0 or scales[2] < 0 or not 0.05 <= scales[1] <= 20:
+            raise InputError(
+                f"scales: noise_scale >= 0, 0.05 <= length_scale <= 20, noise_w >= 0; got {scales}"
+            )
+        return Checked(t.to(torch.int64), torch.tensor(scales, dtype=torch.float32))
+
+    def write(self, checked: Checked, seed: int | None = None) -> int:
+        """Stage-1 inputs (padded to the phoneme bucket); returns the bucket. The duration noise is drawn
+        from `seed` (same seed, same noise) over the real phonemes only, so it does not depend on buckets."""
+        n = checked.phonemes
+        bucket = self.encode_graphs.bucket_for(n)
+        b = self.buffers
+        b["enc_ids"].zero_()
+        b["enc_ids"][0, :n].copy_(checked.ids)
+        b["enc_mask"].zero_()
+        b["enc_mask"][..., :n] = 1
+        b["scales"].copy_(checked.scales)
+        b["enc_noise"].zero_()
+        if checked.scales[2] > 0:
+            b["enc_noise"][0, :, :n].copy_(torch.randn(2, n, generator=self._generator(seed, 0)))
+        return bucket
+
+    def replay(self, bucket: int) -> None:
+        self.encode_graphs.replay(bucket)
+
+    def expand(self, checked: Checked, seed: int | None = None) -> Plan:
+        """The host step: read the durations, lay out the frames, write stage 2's inputs."""
+        n = checked.phonemes
+        durations = self.buffers["enc_durations"][0, :n].to("cpu", torch.float64).numpy()
+        index = frame_index(durations)
+        frames = index.size
+        if frames > self.frame_buckets[-1]:
+            raise InputError(
+                f"{frames} frames exceed the largest frame bucket {self.frame_buckets[-1]}; "
+                "split the text into shorter sentences or lower length_scale"
+            )
+        bucket = self.flow_graphs.bucket_for(frames)
+        b = self.buffers
+        b["flow_index"].zero_()
+        b["flow_index"][:frames].copy_(torch.from_numpy(index))
+        b["flow_mask"].zero_()
+        b["flow_mask"][..., :frames] = 1
+        b["flow_noise"].zero_()
+        if checked.scales[0] > 0:
+            noise = torch.randn(self.cfg.inter_channels, frames, generator=self._generator(seed, 1))
+            b["flow_noise"][0, :, :frames].copy_(noise)
+        return Plan(frames, bucket, durations.astype(np.int64))
+
+    def replay_flow(self, bucket: int) -> None:
+        self.flow_graphs.replay(bucket)
+
+    def decode(self, window: Window) -> torch.Tensor:
+        """Audio (N,) of the window's kept frames, float32 on the host."""
+        size, hop = window.stop - window.start, self.cfg.hop_length
+        bucket = self.decode_graphs.bucket_for(size)
+        b = self.buffers
+        b["dec_z"][..., :size].copy_(b["flow_z"][..., window.start : window.stop])
+        b["dec_length"].fill_(size)
+        self.decode_graphs.replay(bucket)
+        lo, hi = (window.keep_start - window.start) * hop, (window.keep_stop - window.start) * hop
+        return b["dec_audio"][0, lo:hi].to("cpu", torch.float32, copy=True)
+
+    def read(self, plan: Plan) -> torch.Tensor:
+        """The one-shot audio of the planned utterance: one window holding every frame."""
+        return self.decode(Window(0, plan.frames, 0, plan.frames))
+
+    # ----------------------------------------------------------------------------------- helpers
+
+    def _generator(self, seed: int | None, stream: int) -> torch.Generator | None:
+        if seed is None:
+            return None
+        return torch.Generator().manual_seed(int(seed) * 2 + stream)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "family": "vits",
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "backend": self._backend.name,
+            "phoneme_buckets": list(self.phoneme_buckets),
+            "frame_buckets": list(self.frame_buckets),
+            "decode_buckets": list(self.decode_buckets),
+            "context_frames": list(self.context),
+            "hop_length": self.cfg.hop_length,
+            "sample_rate": self.cfg.sample_rate,
+            "buffer_bytes": self.buffers.nbytes(),
+        }
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "encode": self.encode_graphs.report(),
+            "flow": self.flow_graphs.report(),
+            "decode": self.decode_graphs.report(),
+        }

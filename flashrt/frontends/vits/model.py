@@ -1,0 +1,125 @@
+"""The VITS inference graph in two static stages and the host step between them.
+
+    stage 1 (phoneme bucket P)   ids -> text encoder -> duration predictor (reverse) -> ceil durations,
+                                 prior stats m, logs
+    host step                    frames = max(1, sum(durations)); frame -> phoneme index (the
+                                 alignment path); pick the frame bucket F
+    stage 2 (frame bucket F)     z_p = m[index] + noise * exp(logs[index]) * noise_scale -> flow
+                                 (reverse) -> z * mask
+    decoder (window bucket D)    z window -> HiFi-GAN (the vocoder family's module) -> audio
+
+The frame count depends on the data, so stage 2 cannot be in stage 1's graph; the host step reads
+the P durations (one device->host copy) and is the only place where sizes are decided.
+
+The alignment "path" of VITS is a 0/1 matrix (F, P) multiplied into m and logs; each frame row holds
+exactly one 1, so the product equals a gather of one column per frame. Gathering is what stage 2 does.
+
+Shape legend: P phonemes, F frames, C latent channels, N = F * hop samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from flashrt.errors import CheckpointError
+from flashrt.frontends.vits.config import VitsConfig
+from flashrt.frontends.vits.modules import (
+    CouplingFlow,
+    DurationPredictor,
+    StochasticDurationPredictor,
+    TextEncoder,
+)
+from flashrt.frontends.vits.weights import decoder_weight_map, onnx_state_dict, prior_weight_map, split_state
+from flashrt.frontends.vocoders.hifigan import HifiGan
+from flashrt.io import Checkpoint, load_module, open_checkpoint
+from flashrt.nn.conv_policy import POLICIES as CONV_POLICIES
+from flashrt.nn.conv_policy import apply_conv_policy
+
+__all__ = ["VitsPrior", "load_weights", "frame_index"]
+
+
+class VitsPrior(nn.Module):
+    """Text encoder, duration predictor and flow; the decoder is a separate `HifiGan`."""
+
+    def __init__(self, cfg: VitsConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.enc_p = TextEncoder(cfg)
+        self.dp = StochasticDurationPredictor(cfg) if cfg.use_sdp else DurationPredictor(cfg)
+        self.flow = CouplingFlow(cfg)
+
+    def encode(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        noise: torch.Tensor,
+        scales: torch.Tensor,
+        index: tuple[torch.Tensor, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """ids (1, P), mask (1, 1, P), noise (1, 2, P), scales (3,) = (noise_scale, length_scale, noise_w)
+        -> m (1, C, P), logs (1, C, P), ceil durations (1, P) (0 on padding)."""
+        x, m, logs = self.enc_p(ids, mask, index)
+        logw = self.dp(x, mask, noise * scales[2])
+        w = torch.exp(logw) * mask * scales[1]
+        return m, logs, torch.ceil(w)[:, 0]
+
+    def latent(
+        self,
+        m: torch.Tensor,
+        logs: torch.Tensor,
+        noise: torch.Tensor,
+        scales: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Expanded prior m, logs (1, C, F), noise (1, C, F), mask (1, 1, F) -> decoder input z (1, C, F)."""
+        z_p = m + noise * torch.exp(logs) * scales[0]
+        return self.flow(z_p, mask) * mask
+
+
+def frame_index(durations: np.ndarray) -> np.ndarray:
+    """The host step: integer durations (P,) -> the phoneme each frame reads (F,), F = max(1, sum)."""
+    d = durations.astype(np.int64)
+    index = np.repeat(np.arange(d.size), d)
+    return index if index.size else np.zeros(1, dtype=np.int64)
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def _state(source: Any) -> tuple[dict[str, torch.Tensor], str]:
+    if isinstance(source, Mapping):
+        return dict(source), getattr(source, "name", "<memory>")
+    path = Path(source)
+    if path.suffix == ".onnx":
+        return onnx_state_dict(path), str(path)
+    ckpt = open_checkpoint(path)
+    return {k: ckpt[k] for k in ckpt}, str(path)
+
+
+def load_weights(
+    source: Any,
+    cfg: VitsConfig,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    conv: str = "auto",
+) -> tuple[VitsPrior, HifiGan]:
+    """The prior and the decoder from a ``.onnx`` voice, a VITS training checkpoint (``.ckpt``, ``.pt``,
+    ``.safetensors``; lightning ``model_g.`` keys too) or an in-memory state dict, each mapped strictly."""
+    state, name = _state(source)
+    prior_state, dec_state = split_state(state)
+    if not dec_state:
+        raise CheckpointError(f"{name}: no decoder tensors (dec.*); not a VITS checkpoint")
+    prior_ckpt = Checkpoint.from_tensors(prior_state, name=name)
+    dec_ckpt = Checkpoint.from_tensors(dec_state, name=name)
+    prior = load_module(lambda: VitsPrior(cfg), prior_ckpt, prior_weight_map(cfg), device=device, dtype=dtype)
+    decoder = load_module(
+        lambda: HifiGan(cfg.decoder), dec_ckpt, decoder_weight_map(cfg, dec_ckpt), device=device, dtype=dtype
+    )
+    apply_conv_policy(decoder, CONV_POLICIES[conv])
+    return prior, decoder

@@ -1,0 +1,166 @@
+"""Text -> sentences of phonemes -> phoneme ids, the way Piper voices were trained.
+
+The phonemizer is espeak-ng, taken from the ``piper-tts`` package (the ``tts`` extra): its
+``piper.espeakbridge`` extension wraps libespeak-ng with the espeak-ng data bundled in the wheel, so
+it needs no system espeak and produces exactly the phoneme strings Piper voices are trained and run
+with (the same espeak build, the same clause/sentence API). Alternatives considered: ``piper-phonemize``
+(the older binding, last release 2024, no wheels for newer Pythons) and generic ``phonemizer`` +
+``espeakng-loader`` (a different espeak build and a different punctuation/clause treatment than
+Piper's, so ids would drift from what the voice expects).
+
+Rules (Piper's): espeak returns clauses with their terminator and an end-of-sentence flag; language
+switch flags ``(en)`` are dropped; the terminator is kept as a phoneme, followed by a space after
+``, : ;``; text is NFD-decomposed into code points; a sentence ends where espeak says one ends. Ids:
+``^ _ (p _)* $`` with ``_`` (pad) after every phoneme, from the voice's ``phoneme_id_map``; phonemes
+missing from the map are dropped (and logged); the voice's ``vowel_clusters`` are merged first.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from flashrt.errors import ConfigError, InputError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Phonemizer", "EspeakPhonemizer", "TextPhonemizer", "PhonemeMap", "phonemizer_for", "INSTALL_HINT"]
+
+PAD, BOS, EOS = "_", "^", "$"
+INSTALL_HINT = "pip install 'flashrt[tts]' (it brings piper-tts, whose wheel bundles espeak-ng and its data)"
+_LANG_FLAG = re.compile(r"\([^)]+\)")
+_ESPEAK_LOCK = threading.Lock()  # espeak-ng is one global state per process
+_ESPEAK_READY: list[bool] = []
+
+
+class Phonemizer(Protocol):
+    def sentences(self, text: str) -> list[list[str]]: ...
+
+
+def _espeak() -> Any:
+    try:
+        from piper import espeakbridge
+        from piper.phonemize_espeak import ESPEAK_DATA_DIR
+    except ModuleNotFoundError:
+        raise ConfigError(f"phonemizing text for a Piper voice needs espeak-ng: {INSTALL_HINT}") from None
+    if not _ESPEAK_READY:
+        espeakbridge.initialize(str(ESPEAK_DATA_DIR))
+        _ESPEAK_READY.append(True)
+    return espeakbridge
+
+
+@dataclass
+class EspeakPhonemizer:
+    """espeak-ng phonemes per sentence for one espeak voice (e.g. ``en-us``); thread-safe."""
+
+    voice: str
+    vowel_clusters: frozenset[tuple[str, ...]] = frozenset()
+
+    def __post_init__(self) -> None:
+        with _ESPEAK_LOCK:
+            _espeak()
+
+    def sentences(self, text: str) -> list[list[str]]:
+        with _ESPEAK_LOCK:
+            bridge = _espeak()
+            try:
+                bridge.set_voice(self.voice)
+            except Exception as exc:  # the bridge raises a plain RuntimeError for unknown voices
+                raise ConfigError(f"espeak-ng has no voice {self.voice!r} ({exc})") from None
+            clauses = bridge.get_phonemes(text)
+        out, current = [], []
+        for phonemes, terminator, end in clauses:
+            clause = (
+                _LANG_FLAG.sub("", phonemes) + terminator + (" " if terminator in (",", ":", ";") else "")
+            )
+            current.extend(unicodedata.normalize("NFD", clause))
+            if end:
+                out.append(_merge(current, self.vowel_clusters))
+                current = []
+        if current:
+            out.append(_merge(current, self.vowel_clusters))
+        return [s for s in out if s]
+
+
+@dataclass
+class TextPhonemizer:
+    """Voices whose "phonemes" are the text's code points (phoneme_type "text"): one sentence."""
+
+    def sentences(self, text: str) -> list[list[str]]:
+        chars = list(unicodedata.normalize("NFD", text))
+        return [chars] if chars else []
+
+
+def _merge(phonemes: Sequence[str], clusters: frozenset[tuple[str, ...]]) -> list[str]:
+    """Greedy longest-first merge of the voice's known vowel clusters into single phonemes."""
+    if not clusters:
+        return list(phonemes)
+    longest, out, i = max(len(c) for c in clusters), [], 0
+    while i < len(phonemes):
+        n = next(
+            (
+                n
+                for n in range(min(longest, len(phonemes) - i), 1, -1)
+                if tuple(phonemes[i : i + n]) in clusters
+            ),
+            1,
+        )
+        out.append("".join(phonemes[i : i + n]))
+        i += n
+    return out
+
+
+@dataclass(frozen=True)
+class PhonemeMap:
+    """The voice's ``phoneme_id_map`` (phoneme -> ids)."""
+
+    ids_of: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def from_voice(cls, voice_json: Mapping[str, Any]) -> PhonemeMap:
+        table = voice_json.get("phoneme_id_map")
+        if not table or any(k not in table for k in (PAD, BOS, EOS)):
+            raise ConfigError("voice config: phoneme_id_map is missing or lacks '_', '^', '$'")
+        return cls({k: tuple(int(i) for i in v) for k, v in table.items()})
+
+    def __call__(self, phonemes: Iterable[str]) -> list[int]:
+        pad, out, missing = self.ids_of[PAD], [*self.ids_of[BOS], *self.ids_of[PAD]], []
+        for p in phonemes:
+            ids = self.ids_of.get(p)
+            if ids is None:
+                missing.append(p)
+                continue
+            out += [*ids, *pad]
+        if missing:
+            log.warning("phonemes not in the voice's map, dropped: %s", sorted(set(missing)))
+        return out + list(self.ids_of[EOS])
+
+
+def phonemizer_for(voice_json: Mapping[str, Any]) -> Phonemizer:
+    """The phonemizer a Piper voice config asks for ("espeak" with its voice, or "text")."""
+    kind = voice_json.get("phoneme_type", "espeak")
+    if kind == "text":
+        return TextPhonemizer()
+    if kind != "espeak":
+        raise ConfigError(f"voice config: phoneme_type {kind!r} is not supported (espeak, text)")
+    voice = voice_json.get("espeak", {}).get("voice")
+    if not voice:
+        raise ConfigError("voice config: espeak.voice is missing")
+    clusters = frozenset(tuple(c) for c in voice_json.get("vowel_clusters") or ())
+    return EspeakPhonemizer(voice, clusters)
+
+
+def check_text(text: Any, limit: int) -> str:
+    """A non-empty string of at most `limit` characters (InputError otherwise)."""
+    if not isinstance(text, str):
+        raise InputError(f"text: expected a string, got {type(text).__name__}")
+    if not text.strip():
+        raise InputError("text: empty")
+    if len(text) > limit:
+        raise InputError(f"text: {len(text)} characters exceed the limit of {limit}")
+    return text

