@@ -1,0 +1,128 @@
+"""GR00T N1.7 checkpoint folders: detection, sidecar files, embodiments and their statistics.
+
+A folder as Isaac-GR00T publishes N1.7 and lerobot 0.6.1 reads it (``base_model_path``):
+``config.json`` (model_type ``Gr00tN1d7``), ``model.safetensors`` (or sharded), and the processor
+sidecars ``processor_config.json`` (``processor_kwargs``: image sizes, per-embodiment modality configs,
+``use_percentiles``, ``clip_outliers``, ``formalize_language``), ``statistics.json`` (per embodiment tag,
+per state/action group: min, max, q01, q99, ...) and ``embodiment_id.json`` (tag → id).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flashrt.errors import CheckpointError, ConfigError
+from flashrt.frontends.groot.preprocess import MinMax
+
+N17_MODEL_TYPE = "Gr00tN1d7"
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def detect(folder: Path) -> None:
+    """None for an N1.7 checkpoint folder; CheckpointError saying why not otherwise."""
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{folder}: no config.json")
+    cfg = read_json(cfg_path)
+    if cfg.get("model_type") != N17_MODEL_TYPE:
+        raise CheckpointError(
+            f"{cfg_path}: model_type {cfg.get('model_type')!r} is not {N17_MODEL_TYPE!r} (GR00T N1.7)"
+        )
+    if not any(folder.glob("model*.safetensors")):
+        raise CheckpointError(f"{folder}: no model*.safetensors")
+
+
+@dataclass(frozen=True)
+class Embodiment:
+    """One embodiment tag of the checkpoint: its id, cameras, state/action statistics and sizes."""
+
+    tag: str
+    id: int
+    cameras: tuple[str, ...]
+    state: MinMax
+    action: MinMax
+
+    @property
+    def state_dim(self) -> int:
+        return int(self.state.low.shape[0])
+
+    @property
+    def action_dim(self) -> int:
+        return int(self.action.low.shape[0])
+
+
+@dataclass(frozen=True)
+class Sidecars:
+    kwargs: dict[str, Any]
+    stats: dict[str, Any]
+    ids: dict[str, int]
+
+    @classmethod
+    def read(cls, folder: Path) -> Sidecars:
+        kwargs = read_json(folder / "processor_config.json").get("processor_kwargs", {})
+        ids = {str(k): int(v) for k, v in read_json(folder / "embodiment_id.json").items()}
+        return cls(kwargs, read_json(folder / "statistics.json"), ids)
+
+    def tags(self) -> list[str]:
+        return sorted(set(self.stats) & set(self.kwargs.get("modality_configs", {})))
+
+    def embodiment(self, choice: str | int | None, num_embodiments: int) -> Embodiment:
+        """The embodiment named by tag or id (None: the only one); ConfigError naming the choices."""
+        tags = self.tags()
+        if choice is None and len(tags) == 1:
+            choice = tags[0]
+        if isinstance(choice, int) and not isinstance(choice, bool):
+            by_id = [t for t in tags if self.ids.get(t) == choice]
+            choice = by_id[0] if by_id else choice
+        if choice not in tags:
+            known = ", ".join(f"{t} (id {self.ids.get(t)})" for t in tags)
+            raise ConfigError(f"embodiment {choice!r} is not in this checkpoint; choose one of: {known}")
+        if choice not in self.ids or not 0 <= self.ids[choice] < num_embodiments:
+            raise CheckpointError(
+                f"embodiment_id.json: {choice!r} has no id below max_num_embodiments {num_embodiments}"
+            )
+        return self._build(str(choice))
+
+    def _build(self, tag: str) -> Embodiment:
+        cfg = self.kwargs["modality_configs"][tag]
+        if self.kwargs.get("use_relative_action") or any(
+            (c or {}).get("rep") == "relative" for c in cfg.get("action", {}).get("action_configs", [])
+        ):
+            raise CheckpointError(
+                f"processor_config.json: embodiment {tag!r} uses relative actions (not supported yet)"
+            )
+        cams = tuple(cfg.get("video", {}).get("modality_keys", []))
+        return Embodiment(
+            tag, self.ids[tag], cams, self._minmax(tag, "state", cfg), self._minmax(tag, "action", cfg)
+        )
+
+    def _minmax(self, tag: str, modality: str, cfg: dict[str, Any]) -> MinMax:
+        pct = bool(self.kwargs.get("use_percentiles", False))
+        lo_name, hi_name = ("q01", "q99") if pct else ("min", "max")
+        lows, highs = [], []
+        for key in cfg.get(modality, {}).get("modality_keys", []):
+            entry = self.stats[tag].get(modality, {}).get(key)
+            if not isinstance(entry, dict) or lo_name not in entry or hi_name not in entry:
+                raise CheckpointError(f"statistics.json: {tag}.{modality}.{key} has no {lo_name}/{hi_name}")
+            lows += list(entry[lo_name])
+            highs += list(entry[hi_name])
+        if not lows:
+            raise CheckpointError(f"statistics.json: no {modality} statistics for embodiment {tag!r}")
+        return MinMax(np.asarray(lows, np.float32), np.asarray(highs, np.float32))

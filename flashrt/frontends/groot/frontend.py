@@ -1,0 +1,289 @@
+"""GR00T N1.7 frontend: declared buffers, one captured graph per prompt bucket, the PolicyFrontend verbs.
+
+Buffers (allocated once at the largest bucket; a smaller bucket's graph reads the first L columns):
+``vision_pixels`` (I, 3, R, Q) normalized camera images, ``prefix_tokens`` (1, L) chat-template token
+ids, ``prefix_token_mask`` (1, L) valid tokens, ``expert_state`` (1, 1, S) normalized padded state,
+``expert_noise`` (1, T, A) flow-matching noise, ``expert_actions`` (1, T, A) the normalized chunk.
+
+Hot path (`flashrt.runtime.frontend`): ``check`` validates and preprocesses the observation on the host
+(image transforms, tokenization, state normalization; nothing written), ``write`` copies into the
+buffers (noise from the caller, a seed, or the frontend's generator), ``replay`` runs the captured step
+(vision, Qwen3 layers, VL self-attention, every flow-matching step), ``read`` un-normalizes the chunk.
+
+Ownership: the frontend owns its buffers, graphs and generator; the model's weights must keep their
+storage while the graphs live. One call at a time.
+
+Shape legend: I cameras, R x Q image target size, L bucket, S max_state_dim, T horizon, A max_action_dim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashrt.errors import ConfigError, InputError
+from flashrt.frontends.groot.checkpoint import Embodiment
+from flashrt.frontends.groot.model import GrootN17Model
+from flashrt.frontends.groot.preprocess import (
+    ImageSpec,
+    PromptTokenizer,
+    as_chw_uint8,
+    formalize,
+    normalize_pixels,
+    transform_image,
+)
+from flashrt.runtime.buffers import Buffers, BufferSpec, check_value
+from flashrt.runtime.graphs import GraphSet
+
+PROMPT_KEYS = ("prompt", "task")
+STATE_KEYS = ("state", "observation.state")
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A validated observation, preprocessed on the host; nothing written yet."""
+
+    pixels: torch.Tensor  # (I, 3, R, Q)
+    tokens: list[int]
+    state: np.ndarray  # (S,) normalized, padded
+    noise: torch.Tensor | None  # (1, T, A)
+
+
+@dataclass(frozen=True)
+class Options:
+    formalize_language: bool = True
+    clip_outliers: bool = True
+
+
+def mrope_positions(ids: Sequence[int], image_id: int, grid: tuple[int, int], length: int) -> torch.Tensor:
+    """(3, length) M-RoPE ids of a layout: text tokens advance all three rows together; a run of image
+    tokens (one image, gh x gw merged) sits at t = p, h = p + row, w = p + col, then p += max(gh, gw);
+    positions after ``ids`` continue as text."""
+    gh, gw = grid
+    pos, p, i = [], 0, 0
+    while i < len(ids):
+        if ids[i] == image_id:
+            rows = torch.arange(gh).repeat_interleave(gw)
+            cols = torch.arange(gw).repeat(gh)
+            pos.append(torch.stack([torch.full((gh * gw,), p), p + rows, p + cols]))
+            p, i = p + max(gh, gw), i + gh * gw
+        else:
+            pos.append(torch.full((3, 1), p))
+            p, i = p + 1, i + 1
+    tail = length - sum(t.shape[1] for t in pos)
+    pos.append(torch.arange(p, p + max(tail, 0)).expand(3, -1))
+    return torch.cat(pos, dim=1)[:, :length]
+
+
+class GrootFrontend:
+    """Static buffers + one graph per prompt bucket around a loaded `GrootN17Model` (batch 1)."""
+
+    def __init__(
+        self,
+        model: GrootN17Model,
+        embodiment: Embodiment,
+        cameras: Sequence[str],
+        image: ImageSpec,
+        tokenizer: PromptTokenizer,
+        options: Options,
+        buckets: Sequence[int] | None,
+        backend: Any,
+    ) -> None:
+        self.model, self.config = model, model.config
+        self.embodiment, self.cameras, self.image, self.tokenizer = (
+            embodiment,
+            tuple(cameras),
+            image,
+            tokenizer,
+        )
+        self.options = options
+        self.device = model.embed.weight.device
+        head = self.config.head
+        self.chunk_size, self.action_dim, self.n_action_steps = (
+            head.horizon,
+            embodiment.action_dim,
+            head.horizon,
+        )
+        per_image = model.tokens_per_image(image.target)
+        self.header = tokenizer.header(len(self.cameras), per_image)
+        self.header_ids = tokenizer.encode(self.header)
+        self.buckets = tuple(sorted({int(b) for b in (buckets or self._default_buckets())}))
+        if self.buckets[0] <= len(self.header_ids):
+            raise ConfigError(
+                f"prompt buckets {self.buckets} must exceed the {len(self.header_ids)}-token header"
+            )
+        if embodiment.state_dim > head.max_state_dim or embodiment.action_dim > head.max_action_dim:
+            raise ConfigError(f"embodiment {embodiment.tag!r}: state/action dims exceed max_state/action_dim")
+        self.max_len = self.buckets[-1]
+        merge = self.config.vision.merge * self.config.vision.patch
+        self._grid = (image.target[0] // merge, image.target[1] // merge)
+        self._positions = mrope_positions(self.header_ids, self.config.tokens.image, self._grid, self.max_len)
+        self._image_slots = torch.tensor(
+            [i for i, t in enumerate(self.header_ids) if t == self.config.tokens.image]
+        )
+        self.buffers = Buffers(self._specs(), self.device)
+        self.backend = backend
+        self.graphs = GraphSet(backend, self._build, self.buckets, buffers=self.buffers)
+        self._generator = torch.Generator(self.device)
+        self._generator.seed()
+
+    def _default_buckets(self) -> tuple[int, ...]:
+        base = len(self.header_ids) + 16
+        return tuple(-(-(base + extra) // 8) * 8 for extra in (0, 16, 48))
+
+    def _specs(self) -> list[BufferSpec]:
+        h, (r, q), n = self.config.head, self.image.target, len(self.cameras)
+        return [
+            BufferSpec(
+                "vision_pixels",
+                (n, 3, r, q),
+                self.model.dtype,
+                low=-1.0,
+                high=1.0,
+                doc="normalized camera images",
+            ),
+            BufferSpec("prefix_tokens", (1, self.max_len), torch.long, doc="chat-template token ids"),
+            BufferSpec("prefix_token_mask", (1, self.max_len), torch.bool, doc="valid prompt tokens"),
+            BufferSpec("expert_state", (1, 1, h.max_state_dim), torch.float32, doc="normalized padded state"),
+            BufferSpec("expert_noise", (1, h.horizon, h.max_action_dim), torch.float32, doc="N(0, 1) noise"),
+            BufferSpec(
+                "expert_actions",
+                (1, h.horizon, h.max_action_dim),
+                torch.float32,
+                role="output",
+                doc="normalized action chunk",
+            ),
+        ]
+
+    # ------------------------------------------------------------------------------ capture
+    def _build(self, bucket: int) -> Callable[[], None]:
+        b, model = self.buffers, self.model
+        plan = model.plan(self._positions, self._image_slots, self.image.target, bucket, self.embodiment.id)
+        args = (
+            b["vision_pixels"],
+            b["prefix_tokens"][:, :bucket],
+            b["prefix_token_mask"][:, :bucket],
+            b["expert_state"],
+            b["expert_noise"],
+            b["expert_actions"],
+        )
+
+        def step() -> None:
+            with torch.inference_mode():
+                model.sample_actions(*args, plan=plan)
+
+        return step
+
+    def capture(self) -> dict[str, Any]:
+        self.graphs.capture_all()
+        return self.report()
+
+    def report(self) -> dict[str, Any]:
+        return {**self.graphs.report(), "buffers_bytes": self.buffers.nbytes()}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "family": "groot",
+            "version": "n1.7",
+            "embodiment": self.embodiment.tag,
+            "embodiment_id": self.embodiment.id,
+            "cameras": list(self.cameras),
+            "image_size": list(self.image.target),
+            "buckets": list(self.buckets),
+            "backend": getattr(self.backend, "name", type(self.backend).__name__),
+            "dtype": str(self.model.dtype),
+            "num_steps": self.config.head.num_steps,
+            "chunk_size": self.chunk_size,
+            "action_dim": self.action_dim,
+            "buffers_bytes": self.buffers.nbytes(),
+        }
+
+    # ------------------------------------------------------------------------------ hot path
+    def check(self, obs: Mapping[str, Any], noise: Any = None) -> tuple[int, Checked]:
+        if not isinstance(obs, Mapping):
+            raise InputError(f"observation: expected a mapping, got {type(obs).__name__}")
+        pixels = torch.stack([self._image(obs, cam) for cam in self.cameras])
+        state = self._state(obs)
+        ids = self.tokenizer.prompt_ids(self.header, self.header_ids, self._prompt(obs))
+        bucket = self.graphs.select(len(ids))
+        if bucket is None:
+            raise InputError(
+                f"prompt: {len(ids)} tokens with the image header exceed the largest bucket "
+                f"{self.max_len}; buckets: {list(self.buckets)}"
+            )
+        return bucket, Checked(pixels, ids, state, None if noise is None else self._noise(noise))
+
+    def _image(self, obs: Mapping[str, Any], cam: str) -> torch.Tensor:
+        images = obs.get("images") if isinstance(obs.get("images"), Mapping) else {}
+        value = images.get(cam, obs.get(f"observation.images.{cam}"))
+        if value is None:
+            raise InputError(f"images: camera {cam!r} missing; this policy reads {list(self.cameras)}")
+        img = as_chw_uint8(f"images[{cam!r}]", value)
+        return normalize_pixels(transform_image(img, self.image))
+
+    def _state(self, obs: Mapping[str, Any]) -> np.ndarray:
+        value = next((obs[k] for k in STATE_KEYS if k in obs), None)
+        if value is None:
+            raise InputError(f"state: missing (one of {list(STATE_KEYS)})")
+        dim = self.embodiment.state_dim
+        arr = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
+        if (
+            arr.dtype == object
+            or not np.issubdtype(arr.dtype, np.number)
+            or arr.shape not in ((dim,), (1, dim))
+        ):
+            raise InputError(f"state: expected {dim} numbers, got shape {arr.shape} dtype {arr.dtype}")
+        arr = arr.reshape(dim).astype(np.float32)
+        if not np.isfinite(arr).all():
+            raise InputError("state: contains NaN or inf")
+        out = np.zeros(self.config.head.max_state_dim, np.float32)
+        out[:dim] = self.embodiment.state.normalize(arr, self.options.clip_outliers)
+        return out
+
+    def _prompt(self, obs: Mapping[str, Any]) -> str:
+        value = next((obs[k] for k in PROMPT_KEYS if k in obs), "")
+        if not isinstance(value, str):
+            raise InputError(f"prompt: expected a string, got {type(value).__name__}")
+        return formalize(value, self.options.formalize_language)
+
+    def _noise(self, noise: Any) -> torch.Tensor:
+        spec = self.buffers.spec("expert_noise")
+        t = noise if isinstance(noise, torch.Tensor) else torch.as_tensor(np.asarray(noise))
+        if t.dim() == len(spec.shape) - 1:
+            t = t[None]
+        if not t.is_floating_point():
+            raise InputError(f"noise: expected a float array of shape {spec.shape[1:]}, got dtype {t.dtype}")
+        return check_value(spec, t.to(torch.float32))
+
+    def write(self, bucket: int, checked: Checked, seed: int | None = None) -> None:
+        tokens = torch.zeros(1, self.max_len, dtype=torch.long)
+        tokens[0, : len(checked.tokens)] = torch.tensor(checked.tokens)
+        mask = torch.arange(self.max_len)[None] < len(checked.tokens)
+        self.buffers.write(
+            {
+                "vision_pixels": checked.pixels.to(self.model.dtype),
+                "prefix_tokens": tokens,
+                "prefix_token_mask": mask,
+                "expert_state": torch.from_numpy(checked.state)[None, None],
+            }
+        )
+        target = self.buffers["expert_noise"]
+        if checked.noise is not None:
+            target.copy_(checked.noise)
+            return
+        gen = self._generator
+        if seed is not None:
+            gen = torch.Generator(self.device)
+            gen.manual_seed(int(seed))
+        target.copy_(torch.randn(target.shape, generator=gen, device=self.device))
+
+    def replay(self, bucket: int) -> None:
+        self.graphs.replay(bucket)
+
+    def read(self, checked: Checked) -> np.ndarray:
+        norm = self.buffers["expert_actions"][0, :, : self.action_dim].to("cpu", copy=True).numpy()
+        return self.embodiment.action.unnormalize(norm)

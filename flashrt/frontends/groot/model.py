@@ -1,0 +1,227 @@
+"""GR00T N1.7 as one module: Qwen3-VL backbone → VL self-attention → AlternateVLDiT flow-matching head.
+
+Shape legend: B batch (1), I images (cameras), R x Q image size, n merged tokens per image, L prompt
+bucket (tokens), W text width, K backbone_embedding_dim (= W), E DiT width (input_embedding_dim),
+Hd hidden_size, T action horizon, A max_action_dim, S max_state_dim, N flow-matching steps.
+
+What the reference (lerobot 0.6.1 ``GR00TN17.get_action``) computes, and how it is arranged here:
+
+* Backbone feature = the output of the last kept Qwen3 layer (``select_layer`` layers), taken BEFORE
+  the final norm and before that layer's deepstack addition (lerobot captures it with a forward hook
+  on the layer). Deepstack features are added to the image tokens after layers 0 .. len(deepstack)-1.
+* The token layout (chat header, one run of image tokens per camera, then the prompt) is fixed per
+  camera set and image size, so the image-token slots, the M-RoPE positions and the image / text key
+  masks are constants of a `Plan` (built once per bucket at capture). Prompts are right-padded; the
+  Qwen3 attention is causal, so padding never reaches a real token. The VL self-attention masks the
+  padding keys (the reference runs it unmasked over an unpadded batch of one: the same values).
+* The flow-matching time of step s is ``int(s / N * buckets)``: every timestep-dependent tensor (DiT
+  AdaLayerNorm modulations, output modulation, the action encoder's sinusoid) is evaluated once in
+  `step_tables`. Cross-attention K/V of the VL tokens are computed once per observation.
+* The embodiment is fixed at load: its slice of every category-specific weight is a view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from flashrt.frontends.groot.config import GrootN17Config, HeadConfig
+from flashrt.nn.dit import DiTBlock, timestep_sinusoid
+from flashrt.nn.qwen3vl import Qwen3Layer, VisionTower, mrope_cos_sin
+
+
+class CategoryLinear(nn.Module):
+    """Per-embodiment linear: W (E, in, out), b (E, out)."""
+
+    def __init__(self, num: int, din: int, dout: int) -> None:
+        super().__init__()
+        self.W = nn.Parameter(torch.empty(num, din, dout))
+        self.b = nn.Parameter(torch.empty(num, dout))
+
+    def apply(self, x: torch.Tensor, e: int) -> torch.Tensor:  # noqa: A003 (not nn.Module.apply's role)
+        return torch.addmm(self.b[e], x.reshape(-1, x.shape[-1]), self.W[e]).view(*x.shape[:-1], -1)
+
+
+class CategoryMLP(nn.Module):
+    def __init__(self, num: int, din: int, hidden: int, dout: int) -> None:
+        super().__init__()
+        self.layer1, self.layer2 = CategoryLinear(num, din, hidden), CategoryLinear(num, hidden, dout)
+
+    def run(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        return self.layer2.apply(F.relu(self.layer1.apply(x, e)), e)
+
+
+class ActionHead(nn.Module):
+    """vlln + VL self-attention + state/action encoders + AlternateVLDiT + action decoder."""
+
+    def __init__(self, c: HeadConfig) -> None:
+        super().__init__()
+        self.config = c
+        e = c.num_embodiments
+        self.vlln = nn.LayerNorm(c.backbone_dim, eps=1e-5)
+        self.vl_blocks = nn.ModuleList(
+            DiTBlock(c.backbone_dim, c.vl_heads, c.vl_head_dim, None, ada=False, affine_norm3=True)
+            for _ in range(c.vl_layers)
+        )
+        self.state_encoder = CategoryMLP(e, c.max_state_dim, c.hidden, c.inner)
+        self.action_w1 = CategoryLinear(e, c.max_action_dim, c.inner)
+        self.action_w2 = CategoryLinear(e, 2 * c.inner, c.inner)
+        self.action_w3 = CategoryLinear(e, c.inner, c.inner)
+        self.action_decoder = CategoryMLP(e, c.hidden, c.hidden, c.max_action_dim)
+        self.position_embedding = nn.Embedding(c.max_seq_len, c.inner)
+        self.time_1, self.time_2 = nn.Linear(256, c.inner), nn.Linear(c.inner, c.inner)
+        self.blocks = nn.ModuleList(
+            DiTBlock(
+                c.inner,
+                c.dit_heads,
+                c.dit_head_dim,
+                None if i % 2 else c.backbone_dim,
+                ada=True,
+                affine_norm3=False,
+            )
+            for i in range(c.dit_layers)
+        )
+        self.proj_out_1, self.proj_out_2 = nn.Linear(c.inner, 2 * c.inner), nn.Linear(c.inner, c.hidden)
+
+    def step_tables(self, num_steps: int) -> dict[str, torch.Tensor]:
+        """Everything that depends only on the step index: (N, ...) tensors, float32."""
+        c = self.config
+        t = torch.tensor(
+            [int(s / float(num_steps) * c.timestep_buckets) for s in range(num_steps)],
+            device=self.time_1.weight.device,
+        )
+        temb = self.time_2(F.silu(self.time_1(timestep_sinusoid(t).to(self.time_1.weight.dtype))))
+        shift, scale = self.proj_out_1(F.silu(temb)).chunk(2, dim=-1)
+        half = c.inner // 2
+        exponent = -torch.arange(half, dtype=torch.float, device=t.device) * (
+            torch.log(torch.tensor(10000.0)) / half
+        )
+        freqs = t.float()[:, None] * exponent.exp()
+        return {
+            "mods": torch.stack([b.norm1_mod(temb) for b in self.blocks], dim=1),  # (N, blocks, 2, E)
+            "out_mod": torch.stack([1.0 + scale, shift], dim=1),  # (N, 2, E)
+            "action_time": torch.cat([freqs.sin(), freqs.cos()], -1),
+        }  # (N, E)
+
+    def encode_actions(self, a: torch.Tensor, time: torch.Tensor, e: int) -> torch.Tensor:
+        """a (B, T, A), time (E,) -> (B, T, E) with position embeddings."""
+        x = self.action_w1.apply(a, e)
+        x = torch.cat([x, time.to(x.dtype).expand_as(x)], dim=-1)
+        x = F.silu(self.action_w2.apply(x, e))
+        return self.action_w3.apply(x, e) + self.position_embedding.weight[: a.shape[1]]
+
+
+@dataclass
+class Plan:
+    """Constants of one (camera set, image size, bucket) layout; see the module docstring."""
+
+    image_slots: torch.Tensor  # (I*n,) token indices of the image tokens
+    image_keys: torch.Tensor  # (1, 1, 1, L) bool, True at image tokens
+    cos: torch.Tensor  # (1, L, 1, D) M-RoPE
+    sin: torch.Tensor
+    vision: dict[str, torch.Tensor]
+    steps: dict[str, torch.Tensor]
+    embodiment: int
+
+
+class GrootN17Model(nn.Module):
+    """Backbone + head; `sample_actions` is the whole captured step."""
+
+    def __init__(self, config: GrootN17Config) -> None:
+        super().__init__()
+        self.config = config
+        v, t = config.vision, config.text
+        self.vision = VisionTower(
+            v.width,
+            v.depth,
+            v.mlp_dim,
+            v.heads,
+            v.patch,
+            v.temporal,
+            v.merge,
+            v.num_pos,
+            v.out_width,
+            v.deepstack,
+        )
+        self.embed = nn.Embedding(t.vocab, t.width)
+        self.layers = nn.ModuleList(
+            Qwen3Layer(t.width, t.mlp_dim, t.heads, t.kv_heads, t.head_dim, t.eps) for _ in range(t.layers)
+        )
+        self.head = ActionHead(config.head)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def tokens_per_image(self, size: tuple[int, int]) -> int:
+        v = self.config.vision
+        return (size[0] // v.patch) * (size[1] // v.patch) // (v.merge * v.merge)
+
+    def plan(
+        self,
+        positions: torch.Tensor,
+        image_slots: torch.Tensor,
+        size: tuple[int, int],
+        bucket: int,
+        embodiment: int,
+    ) -> Plan:
+        """positions (3, >= bucket) M-RoPE ids of the layout; image_slots the image-token indices."""
+        t, v, dev = self.config.text, self.config.vision, self.embed.weight.device
+        cos, sin = mrope_cos_sin(positions[:, :bucket], t.head_dim, t.theta, t.mrope_section, self.dtype)
+        keys = torch.zeros(1, 1, 1, bucket, dtype=torch.bool)
+        keys[..., image_slots] = True
+        with torch.no_grad():
+            vision = self.vision.tables(size[0] // v.patch, size[1] // v.patch)
+            steps = self.head.step_tables(self.config.head.num_steps)
+        return Plan(
+            image_slots.to(dev), keys.to(dev), cos.to(dev), sin.to(dev), vision, steps, int(embodiment)
+        )
+
+    def backbone(self, pixels: torch.Tensor, tokens: torch.Tensor, plan: Plan) -> torch.Tensor:
+        """pixels (I, 3, R, Q), tokens (1, L) -> pre-norm features of the last kept layer (1, L, W)."""
+        merged, deep = self.vision.forward(pixels, plan.vision)
+        h = self.embed.weight[tokens].index_copy_(
+            1, plan.image_slots, merged.reshape(1, -1, merged.shape[-1])
+        )
+        last = len(self.layers) - 1
+        for j, layer in enumerate(self.layers):
+            h = layer.forward(h, plan.cos, plan.sin)
+            if j < last and j < len(deep):
+                h.index_add_(1, plan.image_slots, deep[j].reshape(1, -1, deep[j].shape[-1]))
+        return h
+
+    def sample_actions(
+        self,
+        pixels: torch.Tensor,
+        tokens: torch.Tensor,
+        token_mask: torch.Tensor,
+        state: torch.Tensor,
+        noise: torch.Tensor,
+        out: torch.Tensor,
+        plan: Plan,
+    ) -> None:
+        """Writes the N-step flow-matching chunk (1, T, A) (normalized actions) into ``out``."""
+        head, c, e = self.head, self.config.head, plan.embodiment
+        valid = token_mask[:, None, None, :]  # (1, 1, 1, L)
+        vl = head.vlln.forward(self.backbone(pixels, tokens, plan))
+        for block in head.vl_blocks:
+            vl = block.forward(vl, mask=valid)
+        masks = {True: valid & ~plan.image_keys, False: valid & plan.image_keys}  # text / image keys
+        kvs = {i: b.cross_kv(vl) for i, b in enumerate(head.blocks) if b.is_cross}
+        state_feat = head.state_encoder.run(state.to(self.dtype), e)  # (1, 1, E)
+        steps = plan.steps
+        out.copy_(noise)
+        for s in range(c.num_steps):
+            x = torch.cat(
+                [state_feat, head.encode_actions(out.to(self.dtype), steps["action_time"][s], e)], 1
+            )
+            for i, block in enumerate(head.blocks):
+                text = i % (2 * c.text_every) == 0
+                x = block.forward(x, steps["mods"][s, i], kvs.get(i), masks[text] if block.is_cross else None)
+            mod = steps["out_mod"][s]
+            x = torch.addcmul(mod[1], F.layer_norm(x, x.shape[-1:], eps=1e-6), mod[0])
+            pred = head.action_decoder.run(F.linear(x, head.proj_out_2.weight, head.proj_out_2.bias), e)
+            out.add_(pred[:, -c.horizon :].to(out.dtype), alpha=1.0 / c.num_steps)

@@ -1,0 +1,116 @@
+"""GR00T N1.7 checkpoint (``GR00TN17.save_pretrained`` keys) → `GrootN17Model` weight map, and the loader.
+
+Every rule is a rename; there are no value transforms (the temporal patch kernel is folded in
+`VisionTower.reset_derived`). Checked against lerobot 0.6.1 (tests/frontends/groot parity).
+Deliberately unused: the text model's final ``norm`` (N1.7 reads the pre-norm features), a stored
+``lm_head`` (tied upstream, never decoded), and decoder layers at or beyond ``select_layer`` (lerobot
+pops them before saving; a file that still has them loads the same). The lerobot policy state dict
+prefixes every key with ``_groot_model.``; that prefix is accepted too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from flashrt.frontends.groot.config import GrootN17Config
+from flashrt.frontends.groot.model import GrootN17Model
+from flashrt.io import Rule, WeightMap, load_module
+
+VIS = "backbone.model.model.visual."
+LM = "backbone.model.model.language_model."
+HEAD = "action_head."
+DIT = HEAD + "model."
+
+
+def _vision_rules() -> list[Rule]:
+    blk, dst = VIS + "blocks.{i}.", "vision.blocks.{i}."
+    rules = [
+        Rule(VIS + "patch_embed.proj.{p}", "vision.patch_proj.{p}"),
+        Rule(VIS + "pos_embed.weight", "vision.pos_embed.weight"),
+    ]
+    rules += [
+        Rule(blk + s + ".{p}", dst + d + ".{p}")
+        for s, d in (
+            ("norm1", "norm1"),
+            ("norm2", "norm2"),
+            ("attn.qkv", "qkv"),
+            ("attn.proj", "proj"),
+            ("mlp.linear_fc1", "fc1"),
+            ("mlp.linear_fc2", "fc2"),
+        )
+    ]
+    for src, dst_m in (
+        (VIS + "merger.", "vision.merger."),
+        (VIS + "deepstack_merger_list.{k}.", "vision.deepstack_mergers.{k}."),
+    ):
+        rules += [
+            Rule(src + s + ".{p}", dst_m + d + ".{p}")
+            for s, d in (("norm", "norm"), ("linear_fc1", "fc1"), ("linear_fc2", "fc2"))
+        ]
+    return rules
+
+
+def _text_rules() -> list[Rule]:
+    src, dst = LM + "layers.{i}.", "layers.{i}."
+    rules = [Rule(LM + "embed_tokens.weight", "embed.weight")]
+    rules += [Rule(src + f"self_attn.{n}_proj.weight", dst + f"{n}.weight") for n in "qkvo"]
+    rules += [Rule(src + f"mlp.{n}_proj.weight", dst + f"{n}.weight") for n in ("gate", "up", "down")]
+    return rules + [
+        Rule(src + "self_attn.q_norm.weight", dst + "q_norm"),
+        Rule(src + "self_attn.k_norm.weight", dst + "k_norm"),
+        Rule(src + "input_layernorm.weight", dst + "input_norm"),
+        Rule(src + "post_attention_layernorm.weight", dst + "post_norm"),
+    ]
+
+
+def _block_rules(src: str, dst: str, ada: bool) -> list[Rule]:
+    rules = [Rule(src + f"attn1.to_{n}.{{p}}", dst + f"to_{n}.{{p}}") for n in "qkv"]
+    rules += [
+        Rule(src + "attn1.to_out.0.{p}", dst + "to_out.{p}"),
+        Rule(src + "ff.net.0.proj.{p}", dst + "ff_in.{p}"),
+        Rule(src + "ff.net.2.{p}", dst + "ff_out.{p}"),
+    ]
+    if ada:
+        return [*rules, Rule(src + "norm1.linear.{p}", dst + "norm1_linear.{p}")]
+    return [*rules, Rule(src + "norm1.{p}", dst + "norm1.{p}"), Rule(src + "norm3.{p}", dst + "norm3.{p}")]
+
+
+def _head_rules() -> list[Rule]:
+    rules = [
+        *_block_rules(DIT + "transformer_blocks.{i}.", "head.blocks.{i}.", ada=True),
+        *_block_rules(HEAD + "vl_self_attention.transformer_blocks.{i}.", "head.vl_blocks.{i}.", ada=False),
+        Rule(DIT + "timestep_encoder.timestep_embedder.linear_1.{p}", "head.time_1.{p}"),
+        Rule(DIT + "timestep_encoder.timestep_embedder.linear_2.{p}", "head.time_2.{p}"),
+        Rule(DIT + "proj_out_1.{p}", "head.proj_out_1.{p}"),
+        Rule(DIT + "proj_out_2.{p}", "head.proj_out_2.{p}"),
+        Rule(HEAD + "vlln.{p}", "head.vlln.{p}"),
+        Rule(HEAD + "position_embedding.weight", "head.position_embedding.weight"),
+    ]
+    for mlp in ("state_encoder", "action_decoder"):
+        rules += [Rule(HEAD + f"{mlp}.layer{{n}}.{{p}}", f"head.{mlp}.layer{{n}}.{{p}}")]
+    return [*rules, Rule(HEAD + "action_encoder.W{n}.{p}", "head.action_w{n}.{p}")]
+
+
+def n17_weight_map(config: GrootN17Config, keys: list[str]) -> WeightMap:
+    """The strict map; ``keys`` (the checkpoint's) name the dropped decoder layers to ignore."""
+    kept = config.text.layers
+    extra = sorted(
+        {k.split(".")[5] for k in keys if k.startswith(LM + "layers.") and int(k.split(".")[5]) >= kept}
+    )
+    ignore = [LM + "norm.weight", "backbone.model.lm_head.weight", *(LM + f"layers.{i}.*" for i in extra)]
+    wmap = WeightMap([*_vision_rules(), *_text_rules(), *_head_rules()], ignore=ignore)
+    return wmap.auto_prefix(keys, ("", "_groot_model."))
+
+
+def load_n17(
+    config: GrootN17Config,
+    checkpoint: Mapping[str, torch.Tensor],
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> GrootN17Model:
+    """Build on meta, map strictly, cast to ``dtype`` (None: storage dtype)."""
+    keys = [k.removeprefix("_groot_model.") for k in checkpoint]
+    wmap = n17_weight_map(config, keys)
+    return load_module(lambda: GrootN17Model(config), checkpoint, wmap, device, dtype)

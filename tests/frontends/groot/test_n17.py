@@ -1,0 +1,164 @@
+"""GR00T N1.7 end to end vs lerobot 0.6.1 (fixtures from tests/fixtures/gen/gen_groot_n17.py): raw
+observations in, un-normalized actions out; trace replay == eager bit for bit; bad inputs; detection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from flashrt.errors import CheckpointError, ConfigError, InputError
+from flashrt.frontends.groot import family
+from flashrt.frontends.registry import policy_families
+from flashrt.runtime.frontend import PolicyFrontend
+
+FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
+CKPT = FIX / "n17_tiny"
+IO = load_file(str(FIX / "n17_io.safetensors"))
+META = json.loads((FIX / "n17_io.json").read_text())
+TOL = 1e-4
+
+
+def _load(case: str, **kw):
+    m = META[case]
+    return family.load(CKPT, embodiment=m["embodiment"], cameras=m["cameras"], **kw)
+
+
+def _obs(case: str) -> dict:
+    m = META[case]
+    return {
+        "images": {c: IO[f"{case}/image.{c}"].numpy() for c in m["cameras"]},
+        "state": IO[f"{case}/state"].numpy(),
+        "prompt": m["prompt"],
+    }
+
+
+def _infer(frontend, obs, noise=None, seed=None) -> np.ndarray:
+    bucket, checked = frontend.check(obs, noise)
+    frontend.write(bucket, checked, seed)
+    frontend.replay(bucket)
+    return frontend.read(checked)
+
+
+@pytest.fixture(scope="module")
+def fronts(one_thread):
+    return {case: _load(case) for case in META}
+
+
+@pytest.mark.parametrize("case", list(META))
+def test_end_to_end_matches_lerobot(fronts, case):
+    """1 camera; 2 non-square cameras; a second embodiment (other state/action sizes and id)."""
+    f = fronts[case]
+    bucket, checked = f.check(_obs(case), IO[f"{case}/noise"])
+    assert checked.tokens == IO[f"{case}/input_ids"].tolist()
+    np.testing.assert_array_equal(checked.state, IO[f"{case}/state_norm"].numpy())
+    f.write(bucket, checked)
+    f.replay(bucket)
+    norm = f.buffers["expert_actions"][0]
+    assert (norm - IO[f"{case}/actions_norm"]).abs().max().item() <= TOL
+    actions = f.read(checked)
+    assert actions.shape == (f.chunk_size, IO[f"{case}/actions"].shape[1]) and actions.dtype == np.float32
+    assert np.abs(actions - IO[f"{case}/actions"].numpy()).max() <= TOL
+
+
+def test_pixels_match_qwen3vl_processor(fronts):
+    """Our resize/crop/normalize, laid out as Qwen's flattened (C, 2, P, P) patches in merge order."""
+    case = "two_cams"
+    _, checked = fronts[case].check(_obs(case))
+    px = checked.pixels  # (I, 3, R, Q)
+    i, _, r, q = px.shape
+    x = px[:, None].expand(i, 2, 3, r, q).reshape(i, 2, 3, r // 32, 2, 16, q // 32, 2, 16)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(-1, 3 * 2 * 16 * 16)
+    assert (x - IO[f"{case}/pixel_values"]).abs().max().item() <= 1e-6
+
+
+def test_frontend_protocol_and_describe(fronts):
+    f = fronts["two_cams"]
+    assert isinstance(f, PolicyFrontend)
+    d = f.describe()
+    assert d["embodiment"] == "tag_a" and d["cameras"] == ["front", "wrist"] and d["action_dim"] == 6
+    assert f.report()["captured"] == list(f.buckets)
+
+
+def test_trace_replay_equals_eager_bit_for_bit(one_thread):
+    trace = _load("two_cams", backend="trace")
+    eager = _load("two_cams")
+    obs = _obs("two_cams")
+    for seed, prompt in (
+        (0, "open the drawer"),
+        (1, "a much longer prompt that lands in the next bucket ok"),
+    ):
+        got = [_infer(f, dict(obs, prompt=prompt), seed=seed) for f in (trace, eager)]
+        assert np.array_equal(got[0], got[1]), (seed, prompt)
+    assert trace.report()["backend"] == "trace"
+
+
+BAD = {
+    "missing camera": lambda o: {**o, "images": {"front": o["images"]["front"]}},
+    "image shape": lambda o: {**o, "images": {**o["images"], "wrist": np.zeros((4, 4), np.uint8)}},
+    "image nan": lambda o: {**o, "images": {**o["images"], "wrist": np.full((8, 8, 3), np.nan, np.float32)}},
+    "state size": lambda o: {**o, "state": np.zeros(3, np.float32)},
+    "state nan": lambda o: {**o, "state": np.full(7, np.nan, np.float32)},
+    "state missing": lambda o: {k: v for k, v in o.items() if k != "state"},
+    "prompt type": lambda o: {**o, "prompt": 3},
+    "prompt too long": lambda o: {**o, "prompt": "stack the blocks " * 40},
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_then_next_call_equals_fresh(fronts, name):
+    f = fronts["two_cams"]
+    obs = _obs("two_cams")
+    with pytest.raises(InputError):
+        f.check(BAD[name](obs))
+    fresh = _load("two_cams")
+    assert np.array_equal(_infer(f, obs, seed=7), _infer(fresh, obs, seed=7))
+
+
+def test_bad_noise_is_input_error(fronts):
+    f = fronts["one_cam"]
+    with pytest.raises(InputError):
+        f.check(_obs("one_cam"), np.zeros((3, 3), np.float32))
+    with pytest.raises(InputError):
+        f.check(_obs("one_cam"), np.full((8, 16), np.inf, np.float32))
+
+
+def test_seed_reproducible_and_noise_matters(fronts):
+    f = fronts["one_cam"]
+    a, b, c = (_infer(f, _obs("one_cam"), seed=s) for s in (3, 3, 4))
+    assert np.array_equal(a, b) and np.abs(a - c).max() > 1e-3
+
+
+def test_embodiment_and_detection_errors(tmp_path):
+    with pytest.raises(ConfigError, match="tag_a"):
+        family.load(CKPT, embodiment="nope")
+    with pytest.raises(ConfigError, match="tag_b"):
+        family.load(CKPT, embodiment=2)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "pi0"}))
+    with pytest.raises(CheckpointError, match="Gr00tN1d7"):
+        family.FAMILY.detect(tmp_path)
+    assert family.FAMILY.detect(CKPT) is None
+    assert policy_families()["groot"] is family.FAMILY
+
+
+def test_embodiment_by_id_matches_by_name(fronts):
+    f = family.load(CKPT, embodiment=3)
+    assert f.embodiment.tag == "tag_b"
+    obs = _obs("emb_b")
+    assert np.array_equal(_infer(f, obs, seed=1), _infer(fronts["emb_b"], obs, seed=1))
+
+
+def test_float_images_accepted_like_lerobot(fronts):
+    """Float [0, 1] pixels are truncated to uint8 as lerobot's pack step does."""
+    f = fronts["one_cam"]
+    obs = _obs("one_cam")
+    img = obs["images"]["front"]
+    as_float = dict(obs, images={"front": torch.from_numpy(img).float() / 255.0})
+    lerobot_u8 = (torch.from_numpy(img).float() / 255.0 * 255.0).to(torch.uint8).numpy()
+    assert np.array_equal(
+        _infer(f, as_float, seed=0), _infer(f, dict(obs, images={"front": lerobot_u8}), seed=0)
+    )
