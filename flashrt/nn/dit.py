@@ -7,9 +7,9 @@ A block is: norm1 → attention (self, or cross to S conditioning tokens with a 
 norm3 → tanh-GELU feed-forward (4E) → residual. norm1 is either an affine LayerNorm (the VL
 self-attention stack) or GR00T's AdaLayerNorm: ``LN(x) * (1 + scale) + shift`` with
 ``scale | shift = Linear(silu(temb))``. The timestep embedding of a flow-matching step depends only on
-the step index, so `ActionHead.step_tables` (frontends.groot) evaluates every block's modulation for a fixed schedule once
-(load time) instead of on every call. Cross-attention K/V depend only on the conditioning tokens, so
-`DiTBlock.cross_kv` computes them once per observation and every step reuses them.
+the step index, so a head evaluates every block's modulation for a fixed schedule once (load time,
+``DiTBlock.norm1_mod``) instead of on every call. Cross-attention K/V depend only on the conditioning
+tokens, so `DiTBlock.cross_kv` computes them once per observation and every step reuses them.
 """
 
 from __future__ import annotations
