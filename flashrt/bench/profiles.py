@@ -28,7 +28,6 @@ values are refused with a ConfigError naming the file and the key. Layout (every
 from __future__ import annotations
 
 import math
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from flashrt.errors import ConfigError, DeviceError
+from flashrt.io.files import read_toml
 from flashrt.resources import data_dir
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "int8")
@@ -51,6 +51,7 @@ class DeviceSection:
     threads: int = 0
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"kind": DEVICE_KINDS, "model": DEVICE_MODELS}
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("threads",)
+    AT_MOST: ClassVar[dict[str, float]] = {"threads": 4096}
 
     def check(self) -> None:
         if self.kind == "cpu" and self.model != "any":
@@ -67,6 +68,8 @@ class ShapesSection:
     steps: int = 0
     POSITIVE: ClassVar[tuple[str, ...]] = ("batch", "buckets")
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("views", "chunk", "steps")
+    AT_MOST: ClassVar[dict[str, float]] = {"batch": 4096, "buckets": 1 << 20, "views": 64, "chunk": 10_000,
+                                           "steps": 1000}
 
     def check(self) -> None:
         if list(self.buckets) != sorted(set(self.buckets)):
@@ -89,6 +92,8 @@ class BenchSection:
     soak_steps: int = 10_000
     POSITIVE: ClassVar[tuple[str, ...]] = ("iters", "trace_len", "target_rate_hz", "soak_steps")
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("warmup",)
+    AT_MOST: ClassVar[dict[str, float]] = {"warmup": 1_000_000, "iters": 10_000_000, "trace_len": 100_000,
+                                           "target_rate_hz": 100_000.0, "soak_steps": 100_000_000}
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,9 @@ def _check_value(cls: type, key: str, value: Any, hint: Any) -> None:
         raise ValueError(f"{key}: must be > 0, got {value!r}")
     if key in getattr(cls, "NON_NEGATIVE", ()) and any(v < 0 for v in items):
         raise ValueError(f"{key}: must be >= 0, got {value!r}")
+    most = getattr(cls, "AT_MOST", {}).get(key)
+    if most is not None and any(v > most for v in items):
+        raise ValueError(f"{key}: {value!r} is beyond the sane limit {most}")
 
 
 def _build(cls: type, table: dict[str, Any], where: str) -> Any:
@@ -242,12 +250,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
         if str(name_or_path) not in known:
             raise ConfigError(f"no profile named {str(name_or_path)!r}; shipped profiles: {sorted(known)}")
         path = known[str(name_or_path)]
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: profile file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    data = read_toml(path, "profile", ConfigError)
     return parse_profile(data, path.stem, str(path))
 
 

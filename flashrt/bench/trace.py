@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from flashrt.errors import InputError
+from flashrt.io.files import check_regular
 
 _FORMAT = "flashrt.trace/1"
 
@@ -115,13 +116,27 @@ class FrozenTrace:
     @classmethod
     def load(cls, path: str | Path) -> FrozenTrace:
         """Read a recorded trace; refuses a file whose inputs no longer match their stored digests."""
-        data = torch.load(Path(path), map_location="cpu", weights_only=True)
+        data = _read_trace_file(Path(path))
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise InputError(f"{path}: not a flashrt trace file (format {_FORMAT})")
-        trace = cls.from_inputs(data["inputs"], data.get("seed"), source=f"recorded:{Path(path).name}")
-        if list(trace.digests) != list(data["digests"]):
+        inputs, digests = data.get("inputs"), data.get("digests")
+        if not isinstance(inputs, list | tuple) or not isinstance(digests, list | tuple):
+            raise InputError(f"{path}: trace file without an 'inputs' and a 'digests' list (file altered?)")
+        trace = cls.from_inputs(inputs, data.get("seed"), source=f"recorded:{Path(path).name}")
+        if list(trace.digests) != list(digests):
             raise InputError(f"{path}: inputs do not match their recorded digests (file altered?)")
         return trace
+
+
+def _read_trace_file(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` of a regular file; anything unreadable is an InputError."""
+    check_regular(path, "trace file", InputError)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # an untrusted parser: whatever it raises means "not a trace file"
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise InputError(f"{path}: not a readable trace file ({type(exc).__name__}: {first}); record "
+                         "one with `flashrt bench --save-trace`") from None
 
 
 def _to_tensors(x: Any) -> Any:

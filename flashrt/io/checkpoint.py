@@ -413,7 +413,7 @@ def _torch_load(path: Path) -> Any:
         raise CheckpointError(f"{path}: not a weights-only state dict; it needs arbitrary unpickling, "
                               f"which flashrt refuses. Re-save it as tensors only (safetensors preferred). "
                               f"Detail: {str(exc).splitlines()[0]}") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+    except Exception as exc:  # the unpickler of untrusted bytes raises KeyError, IndexError, struct.error...
         raise CheckpointError(f"{path}: corrupt or truncated PyTorch file ({type(exc).__name__}: "
                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 

@@ -52,6 +52,7 @@ from flashrt import __version__
 from flashrt.errors import CalibrationError
 from flashrt.io.atomic import atomic_write_bytes
 from flashrt.io.digest import file_digest, tensor_digest
+from flashrt.io.files import open_regular, read_bytes_capped
 from flashrt.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ FORMAT = "flashrt-calibration"
 FORMAT_VERSION = 1
 SUFFIX = ".safetensors"
 _TMP_PREFIX = ".tmp-"
+MAX_ENTRY_BYTES = 256 << 20  # scales are a few KB; anything near this is not an entry
 _NAME_DIGEST_CHARS = 16  # file names only; the full key is stored inside and compared on load
 Scales = dict[str, torch.Tensor]
 
@@ -212,12 +214,9 @@ def _parse_meta(header: Mapping[str, Any]) -> dict[str, Any]:
 
 def _read_entry(path: Path) -> tuple[Scales, dict[str, Any]]:
     """Parse and self-check one entry (format, key digest, scales digest, values); _Unusable otherwise."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as err:
-        raise _Unusable(f"cannot read: {err}") from None
+    if not os.path.lexists(path):
+        raise FileNotFoundError(path)
+    data = read_bytes_capped(path, "calibration entry", _Unusable, limit=MAX_ENTRY_BYTES)
     meta = _parse_meta(_parse_header(data))
     try:
         scales = safetensors.torch.load(data)
@@ -270,9 +269,10 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _header_info(path: Path) -> EntryInfo:
-    size = path.stat().st_size
+    size = 0
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "calibration entry", _Unusable) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else 0
             header = _parse_header(head + f.read(min(n, 100 << 20)))

@@ -21,7 +21,6 @@ import dataclasses
 import logging
 import os
 import re
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import islice
@@ -33,6 +32,7 @@ from torch import nn
 
 from flashrt.errors import CalibrationError, ConfigError
 from flashrt.io.digest import tensor_digest
+from flashrt.io.files import read_toml
 from flashrt.quant.ops import amax_per_tensor, compute_scale
 from flashrt.quant.precision import DTypeInfo
 from flashrt.resources import data_dir, list_data
@@ -129,10 +129,7 @@ def recipe_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Recipe:
 def load_recipe(name_or_path: str | os.PathLike) -> Recipe:
     """A shipped recipe by name (calibration/<name>.toml) or a recipe TOML file by path."""
     path = _recipe_path(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise ConfigError(f"cannot read calibration recipe {path}: {err}") from err
+    data = read_toml(path, "calibration recipe", ConfigError)
     data.setdefault("name", path.stem)
     return recipe_from_dict(data, source=str(path))
 

@@ -252,3 +252,17 @@ def test_hostile_digest_memo_is_ignored(tmp_path, kind):
     digest = bounded_call(lambda: file_digest(tmp_path / "model.safetensors", memo_dir=memo.parent),
                           fifos=[memo])
     assert digest is None
+
+
+JUNK = {"text": b"hello\n", "binary": bytes(range(256)) * 4, "empty": b"",
+        "zip header only": b"PK\x03\x04" + b"\0" * 60, "pickle opcode only": b"\x80\x02",
+        "safetensors header only": (8).to_bytes(8, "little") + b"{}"}
+
+
+@pytest.mark.parametrize("junk", JUNK)
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.safetensors", "g_02500000"])
+def test_junk_weight_file_is_a_checkpoint_error(tmp_path, name, junk):
+    path = tmp_path / name
+    path.write_bytes(JUNK[junk])
+    with pytest.raises(CheckpointError, match=str(path)):
+        open_checkpoint(path)
