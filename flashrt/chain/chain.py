@@ -1,0 +1,351 @@
+"""The local chain: stages joined by bounded channels, one worker thread per stage, requests in order.
+
+    chain = Chain([Stage("lm", tokens_of), Stage.map("frames", to_frame), Stage("vocoder", audio_of)])
+    for chunk in chain.stream("hello"):          # or: async for chunk in chain.astream("hello")
+        play(chunk)
+    req = chain.submit("hi", priority=-1)        # a handle: iterate it, req.cancel(), req.state
+    chain.stats()                                # per-stage LatencyStats, queue depths, time to first item
+
+A stage is ``fn(items, request) -> iterable``: it consumes the items of the stage before it (the first
+stage gets one item, the request's payload) and yields its own, so one item in may give many out (an LM:
+text -> tokens) or many one (frames -> audio chunk). `Stage.map` wraps a per-item function.
+
+Semantics, per request:
+
+* Streaming: every stage of a request runs at once, each in its stage's worker; items move as soon as
+  they are yielded. Requests are served in submission order within a priority (lower number first);
+  stage k starts request r+1 as soon as it is done with r, so requests pipeline through the stages.
+* Backpressure: each link is a `Channel` of ``queue_size`` items, the last one feeding the caller. A
+  full channel blocks its producer; a slow consumer stalls the whole request, never buffers it.
+* Cancel: `Request.cancel()` (or abandoning the iteration, or cancelling the async task) closes every
+  channel of the request; each stage's blocked put/get wakes and the stage drops the request at its
+  next item. The generator of each stage is closed (its ``finally`` runs). Slots are freed at once.
+* Errors: an exception in a stage ends that request only: the caller's iteration raises `StageError`
+  naming the stage, with the original exception as ``__cause__`` and ``.original``; the other stages
+  of the request stop as on cancel; the next request runs normally.
+* Capacity: at most ``max_pending`` requests queued or running; `submit` beyond raises `ChainFull`
+  (a server answers 503).
+
+Threads, not asyncio (DESIGN.md section 7): the stages are blocking torch calls that release the GIL
+(graph replays, GEMMs), so threads overlap them for real with no executor hop; the async API is a thin
+bridge over the caller-facing channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from flashrt.chain.channel import Channel, Closed, Finished
+from flashrt.errors import ConfigError, FlashRTError
+from flashrt.profile.stats import LatencyStats
+
+__all__ = ["Chain", "Stage", "Request", "StageError", "ChainFull"]
+
+KEEP_SAMPLES = 4096  # per-stage timing samples kept (a ring: memory stays bounded over a long run)
+_STOP = object()
+
+
+class StageError(FlashRTError):
+    """A stage raised while serving a request. ``stage`` names it; ``original`` is the exception."""
+
+    def __init__(self, stage: str, request_id: str, original: BaseException) -> None:
+        self.stage, self.request_id, self.original = stage, request_id, original
+        super().__init__(f"stage {stage!r} failed on request {request_id!r}: "
+                         f"{type(original).__name__}: {original}")
+
+
+class ChainFull(FlashRTError):
+    """`submit` refused: the chain already holds ``max_pending`` requests."""
+
+
+class _Cancelled(BaseException):
+    """Raised inside a stage's input iterator when its request ends early (not an Exception on purpose,
+    so a stage's own ``except Exception`` cannot swallow a cancel)."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a chain: ``fn(items, request) -> iterable of items`` (module docstring)."""
+
+    name: str
+    fn: Callable[[Iterator[Any], Request], Iterable[Any]]
+
+    @classmethod
+    def map(cls, name: str, fn: Callable[[Any], Any]) -> Stage:
+        """A stage applying ``fn`` to each item."""
+        return cls(name, lambda items, request: (fn(item) for item in items))
+
+
+class _StageStats:
+    """Per-stage samples (ms): service per item (time inside the stage, input waits excluded), time
+    blocked on a full output channel per request; the deepest channel seen."""
+
+    def __init__(self) -> None:
+        self.service: deque[float] = deque(maxlen=KEEP_SAMPLES)
+        self.blocked: deque[float] = deque(maxlen=KEEP_SAMPLES)
+        self.items = 0
+        self.max_depth = 0
+        self.failures = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {"service_ms": LatencyStats.from_samples(self.service, failures=self.failures).to_dict(),
+                "blocked_ms": LatencyStats.from_samples(self.blocked).to_dict(),
+                "items": self.items, "max_queue_depth": self.max_depth}
+
+
+class Request:
+    """A submitted request: iterate it for its items (sync or async), `cancel()` it, read its state.
+
+    state: "queued" -> "running" -> "done" | "failed" | "cancelled". ``first_item_ms`` and ``total_ms``
+    are measured from `submit` to the first item / the end handed to the caller."""
+
+    def __init__(self, chain: Chain, payload: Any, priority: int, request_id: str, bound: int) -> None:
+        self.chain, self.payload, self.priority, self.id = chain, payload, priority, request_id
+        self.channels = [Channel(bound) for _ in chain.stages]  # channels[k] = output of stage k
+        self.state = "queued"
+        self.error: StageError | None = None
+        self.submitted = time.perf_counter()
+        self.first_item_ms: float | None = None
+        self.total_ms: float | None = None
+        self._lock = threading.Lock()
+        self.ended = threading.Event()
+
+    # ------------------------------------------------------------------------------ control
+    def cancel(self) -> None:
+        """Stop every stage of this request within one item and free its channels."""
+        self._end("cancelled")
+
+    def _end(self, state: str, error: StageError | None = None) -> bool:
+        with self._lock:
+            if self.state in ("done", "failed", "cancelled"):
+                return False
+            self.state, self.error = state, error
+        if state != "done":
+            for ch in self.channels:
+                ch.close()
+        self.total_ms = (time.perf_counter() - self.submitted) * 1e3
+        self.ended.set()
+        self.chain._retire(self)
+        return True
+
+    @property
+    def cancelled(self) -> bool:
+        return self.state == "cancelled"
+
+    # ------------------------------------------------------------------------------ iteration
+    def _next(self) -> Any:
+        """The next item for the caller, or _STOP at the end; raises the StageError of a failure."""
+        try:
+            item = self.channels[-1].get()
+        except Finished:
+            self._end("done")
+            return _STOP
+        except Closed:
+            if self.error is not None:
+                raise self.error from self.error.original
+            return _STOP
+        if self.first_item_ms is None:
+            self.first_item_ms = (time.perf_counter() - self.submitted) * 1e3
+            self.chain._first_items.append(self.first_item_ms)
+        return item
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            while (item := self._next()) is not _STOP:
+                yield item
+        finally:
+            self.cancel()  # a no-op when done; frees the stages when the caller stops early
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        try:
+            while (item := await asyncio.to_thread(self._next)) is not _STOP:
+                yield item
+        finally:
+            self.cancel()
+
+    def result(self) -> list[Any]:
+        """Every item, in order (blocks until the end)."""
+        return list(self)
+
+
+class Chain:
+    """Stages joined by bounded channels (module docstring). Workers start on the first `submit`."""
+
+    def __init__(self, stages: Iterable[Stage], queue_size: int = 4, max_pending: int = 64) -> None:
+        self.stages = tuple(stages)
+        names = [s.name for s in self.stages]
+        if not self.stages or len(set(names)) != len(names):
+            raise ConfigError(f"a chain needs at least one stage and unique stage names, got {names}")
+        if queue_size <= 0 or max_pending <= 0:
+            raise ConfigError(f"queue_size ({queue_size}) and max_pending ({max_pending}) must be positive")
+        self.queue_size, self.max_pending = int(queue_size), int(max_pending)
+        self._jobs: list[queue.Queue] = [queue.PriorityQueue()] + [queue.Queue() for _ in self.stages[1:]]
+        self._stats = {s.name: _StageStats() for s in self.stages}
+        self._first_items: deque[float] = deque(maxlen=KEEP_SAMPLES)
+        self._totals: deque[float] = deque(maxlen=KEEP_SAMPLES)
+        self._outcomes = {"done": 0, "failed": 0, "cancelled": 0}
+        self._pending: set[Request] = set()
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    # ------------------------------------------------------------------------------ requests
+    def submit(self, payload: Any, priority: int = 0, request_id: str | None = None) -> Request:
+        """Queue a request (served by priority, then in order); ChainFull when max_pending are held."""
+        seq = next(self._seq)
+        request = Request(self, payload, int(priority), request_id or f"req-{seq}", self.queue_size)
+        with self._lock:
+            if self._closed:
+                raise ConfigError("the chain is closed")
+            if len(self._pending) >= self.max_pending:
+                raise ChainFull(f"{len(self._pending)} requests already queued or running "
+                                f"(max_pending={self.max_pending}); retry later")
+            self._pending.add(request)
+            self._start_workers()
+        self._jobs[0].put((request.priority, seq, request))
+        return request
+
+    def stream(self, payload: Any, priority: int = 0) -> Iterator[Any]:
+        """Submit and iterate: ``for item in chain.stream(x)``; stopping early cancels the request."""
+        return iter(self.submit(payload, priority))
+
+    def astream(self, payload: Any, priority: int = 0) -> AsyncIterator[Any]:
+        """Submit and iterate asynchronously: ``async for item in chain.astream(x)``."""
+        return self.submit(payload, priority).__aiter__()
+
+    def _retire(self, request: Request) -> None:
+        with self._lock:
+            self._pending.discard(request)
+            self._outcomes[request.state] += 1
+            if request.total_ms is not None and request.state == "done":
+                self._totals.append(request.total_ms)
+
+    # ------------------------------------------------------------------------------ workers
+    def _start_workers(self) -> None:
+        if self._threads:
+            return
+        for k, stage in enumerate(self.stages):
+            t = threading.Thread(target=self._work, args=(k,), name=f"flashrt-chain-{stage.name}",
+                                 daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _work(self, k: int) -> None:
+        while True:
+            job = self._jobs[k].get()
+            request = job[2] if k == 0 else job
+            if request is None:
+                if k + 1 < len(self.stages):
+                    self._jobs[k + 1].put(None)
+                return
+            if k + 1 < len(self.stages):
+                self._jobs[k + 1].put(request)  # the next stage consumes while this one produces
+            if request.ended.is_set():
+                continue
+            if k == 0:
+                with request._lock:
+                    request.state = "running" if request.state == "queued" else request.state
+            self._serve(k, request)
+
+    def _serve(self, k: int, request: Request) -> None:
+        stage, stats = self.stages[k], self._stats[self.stages[k].name]
+        out = request.channels[k]
+        source = _Input(request, k)
+        produced = iter(())
+        try:
+            produced = iter(stage.fn(source, request))
+            for item in _timed(produced, source, stats):
+                out.put(item)
+                stats.max_depth = max(stats.max_depth, out.max_depth)
+            out.finish()
+        except (Closed, _Cancelled):
+            pass
+        except Exception as exc:  # noqa: BLE001 - any stage failure ends only its own request
+            stats.failures += 1
+            request._end("failed", StageError(stage.name, request.id, exc))
+        finally:
+            stats.blocked.append(out.put_wait_s * 1e3)
+            close = getattr(produced, "close", None)
+            if close is not None:
+                close()
+
+    def close(self) -> None:
+        """Cancel what is pending and stop the workers (idempotent)."""
+        with self._lock:
+            self._closed = True
+            pending = list(self._pending)
+        for request in pending:
+            request.cancel()
+        if self._threads:
+            self._jobs[0].put((float("-inf"), -1, None))
+            for t in self._threads:
+                t.join(timeout=5)
+
+    def __enter__(self) -> Chain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------ stats
+    def stats(self) -> dict[str, Any]:
+        """Per stage: service ms per item, ms blocked by backpressure per request, items, deepest queue;
+        time to first item and total per request (from submit); outcomes; requests now held."""
+        return {"stages": {name: s.summary() for name, s in self._stats.items()},
+                "first_item_ms": LatencyStats.from_samples(self._first_items).to_dict(),
+                "total_ms": LatencyStats.from_samples(self._totals).to_dict(),
+                "outcomes": dict(self._outcomes), "pending": len(self._pending),
+                "queue_bound": self.queue_size}
+
+
+class _Input:
+    """The items stage k reads: the payload (k = 0) or the previous stage's channel."""
+
+    def __init__(self, request: Request, k: int) -> None:
+        self.request, self.k = request, k
+        self.wait_s = 0.0
+        self._given = False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        if self.request.ended.is_set() and self.request.state != "done":
+            raise _Cancelled
+        if self.k == 0:
+            if self._given:
+                raise StopIteration
+            self._given = True
+            return self.request.payload
+        channel = self.request.channels[self.k - 1]
+        start = time.perf_counter()
+        try:
+            return channel.get()
+        except Finished:
+            raise StopIteration from None
+        except Closed:
+            raise _Cancelled from None
+        finally:
+            self.wait_s += time.perf_counter() - start
+
+
+def _timed(produced: Iterator[Any], source: _Input, stats: _StageStats) -> Iterator[Any]:
+    """Yield the stage's items, recording each one's service time (its input waits excluded)."""
+    while True:
+        start, waited = time.perf_counter(), source.wait_s
+        try:
+            item = next(produced)
+        except StopIteration:
+            return
+        stats.service.append(((time.perf_counter() - start) - (source.wait_s - waited)) * 1e3)
+        stats.items += 1
+        yield item

@@ -1,0 +1,138 @@
+"""The local chain: streaming, backpressure, cancel, errors naming the stage, concurrency, priority."""
+
+import asyncio
+import threading
+
+import pytest
+
+from flashrt.chain import Chain, ChainFull, Stage, StageError
+
+WAIT = 10.0  # seconds; only a guard against a hung test, never a timing assertion
+
+
+def _count(n_items, log=None):
+    def source(items, request):
+        (n,) = list(items)
+        try:
+            for i in range(n):
+                if log is not None:
+                    log.append(i)
+                yield i
+        finally:
+            if log is not None:
+                log.append("closed")
+    return Stage("count", source)
+
+
+def _three(log=None, middle=lambda x: x * 10):
+    return Chain([_count(None, log), Stage.map("scale", middle), Stage.map("label", lambda x: f"#{x}")],
+                 queue_size=2)
+
+
+def test_items_stream_through_every_stage_in_order():
+    with _three() as chain:
+        assert list(chain.stream(5)) == ["#0", "#10", "#20", "#30", "#40"]
+        stats = chain.stats()
+    assert stats["outcomes"]["done"] == 1 and stats["stages"]["scale"]["items"] == 5
+    assert stats["first_item_ms"]["count"] == 1 and stats["stages"]["count"]["service_ms"]["count"] == 5
+
+
+def test_a_slow_consumer_keeps_every_queue_within_its_bound():
+    produced = []
+    with _three(produced) as chain:
+        request = chain.submit(200)
+        seen = 0
+        for _ in request:
+            seen += 1
+            # everything produced but not consumed sits in 3 channels of 2 items, plus one item per stage
+            assert len(produced) - seen <= 3 * 2 + 3
+            assert all(ch.depth <= 2 for ch in request.channels)
+        assert seen == 200
+        assert max(s["max_queue_depth"] for s in chain.stats()["stages"].values()) <= 2
+
+
+def test_cancel_mid_stream_stops_every_stage_and_the_next_request_runs():
+    log = []
+    with _three(log) as chain:
+        request = chain.submit(10_000)
+        it = iter(request)
+        assert [next(it) for _ in range(3)] == ["#0", "#10", "#20"]
+        request.cancel()
+        assert request.ended.wait(WAIT) and request.state == "cancelled"
+        assert list(it) == []
+        for _ in range(100):  # the producer's generator is closed (its finally ran) within one item
+            if "closed" in log:
+                break
+            threading.Event().wait(0.05)
+        assert "closed" in log and len(log) < 20
+        assert list(chain.stream(3)) == ["#0", "#10", "#20"]
+
+
+def test_breaking_out_of_the_loop_cancels_the_request():
+    with _three() as chain:
+        request = chain.submit(10_000)
+        for item in request:
+            if item == "#20":
+                break
+        assert request.state == "cancelled"
+        assert chain.stats()["pending"] == 0
+
+
+def test_an_error_in_the_middle_stage_names_it_and_the_next_request_is_fine():
+    def middle(x):
+        if x == 3:
+            raise ZeroDivisionError("boom at 3")
+        return x * 10
+
+    with _three(middle=middle) as chain:
+        request = chain.submit(6)
+        with pytest.raises(StageError, match="'scale'") as err:
+            list(request)
+        assert err.value.stage == "scale" and isinstance(err.value.original, ZeroDivisionError)
+        assert isinstance(err.value.__cause__, ZeroDivisionError) and request.state == "failed"
+        assert list(chain.stream(3)) == ["#0", "#10", "#20"]
+        assert chain.stats()["outcomes"] == {"done": 1, "failed": 1, "cancelled": 0}
+
+
+def test_eight_concurrent_requests_all_complete_correctly():
+    results = {}
+    with _three() as chain:
+        def client(n):
+            results[n] = list(chain.stream(n))
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(3, 11)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+    assert results == {n: [f"#{10 * i}" for i in range(n)] for n in range(3, 11)}
+
+
+def test_priority_serves_urgent_requests_first_and_capacity_is_bounded():
+    gate, started, order = threading.Event(), threading.Event(), []
+
+    def first(items, request):
+        (n,) = list(items)
+        if n == "block":
+            started.set()
+            gate.wait(WAIT)
+        order.append(n)
+        yield n
+
+    with Chain([Stage("first", first)], max_pending=3) as chain:
+        blocker = chain.submit("block")
+        assert started.wait(WAIT)
+        late, urgent = chain.submit("late", priority=5), chain.submit("urgent", priority=-5)
+        with pytest.raises(ChainFull):
+            chain.submit("one too many")
+        gate.set()
+        for request in (blocker, late, urgent):
+            request.result()
+    assert order == ["block", "urgent", "late"]
+
+
+def test_async_iteration():
+    async def collect(chain):
+        return [item async for item in chain.astream(4)]
+
+    with _three() as chain:
+        assert asyncio.run(collect(chain)) == ["#0", "#10", "#20", "#30"]
