@@ -20,7 +20,7 @@ sides; ``--plot DIR`` writes one latency PNG per case. bf16 variants of flashrt 
 uses AMX where the CPU has it) are timed and reported apart (``bf16_*``: max |delta| and SNR against the
 fp32 reference): a different precision, not part of the fp32 ratio. Families register their cases in
 ``CASES`` (vocoder-B adds vocos/snac entries with `register_case`). `randomize_` and `save_vocos` are
-also used by the `flashrt bench` adapters (flashrt/frontends/vocoders/bench.py) to write package checkpoints.
+defined in flashrt/frontends/vocoders/synthetic.py (with one checkpoint writer per family).
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ from typing import Any
 
 import torch
 
-from flashrt.frontends.vocoders import load_vocoder
+from flashrt.frontends.vocoders.synthetic import randomize_, save_vocos
 from flashrt.profile.report import json_line, kv_table, print_tables
+from flashrt.runner.vocoder import load_vocoder
 
 
 @dataclass
@@ -63,20 +64,6 @@ def register_case(name: str):
         CASES[name] = make
         return make
     return wrap
-
-
-def randomize_(module: torch.nn.Module, seed: int, gain: float = 1.0) -> None:
-    """Weights ~ gain / sqrt(fan_in) (outputs in a normal range), biases ~ 0.05, snake params ~ 0.2 N(0,1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if name.endswith(("alpha", "beta")):
-                p.copy_(0.2 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.05 * noise)
-            else:
-                p.copy_(gain * noise / (p[0].numel() ** 0.5))
 
 
 def _mel(channels: int, frames: int, seed: int = 0) -> torch.Tensor:
@@ -139,15 +126,6 @@ def bigvgan_base(args: argparse.Namespace, workdir: Path) -> Case:
 
 # ---------------------------------------------------------------------------------- vocoder-B entries
 # Vocos (mel 24 kHz and EnCodec 24 kHz sizes) vs the `vocos` package, SNAC 24 kHz vs the `snac` package.
-
-
-def save_vocos(ref: torch.nn.Module, config: dict, folder: Path) -> None:
-    import yaml
-
-    folder.mkdir()
-    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    sd = {k: v for k, v in ref.state_dict().items() if not k.startswith("feature_extractor.encodec.")}
-    torch.save(sd, folder / "pytorch_model.bin")   # as the Vocos releases ship it
 
 
 def _vocos_mel_config() -> dict:
@@ -304,7 +282,7 @@ def _stream(case: Case, args: argparse.Namespace) -> dict[str, Any]:
 
 def _exact_twin(voc: Any) -> Any:
     """The same module and buckets with ``exact_stream=True`` (its own buffers)."""
-    from flashrt.frontends.vocoders.base import Vocoder
+    from flashrt.runner.vocoder import Vocoder
 
     return Vocoder(voc.family, voc.config, voc.module, device=voc.device, backend=voc.backend_name,
                    buckets=voc.buckets, stream_chunk=voc.stream_chunk, batch=voc.batch, dtype=voc.dtype,

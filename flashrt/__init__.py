@@ -11,14 +11,17 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_policy": "flashrt.policy",
-    "load_vocoder": "flashrt.frontends.vocoders",
+    "load_policy": "flashrt.runner.policy",
+    "Policy": "flashrt.runner.policy",
+    "load_vocoder": "flashrt.runner.vocoder",
+    "load_tts": "flashrt.tts",
     "InputError": "flashrt.errors",
     "CheckpointError": "flashrt.errors",
     "CaptureError": "flashrt.errors",
     "CalibrationError": "flashrt.errors",
     "DeviceError": "flashrt.errors",
     "ConfigError": "flashrt.errors",
+    "NumericalError": "flashrt.errors",
 }
 
 __all__ = ["__version__", *_LAZY]

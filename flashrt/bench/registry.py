@@ -49,7 +49,7 @@ STAGES = ("validate", "h2d", "replay", "d2h", "postprocess")
 """Canonical stage names: validate/preprocess, host->device, replay, device->host, postprocess."""
 
 _DISCOVER_PACKAGES = ("flashrt.frontends",)
-_BUILTIN_MODULES = ("flashrt.bench.runtime_block",)
+_BUILTIN_MODULES = ("flashrt.bench.runtime_block", "flashrt.bench.adapters.vocoders")
 
 
 class ReferenceUnavailable(FlashRTError):

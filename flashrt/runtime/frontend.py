@@ -23,6 +23,13 @@ sizes, the checkpoint's replan period, and how randomness enters (a `noise` arra
 a `seed` drawn in `write`). Family-specific extras (prefix K/V, embodiment tables, tokenizers,
 normalizers, observation spellings) stay inside the family's folder.
 
+`StreamFrontend` is the same contract for a family that decodes a signal frame by frame (vocoders,
+codec decoders): the inputs are time series whose steps come `rates[i]` to a frame, an output frame
+depends on `context` = (left, right) frames around it, and each replay decodes one `Window` of frames
+(the whole signal, or a piece of a stream with its context). The stream runner
+(`flashrt.runner.stream`) holds partial frames, cuts windows and stitches their audio; it never
+looks inside the model.
+
 A family registers a `PolicyFamily` (detect -> load) in `flashrt.frontends.registry`; `detect`
 raises `CheckpointError` with its reason when a folder is not its own, so `load_policy` can list,
 for an unknown folder, every family tried and why each declined.
@@ -40,7 +47,7 @@ import torch
 
 from flashrt.runtime.buffers import Buffers
 
-__all__ = ["Frontend", "PolicyFrontend", "PolicyFamily"]
+__all__ = ["Frontend", "PolicyFrontend", "PolicyFamily", "StreamFrontend", "Window"]
 
 
 @runtime_checkable
@@ -118,3 +125,62 @@ class PolicyFamily:
     load: Callable[..., PolicyFrontend]
     options: tuple[str, ...] = ()
     doc: str = ""
+
+
+@dataclass(frozen=True)
+class Window:
+    """One replay of a `StreamFrontend`: `frames` frames of every input (checked tensors, time last),
+    whose first frame is frame `offset` of the whole signal; `read` returns its output samples
+    [lo, hi) (None: all of them)."""
+
+    inputs: tuple[torch.Tensor, ...]
+    frames: int
+    offset: int = 0
+    lo: int = 0
+    hi: int | None = None
+
+
+@runtime_checkable
+class StreamFrontend(Protocol):
+    """A frame-by-frame decoder (vocoder, codec decoder): the verbs of `Frontend` over `Window`s.
+
+    rates          steps per frame of each input, in input order (e.g. 1 for mel frames; 1, 2, 4 for
+                   codes at three temporal resolutions)
+    context        (left, right) frames one output frame depends on, whole frames
+    hop            output samples per frame; `samples(frames)` the samples of a whole signal of
+                   `frames` frames (at the real end a family may trim)
+    max_frames     the most frames one replay decodes
+    batch          the largest batch
+
+    check(inputs, partial) -> (frames, tensors)  every check, nothing written; `partial=True` (a
+                             stream chunk) accepts steps that are not whole frames, frames is then
+                             the whole frames every input covers
+    bucket(frames)       -> the shape a window of `frames` frames replays at (>= frames)
+    write(bucket, window)   the window's inputs into the static buffers
+    replay(bucket)          the captured decode
+    read(window)         -> its samples [lo, hi) copied to the host
+    """
+
+    device: torch.device
+    rates: tuple[int, ...]
+    context: tuple[int, int]
+    hop: int
+    sample_rate: int
+    max_frames: int
+    batch: int
+
+    def samples(self, frames: int) -> int: ...
+
+    def check(self, inputs: Any, partial: bool = False) -> tuple[int, list[torch.Tensor]]: ...
+
+    def bucket(self, frames: int) -> int: ...
+
+    def write(self, bucket: int, window: Window) -> None: ...
+
+    def replay(self, bucket: int) -> None: ...
+
+    def read(self, window: Window) -> torch.Tensor: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def report(self) -> dict[str, Any]: ...

@@ -43,11 +43,9 @@ Shape letters: T frames per call, C mel bins, N samples = T * hop - trim.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import math
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -60,58 +58,21 @@ import torch
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
-from flashrt.frontends.vocoders import PRECISIONS, checkpoint_config, get_family, load_vocoder
-from flashrt.frontends.vocoders.base import Vocoder
-from flashrt.io import build_on_meta, expected_slots, meta_tensors, reset_derived
+from flashrt.frontends.vocoders import checkpoint_config, get_family
+from flashrt.frontends.vocoders.frontend import VocoderFrontend
+from flashrt.frontends.vocoders.synthetic import WRITERS, random_module
 from flashrt.profile.timers import StageTimer
+from flashrt.quant.precision import compute_dtype
+from flashrt.runner.vocoder import Vocoder, load_vocoder
 
 TARGET_SAMPLES = {"tiny": 2048, "small": 51_200, "full": 51_200, "expert": 51_200}
 _MODEL_KEYS = ("seed",)
-_CHECKOUT = Path(__file__).resolve().parents[3]
-_VOCODERS_SCRIPT = _CHECKOUT / "bench" / "vocoders.py"
 
 
 # ------------------------------------------------------------------------------------------ packages
-def _bench_helpers() -> Any:
-    """bench/vocoders.py (its `randomize_` and `save_vocos`), loaded by path from the checkout."""
-    if not _VOCODERS_SCRIPT.is_file():
-        raise ImportError(f"{_VOCODERS_SCRIPT} is missing (the package references need a flashrt checkout)")
-    name = "_flashrt_bench_vocoders"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _VOCODERS_SCRIPT)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while it executes
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-    return sys.modules[name]
-
-
 def _quiet(fn: Callable[[], Any]) -> Any:
     with contextlib.redirect_stdout(io.StringIO()):
         return fn()
-
-
-def _lists(values: Any) -> Any:
-    return [_lists(v) for v in values] if isinstance(values, tuple | list) else values
-
-
-def _write_speecht5(cfg: Any, folder: Path, seed: int) -> None:
-    from transformers import SpeechT5HifiGan, SpeechT5HifiGanConfig
-
-    if cfg.resblock != "1" or not cfg.conv_post_bias or cfg.normalize_before:
-        raise ReferenceUnavailable("transformers SpeechT5HifiGan has ResBlock1, a biased conv_post and no "
-                                   "input normalization in this benchmark; this preset differs")
-    ref = SpeechT5HifiGan(SpeechT5HifiGanConfig(
-        model_in_dim=cfg.in_channels, upsample_initial_channel=cfg.upsample_initial_channel,
-        upsample_rates=_lists(cfg.upsample_rates), upsample_kernel_sizes=_lists(cfg.upsample_kernel_sizes),
-        resblock_kernel_sizes=_lists(cfg.resblock_kernel_sizes),
-        resblock_dilation_sizes=_lists(cfg.resblock_dilation_sizes), leaky_relu_slope=cfg.leaky_relu_slope,
-        sampling_rate=cfg.sample_rate, normalize_before=False)).eval()
-    _bench_helpers().randomize_(ref, seed)
-    ref.save_pretrained(folder)
 
 
 def _load_speecht5(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
@@ -119,22 +80,6 @@ def _load_speecht5(folder: Path, cfg: Any, device: str) -> Callable[..., torch.T
 
     ref = SpeechT5HifiGan.from_pretrained(str(folder)).to(device).eval()
     return lambda mel: ref(mel.transpose(1, 2))
-
-
-_BIGVGAN_KEYS = ("num_mels", "upsample_initial_channel", "upsample_rates", "upsample_kernel_sizes",
-                 "resblock", "resblock_kernel_sizes", "resblock_dilation_sizes", "activation",
-                 "snake_logscale", "use_tanh_at_final", "use_bias_at_final")
-
-
-def _write_bigvgan(cfg: Any, folder: Path, seed: int) -> None:
-    from bigvgan.bigvgan import BigVGAN
-    from bigvgan.env import AttrDict
-
-    h = {k: _lists(getattr(cfg, k)) for k in _BIGVGAN_KEYS} | {"sampling_rate": cfg.sample_rate}
-    ref = BigVGAN(AttrDict(h), use_cuda_kernel=False).eval()
-    _bench_helpers().randomize_(ref, seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    ref._save_pretrained(folder)  # {"generator": state dict with weight_g / weight_v} + config.json
 
 
 def _load_bigvgan(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
@@ -149,36 +94,6 @@ def _load_bigvgan(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Te
     return lambda mel: ref(mel)
 
 
-def _vocos_yaml(cfg: Any) -> dict[str, Any]:
-    if cfg.variant != "mel":
-        raise ReferenceUnavailable("the vocos reference here builds mel Vocos only (EnCodec features would "
-                                   "need the EnCodec weights)")
-    return {"feature_extractor": {"class_path": "vocos.feature_extractors.MelSpectrogramFeatures",
-                                  "init_args": {"sample_rate": cfg.sample_rate, "n_fft": cfg.n_fft,
-                                                "hop_length": cfg.hop_length, "n_mels": cfg.input_channels,
-                                                "padding": cfg.padding}},
-            "backbone": {"class_path": "vocos.models.VocosBackbone",
-                         "init_args": {"input_channels": cfg.input_channels, "dim": cfg.dim,
-                                       "intermediate_dim": cfg.intermediate_dim,
-                                       "num_layers": cfg.num_layers}},
-            "head": {"class_path": "vocos.heads.ISTFTHead",
-                     "init_args": {"dim": cfg.dim, "n_fft": cfg.n_fft, "hop_length": cfg.hop_length,
-                                   "padding": cfg.padding}}}
-
-
-def _write_vocos(cfg: Any, folder: Path, seed: int) -> None:
-    import yaml
-    from vocos import Vocos
-
-    config = _vocos_yaml(cfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "c.yaml").write_text(yaml.safe_dump(config))
-        ref = Vocos.from_hparams(str(Path(tmp) / "c.yaml")).eval()
-    helpers = _bench_helpers()
-    helpers.randomize_(ref, seed)
-    helpers.save_vocos(ref, config, folder)  # config.yaml + pytorch_model.bin, as the releases ship
-
-
 def _load_vocos(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
     from vocos import Vocos
 
@@ -187,23 +102,6 @@ def _load_vocos(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tens
                         strict=False)
     ref = ref.to(device).eval()
     return lambda mel: ref.decode(mel)
-
-
-_SNAC_KEYS = ("sampling_rate", "encoder_dim", "encoder_rates", "latent_dim", "decoder_dim", "decoder_rates",
-              "attn_window_size", "codebook_size", "codebook_dim", "vq_strides", "noise", "depthwise")
-
-
-def _write_snac(cfg: Any, folder: Path, seed: int) -> None:
-    from snac import SNAC
-
-    if cfg.noise:
-        raise ReferenceUnavailable("SNAC's noise blocks draw random numbers; the benchmark runs noise off")
-    config = {k: _lists(getattr(cfg, k)) for k in _SNAC_KEYS}
-    torch.manual_seed(seed)
-    ref = SNAC(**config).eval()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config))
-    torch.save(ref.state_dict(), folder / "pytorch_model.bin")
 
 
 def _load_snac(folder: Path, cfg: Any, device: str) -> Callable[..., torch.Tensor]:
@@ -235,11 +133,12 @@ def _presets(tiny: str, realistic: str, largest: str | None = None) -> dict[str,
 
 
 SPECS: dict[str, FamilySpec] = {
-    "hifigan": FamilySpec("hifigan", _presets("tiny", "v1"), "transformers", _write_speecht5, _load_speecht5),
+    "hifigan": FamilySpec("hifigan", _presets("tiny", "v1"), "transformers", WRITERS["hifigan"],
+                          _load_speecht5),
     "bigvgan": FamilySpec("bigvgan", _presets("tiny", "base-24k-100band", "v2-24k-100band-256x"), "bigvgan",
-                          _write_bigvgan, _load_bigvgan),
-    "vocos": FamilySpec("vocos", _presets("tiny", "mel-24khz"), "vocos", _write_vocos, _load_vocos),
-    "snac": FamilySpec("snac", _presets("tiny", "24khz"), "snac", _write_snac, _load_snac,
+                          WRITERS["bigvgan"], _load_bigvgan),
+    "vocos": FamilySpec("vocos", _presets("tiny", "mel-24khz"), "vocos", WRITERS["vocos"], _load_vocos),
+    "snac": FamilySpec("snac", _presets("tiny", "24khz"), "snac", WRITERS["snac"], _load_snac,
                        overrides={"noise": False}),
 }
 
@@ -256,33 +155,6 @@ def bench_config(spec: FamilySpec, profile: Profile) -> Any:
 
 
 # ------------------------------------------------------------------------------------------ building
-def random_module(family: Any, cfg: Any, seed: int, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    """flashrt's module for `cfg` with seeded random weights in its own layout (built on meta, filled,
-    derived buffers computed): weights N(0, 1/fan_in), vectors 0.05 N(0, 1), snake alpha/beta 0.2 N(0, 1)."""
-    module = build_on_meta(lambda: family.build(cfg))
-    g = torch.Generator().manual_seed(seed)
-    slots = expected_slots(module, dtype)
-    tensors = {name: _random_like(name, slot, g).to(device) for name, slot in slots.items()}
-    module.load_state_dict(tensors, strict=True, assign=True)
-    reset_derived(module, device)
-    if meta_tensors(module):
-        raise ConfigError(f"{family.name}: tensors left on meta: {meta_tensors(module)[:5]}")
-    return module.eval().requires_grad_(False)
-
-
-def _random_like(name: str, slot: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    if not slot.dtype.is_floating_point:
-        return torch.zeros(slot.shape, dtype=slot.dtype)
-    noise = torch.randn(slot.shape, generator=g)
-    if name.endswith(("alpha", "beta")):
-        noise = 0.2 * noise
-    elif slot.dim() <= 1:
-        noise = 0.05 * noise
-    else:
-        noise = noise / math.sqrt(max(slot[0].numel(), 1))
-    return noise.to(slot.dtype)
-
-
 def count_flops(module: torch.nn.Module, inputs: list[torch.Tensor]) -> float:
     """Matmul and convolution FLOPs (2 per multiply-add) of one `module(*inputs)` call, counted by
     FlopCounterMode, which is taught the oneDNN fused kernels the CPU path runs (`MKLDNN_FLOPS`)."""
@@ -335,17 +207,19 @@ class VocoderRunner:
         return staged_decode(self.voc, inputs, timer)
 
 
-class CompiledVocoder(Vocoder):
-    """A `Vocoder` whose per-bucket decode runs under torch.compile (each variant compiled on first use)."""
+class CompiledFrontend(VocoderFrontend):
+    """A `VocoderFrontend` whose per-bucket decode runs under torch.compile (each variant compiled on first
+    use); bucketed, so each bucket compiles once (at the exact length every new length would recompile)."""
 
     def _bucket_fn(self, frames: int, exact: bool) -> Callable[[], None]:
         return torch.compile(super()._bucket_fn(frames, exact), dynamic=False)
 
 
-def sibling(voc: Vocoder, backend: str, cls: type = Vocoder) -> Vocoder:
+def sibling(voc: Vocoder, backend: str, frontend: type = VocoderFrontend, **options: Any) -> Vocoder:
     """A second captured vocoder over the SAME module (weights): own buffers and graphs on `backend`."""
-    return cls(voc.family, voc.config, voc.module, device=voc.device, backend=backend, buckets=voc.buckets,
-               stream_chunk=voc.stream_chunk, batch=voc.batch, dtype=voc.dtype).capture()
+    return Vocoder(voc.family, voc.config, voc.module, device=voc.device, backend=backend,
+                   buckets=voc.buckets, stream_chunk=voc.stream_chunk, batch=voc.batch, dtype=voc.dtype,
+                   frontend=frontend, **options).capture()
 
 
 class PackageRunner:
@@ -367,9 +241,7 @@ class PackageRunner:
 
 # ------------------------------------------------------------------------------------------ the adapter
 def _dtype(profile: Profile) -> str:
-    if profile.precision not in PRECISIONS:
-        raise ConfigError(f"{profile.path or profile.name}: the vocoder benchmarks run {sorted(PRECISIONS)}, "
-                          f"not {profile.precision!r}")
+    compute_dtype(profile.precision)       # ConfigError naming the supported precisions
     return profile.precision
 
 
@@ -405,14 +277,14 @@ class VocoderBenchmark:
         folder = Path(self._tmp.name) / self.spec.family
         try:
             _quiet(lambda: self.spec.write(cfg, folder, self.seed))
-        except (ImportError, ReferenceUnavailable) as exc:
+        except (ImportError, ConfigError) as exc:
             self.package_error = f"{type(exc).__name__}: {exc}"
             return None
         self.cold_start_ms["write_checkpoint"] = _ms_since(start)
         return folder
 
     def _load(self) -> Vocoder:
-        start, dtype = time.perf_counter(), PRECISIONS[self.precision]
+        start, dtype = time.perf_counter(), compute_dtype(self.precision)
         family = get_family(self.spec.family)
         if self.folder is None:
             cfg = bench_config(self.spec, self.profile)
@@ -457,7 +329,7 @@ class VocoderBenchmark:
         from flashrt.runtime.graphs import backend_names
 
         if name == "compile":
-            return VocoderRunner("compile", sibling(self.voc, "eager", CompiledVocoder))
+            return VocoderRunner("compile", sibling(self.voc, "eager", CompiledFrontend, exact_length=False))
         if name == self.spec.package:
             return self._package_reference()
         backend = name.removesuffix("-backend")

@@ -1,15 +1,7 @@
-"""Vocoder frontends: a registry of families and `load_vocoder`.
+"""Vocoder families: their registry, model cards, checkpoint detection, and the module loader.
 
-    import flashrt
-    voc = flashrt.load_vocoder("path/to/checkpoint_dir")                 # family detected from config/keys
-    voc = flashrt.load_vocoder("hifigan-v1", checkpoint="generator.pt")  # a model card (models/*.toml)
-    audio = voc(mel)                                                     # (B, N) float32, on the host
-    for piece in voc.stream(mel_chunks): ...                             # equals the one-shot output
-    voc.report()                                                         # compute_ms, rtf, ttfa_ms
-
-``load_vocoder(path_or_card, device="cpu", precision="fp32", backend=None, buckets=None, *, family=None,
-config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False, capture=True,
-exact_stream=False, conv=None)``:
+The user-facing loader is `flashrt.load_vocoder` (runner/vocoder.py: this package's
+`load_vocoder_module` + a `VocoderFrontend` + the stream runner); here is what it resolves:
 
 * ``path_or_card``: a checkpoint folder or file as the releases ship them, its config read from the same
   folder: transformers ``save_pretrained`` (config.json + model.safetensors: SpeechT5HifiGan), jik876 /
@@ -27,15 +19,14 @@ exact_stream=False, conv=None)``:
   with random or uninitialised weights (the benchmarks make their random weights explicitly).
 * Weights: always mapped strictly through the family's WeightMap (missing/unexpected/mis-shaped keys in
   one CheckpointError), weight norm folded once, PyTorch files opened with ``weights_only=True``.
-* precision: "fp32" | "bf16" | "fp16" (module and activations; audio comes back float32).
-* backend: "eager" (CPU default), "trace", "cuda" (CUDA default); buckets: frame counts.
-* exact_stream: one-shot calls decode through the stream's windows, so ``stream()`` equals them bit
-  for bit (see `flashrt.frontends.vocoders.base`: summation order).
+* precision: the one vocabulary of `flashrt.quant.precision.compute_dtype` ("fp32" / "float32",
+  "bf16" / "bfloat16", "fp16" / "float16" / "half", or a torch dtype): module and activations; audio
+  comes back float32.
 * conv: how the convolutions run on the CPU, a `flashrt.nn.conv_policy` name; None takes the family's
   default (``VocoderFamily.conv``). ``"auto"`` (HiFi-GAN, Vocos, SNAC) runs the wide float32 convs as
   block-spectral GEMMs where that measured faster (`flashrt.nn.spectral_conv.MEASURED_RULES`: kernel
   >= 11 at >= 64 channels, >= 7 at >= 256, undilated >= 7 at >= 128; up to 3x per conv; the kernel
-  spectra cost memory, ``Vocoder.describe()`` says how much); ``"invariant"`` (BigVGAN) computes every
+  spectra cost memory, ``describe()`` says how much); ``"invariant"`` (BigVGAN) computes every
   sample in an order independent of the sequence's length and start, so ``stream()`` equals the
   one-shot call bit for bit; ``"direct"`` keeps oneDNN everywhere; ``"spectral"`` forces every
   eligible float32 conv spectral. No effect on a GPU.
@@ -55,7 +46,7 @@ Registering a family (how vocos.py / snac.py plug in; import-time, no other side
         detect=detect,                         # CheckpointSource(path, config, keys) -> bool
     ))
 
-and add the module path to `_FAMILY_MODULES` below so `load_vocoder` imports it on demand. The module's
+and add the module path to `_FAMILY_MODULES` below so the loader imports it on demand. The module's
 forward is ``forward(*inputs, valid=EXACT[, offset]) -> (B, N)``; see `flashrt.frontends.vocoders.base`
 for the full contract and `flashrt.nn.audio.ValidLength` for what ``valid`` must do.
 """
@@ -74,14 +65,16 @@ import torch
 import yaml
 
 from flashrt.errors import CheckpointError, ConfigError
-from flashrt.frontends.vocoders.base import CheckpointSource, Vocoder, VocoderFamily
+from flashrt.frontends.vocoders.base import CheckpointSource, VocoderFamily
+from flashrt.frontends.vocoders.frontend import VocoderFrontend
 from flashrt.io import Checkpoint, load_module, open_checkpoint
 from flashrt.nn.conv_policy import POLICIES as CONV_POLICIES
 from flashrt.nn.conv_policy import apply_conv_policy
+from flashrt.quant.precision import compute_dtype
 from flashrt.resources import list_data
 
-__all__ = ["load_vocoder", "register_vocoder", "get_family", "families", "read_card", "checkpoint_config",
-           "Vocoder", "VocoderFamily"]
+__all__ = ["load_vocoder_module", "load_vocoder_frontend", "LoadedVocoder", "register_vocoder", "get_family",
+           "families", "read_card", "checkpoint_config", "VocoderFamily", "VocoderFrontend"]
 
 _FAMILY_MODULES = {
     "hifigan": "flashrt.frontends.vocoders.hifigan",
@@ -91,7 +84,6 @@ _FAMILY_MODULES = {
 }
 _REGISTRY: dict[str, VocoderFamily] = {}
 CARD_KEYS = {"family", "preset", "description", "config", "source", "weights", "runtime", "reference"}
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def register_vocoder(family: VocoderFamily, replace: bool = False) -> VocoderFamily:
@@ -237,26 +229,30 @@ def _resolve_family(requested: str | None, source: CheckpointSource) -> VocoderF
 
 # -------------------------------------------------------------------------------------- loading
 
-def load_vocoder(
+@dataclasses.dataclass(frozen=True)
+class LoadedVocoder:
+    """A family's module with its weights mapped and assigned: what a frontend is built from.
+    ``runtime`` is the card's ``[runtime]`` table (buckets, stream_chunk), empty without a card."""
+
+    family: VocoderFamily
+    config: Any
+    module: torch.nn.Module
+    dtype: torch.dtype
+    runtime: Mapping[str, Any]
+
+
+def load_vocoder_module(
     path_or_card: Any,
     device: str | torch.device = "cpu",
-    precision: str = "fp32",
-    backend: str | None = None,
-    buckets: Sequence[int] | None = None,
+    precision: str | torch.dtype = "fp32",
     *,
     family: str | None = None,
     config: Any = None,
     checkpoint: Any = None,
-    stream_chunk: int | None = None,
-    batch: int = 1,
-    strict: bool = False,
-    capture: bool = True,
-    exact_stream: bool = False,
     conv: str | None = None,
-) -> Vocoder:
-    """Load, map strictly, and capture a vocoder (see the module docstring for every argument)."""
-    if precision not in PRECISIONS:
-        raise ConfigError(f"precision {precision!r}; choose one of {sorted(PRECISIONS)}")
+) -> LoadedVocoder:
+    """Resolve the family and config, map the weights strictly, apply the conv policy (module docstring)."""
+    dtype = compute_dtype(precision)
     if conv is not None and conv not in CONV_POLICIES:
         raise ConfigError(f"conv {conv!r}; choose one of {sorted(CONV_POLICIES)}")
     card: dict[str, Any] = {}
@@ -270,14 +266,30 @@ def load_vocoder(
     ckpt, ckpt_config, path = _open(path_or_card)
     fam = _resolve_family(family, CheckpointSource(path, ckpt_config, frozenset(ckpt.keys())))
     cfg = _pick_config(fam, config, card, ckpt_config)
-    dtype = PRECISIONS[precision]
     module = load_module(lambda: fam.build(cfg), ckpt, fam.weight_map(cfg, ckpt), device=device, dtype=dtype)
     apply_conv_policy(module, CONV_POLICIES[conv or fam.conv])
-    runtime = card.get("runtime", {})
-    voc = Vocoder(fam, cfg, module, device=device, backend=backend, dtype=dtype, batch=batch, strict=strict,
-                  buckets=buckets or runtime.get("buckets"),
-                  stream_chunk=stream_chunk or runtime.get("stream_chunk"), exact_stream=exact_stream)
-    return voc.capture() if capture else voc
+    return LoadedVocoder(fam, cfg, module, dtype, card.get("runtime", {}))
+
+
+def load_vocoder_frontend(
+    path_or_card: Any,
+    device: str | torch.device = "cpu",
+    precision: str | torch.dtype = "fp32",
+    backend: str | None = None,
+    buckets: Sequence[int] | None = None,
+    *,
+    batch: int = 1,
+    strict: bool = False,
+    capture: bool = True,
+    **options: Any,
+) -> VocoderFrontend:
+    """A `VocoderFrontend` (no runner): `load_vocoder_module` (``options``: family, config, checkpoint,
+    conv) with these buckets (None: the card's, else the family's), captured unless ``capture=False``."""
+    loaded = load_vocoder_module(path_or_card, device, precision, **options)
+    fe = VocoderFrontend(loaded.family, loaded.config, loaded.module, device=device, backend=backend,
+                         buckets=buckets or loaded.runtime.get("buckets"), batch=batch, strict=strict,
+                         dtype=loaded.dtype)
+    return fe.capture() if capture else fe
 
 
 def _pick_config(fam: VocoderFamily, config: Any, card: Mapping[str, Any], ckpt_config: Any) -> Any:

@@ -10,14 +10,15 @@ from dataclasses import replace
 import pytest
 import torch
 
+from flashrt.bench.adapters import vocoders as vb
 from flashrt.bench.harness import BenchOptions, run_benchmark
 from flashrt.bench.profiles import parse_profile
 from flashrt.bench.registry import ReferenceUnavailable, available, discover
 from flashrt.errors import ConfigError
-from flashrt.frontends.vocoders import bench as vb
-from flashrt.frontends.vocoders import get_family, load_vocoder
+from flashrt.frontends.vocoders import get_family
 from flashrt.io import build_on_meta, reset_derived
 from flashrt.profile.timers import StageTimer
+from flashrt.runner.vocoder import load_vocoder
 
 FAMILIES = tuple(vb.SPECS)
 
@@ -41,7 +42,7 @@ def benches():
 
 def test_registry_finds_every_family():
     assert set(FAMILIES) <= set(available())
-    assert "flashrt.frontends.vocoders.bench" not in discover()
+    assert "flashrt.bench.adapters.vocoders" not in discover()
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -16,16 +16,15 @@ from flashrt.frontends.vocoders import (
     config_for,
     families,
     get_family,
-    load_vocoder,
     read_card,
     register_vocoder,
 )
-from flashrt.frontends.vocoders.base import Vocoder
 from flashrt.frontends.vocoders.hifigan import PRESETS, HifiGan
 from flashrt.io import reset_derived
-from flashrt.nn.audio import EXACT, ValidLength
+from flashrt.nn.audio import EXACT
 from flashrt.profile import StageTimer
 from flashrt.resources import list_data
+from flashrt.runner.vocoder import Vocoder, load_vocoder
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
 
@@ -286,21 +285,23 @@ def test_call_times_its_stages_into_a_given_timer(voc, reference):
     assert voc.report()["ttfa_ms"] > 0 and voc.report()["windows"] == len(parts)
 
 
-# --------------------------------------------------------------------- eager: EXACT on a full bucket
+# ------------------------------------------------------------------- eager: every call at its own length
 
-def test_eager_skips_the_padding_fixups_when_the_bucket_is_full(voc, weights, monkeypatch):
-    """Host-known length: a request filling its bucket runs with EXACT on the eager backend; the trace
-    backend (a recorded program) always reads the length buffer."""
+def test_eager_runs_each_call_at_its_own_length(voc, weights, monkeypatch):
+    """The eager backend runs the module on exactly the call's frames and rows with EXACT (no padding, no
+    fix-ups, between buckets too); the trace backend (a recorded program) runs the bucket and reads the
+    length buffer, to the same values."""
     seen = []
     forward = voc.module.forward
-    spy = lambda *x, valid: seen.append(valid) or forward(*x, valid=valid)
+    spy = lambda *x, valid: seen.append((tuple(x[0].shape), valid)) or forward(*x, valid=valid)
     monkeypatch.setattr(voc.module, "forward", spy)
     full, short = voc(_mel(16)), voc(_mel(15))
-    assert seen[0] is EXACT and isinstance(seen[1], ValidLength)
+    assert seen == [((1, 16, 16), EXACT), ((1, 16, 15), EXACT)]
     assert full.shape[-1] == 16 * 16 and short.shape[-1] == 15 * 16
     traced = load_vocoder(weights, family="hifigan", config="tiny", buckets=(16,), backend="trace",
                           stream_chunk=4)
     assert (traced(_mel(16)) - full).abs().max() <= 1e-6     # the same values through the padded path
+    assert (traced(_mel(15)) - short).abs().max() <= 1e-6
 
 
 # ------------------------------------------------------------------------------------- stacked codes
@@ -333,7 +334,7 @@ def test_exact_stream_one_shot_equals_the_stream_bit_for_bit(one_thread):
     order made stream vs one-shot differ by 1.3e-5 here (1.6e-5 to 5e-5 at the released size). With
     exact_stream the one-shot runs the stream's windows: equal bit for bit, and within rounding of the
     single-graph one-shot. Also decodes past the largest bucket (windows fit)."""
-    from flashrt.frontends.vocoders.bench import random_module
+    from flashrt.frontends.vocoders.synthetic import random_module
 
     fam = get_family("bigvgan")
     cfg = replace(fam.presets["base-24k-100band"], upsample_initial_channel=128)

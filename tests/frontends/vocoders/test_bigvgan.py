@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from flashrt.errors import CheckpointError, InputError
-from flashrt.frontends.vocoders import load_vocoder
 from flashrt.frontends.vocoders.base import CheckpointSource
 from flashrt.frontends.vocoders.bigvgan import PRESETS, BigVGAN, BigVGANConfig, detect, receptive_field
 from flashrt.io import open_checkpoint
+from flashrt.runner.vocoder import load_vocoder
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
 NAMES = ["bigvgan_tiny_wn", "bigvgan_tiny_plain"]
@@ -147,9 +147,9 @@ def test_invariant_policy_makes_a_wider_stream_exact():
     """At these sizes oneDNN's dilated/transposed kernels round by position (negative control: the
     `direct` policy's stream differs from its one-shot output); the default `invariant` does not."""
     from flashrt.frontends.vocoders import get_family
-    from flashrt.frontends.vocoders.base import Vocoder
-    from flashrt.frontends.vocoders.bench import random_module
+    from flashrt.frontends.vocoders.synthetic import random_module
     from flashrt.nn.conv_policy import POLICIES, apply_conv_policy
+    from flashrt.runner.vocoder import Vocoder
 
     fam = get_family("bigvgan")
     cfg = BigVGANConfig(num_mels=20, upsample_initial_channel=128, upsample_rates=(8, 8),

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from flashrt.errors import CheckpointError
-from flashrt.frontends.vocoders import load_vocoder
 from flashrt.frontends.vocoders.hifigan import PRESETS, HifiGan, HifiGanConfig, detect, weight_map
 from flashrt.io import Checkpoint, load_module, open_checkpoint
+from flashrt.runner.vocoder import load_vocoder
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
 VITS_TINY = HifiGanConfig(in_channels=16, upsample_initial_channel=32, upsample_rates=(4, 2),

@@ -13,9 +13,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
-from flashrt.frontends.vocoders import config_for, get_family, load_vocoder, read_card
+from flashrt.frontends.vocoders import config_for, get_family, read_card
 from flashrt.frontends.vocoders.vocos import PRESETS, Vocos, VocosConfig, load_config, signature, weight_map
 from flashrt.io import load_module, open_checkpoint
+from flashrt.runner.vocoder import load_vocoder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

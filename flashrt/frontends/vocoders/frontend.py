@@ -1,0 +1,212 @@
+"""`VocoderFrontend`: one loaded vocoder's module, static buffers, length buckets and hot-path verbs.
+
+The `flashrt.runtime.frontend.StreamFrontend` of every vocoder family (the module contract is in
+`flashrt.frontends.vocoders.base`). A runner (the stream runner, runner/stream.py) drives it one
+`Window` at a time:
+
+    frames, tensors = fe.check(inputs[, partial])   layout, dtype, range, finiteness, batch; nothing written
+    bucket = fe.bucket(frames)                      the shape this window replays at
+    fe.write(bucket, window)                        the only writer of the static inputs
+    fe.replay(bucket)                               the decode of that bucket
+    audio = fe.read(window)                         its samples [lo, hi) copied to the host
+
+Shape legend: B batch, C feature channels, T frames, N audio samples.
+
+Buffers (allocated once by `capture()`, sized for the largest bucket):
+    <input name>  input   (B, C, Tmax*rate) or (B, Tmax*rate)   features / codes of the current window
+    length        input   (1,) int64                           valid frames of the current window
+    offset        input   (1,) int64                           absolute index of its first frame
+    audio         output  (B, Nmax) float32                    waveform written by the decode
+
+Exact length (the eager backend's default, ``exact_length``): nothing is captured, so nothing needs a
+static shape. A window of T frames and b rows runs the module on the views ``[:b, ..., :T*rate]`` of
+the input buffers with `EXACT` (no padding, no mask, no fix-up) and writes ``audio[:b, :N]``: the call
+costs its own length, never its bucket's. Buckets then only bound the buffers (the longest window).
+
+Bucketed (the graph backends: trace, cuda, ...): one graph per bucket reads ``length``; a window is
+written into the first T*rate steps, the rest of its bucket zeroed in place (no padded host copy,
+no work proportional to the largest bucket), and the module's `ValidLength` fixes up what the padding
+would change.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from flashrt.errors import ConfigError, InputError
+from flashrt.frontends.vocoders.base import VocoderFamily, check_inputs
+from flashrt.nn.audio import EXACT, ValidLength
+from flashrt.nn.spectral_conv import SpectralPlan, spectral_bytes
+from flashrt.runtime.buckets import GraphSet
+from flashrt.runtime.buffers import Buffers, BufferSpec
+from flashrt.runtime.frontend import Window
+from flashrt.runtime.graphs import backend_for_device
+
+__all__ = ["VocoderFrontend"]
+
+
+class VocoderFrontend:
+    """One loaded vocoder (see the module docstring). The constructor only stores; `capture()` allocates
+    the buffers and captures the graphs. ``exact_length`` None: on for the eager backend only."""
+
+    def __init__(
+        self,
+        family: VocoderFamily,
+        config: Any,
+        module: nn.Module,
+        *,
+        device: str | torch.device = "cpu",
+        backend: str | None = None,
+        buckets: Sequence[int] | None = None,
+        batch: int = 1,
+        strict: bool = False,
+        dtype: torch.dtype = torch.float32,
+        exact_length: bool | None = None,
+    ) -> None:
+        self.family, self.config, self.module = family, config, module
+        self.device = torch.device(device)
+        self.backend_name = backend or ("cuda" if self.device.type == "cuda" else "eager")
+        self.signature = family.signature(config)
+        self.buckets = tuple(sorted({int(b) for b in (buckets or family.default_buckets)}))
+        self.batch, self.strict, self.dtype = int(batch), strict, dtype
+        self.exact_length = self.backend_name == "eager" if exact_length is None else bool(exact_length)
+        self.takes_offset = "offset" in inspect.signature(module.forward).parameters
+        self.rates = tuple(s.rate for s in self.signature.inputs)
+        self.context = self.signature.context
+        self.hop, self.sample_rate = self.signature.hop_length, self.signature.sample_rate
+        self.buffers: Buffers | None = None
+        self.graphs: GraphSet | None = None
+        self._rows, self._frames = self.batch, 0     # the window written last (rows, frames)
+        if self.batch <= 0 or self.buckets[0] <= 0:
+            raise ConfigError(f"batch ({self.batch}) and buckets ({list(self.buckets)}) must be positive")
+
+    # ------------------------------------------------------------------------------ setup
+    @property
+    def max_frames(self) -> int:
+        return self.buckets[-1]
+
+    def samples(self, frames: int) -> int:
+        return self.signature.samples(frames)
+
+    def buffer_specs(self) -> list[BufferSpec]:
+        """Every static buffer, sized for the largest bucket (see module docstring)."""
+        n, specs = self.max_frames, []
+        for spec in self.signature.inputs:
+            steps = n * spec.rate
+            shape = (self.batch, steps) if spec.is_codes else (self.batch, spec.channels, steps)
+            dtype = torch.int64 if spec.is_codes else self.dtype
+            specs.append(BufferSpec(spec.name, shape, dtype, "input", low=0 if spec.is_codes else None,
+                                    high=spec.high, doc="features/codes of the current window"))
+        specs.append(BufferSpec("length", (1,), torch.int64, "input", low=1, high=n, doc="valid frames"))
+        specs.append(BufferSpec("offset", (1,), torch.int64, "input", low=0,
+                                doc="absolute index of the first frame (0 one-shot, window start streaming)"))
+        specs.append(BufferSpec("audio", (self.batch, self.samples(n)), torch.float32, "output",
+                                doc="waveform; valid up to length*hop - trim"))
+        return specs
+
+    def capture(self) -> VocoderFrontend:
+        """Allocate the buffers; capture one graph per bucket unless running at the exact length."""
+        self.buffers = Buffers(self.buffer_specs(), self.device)
+        backend = backend_for_device(self.backend_name, self.device)
+        if not self.exact_length:
+            self.graphs = GraphSet(backend, self._graph_fn, self.buckets, buffers=self.buffers,
+                                   strict=self.strict)
+            self.graphs.capture_all()
+        return self
+
+    def _graph_fn(self, frames: int) -> Callable[[], None]:
+        """The captured function of one bucket: reads views of the input buffers, writes `audio`. On the
+        eager backend (a plain call per replay) a window filling its bucket runs the `EXACT` variant."""
+        padded = self._bucket_fn(frames, exact=False)
+        if self.backend_name != "eager":
+            return padded
+        exact = self._bucket_fn(frames, exact=True)
+        return lambda: (exact if self._frames == frames else padded)()
+
+    def _bucket_fn(self, frames: int, exact: bool) -> Callable[[], None]:
+        bufs = self.buffers
+        inputs = [bufs[s.name][..., :frames * s.rate] for s in self.signature.inputs]
+        out, length = bufs["audio"][:, :self.samples(frames)], bufs["length"]
+        extra = {"offset": bufs["offset"]} if self.takes_offset else {}
+
+        def run() -> None:
+            out.copy_(self.module(*inputs, valid=EXACT if exact else ValidLength(length, frames), **extra))
+        return run
+
+    def _run_exact(self, frames: int) -> None:
+        """The window written last, at its own length and batch, over views of the buffers."""
+        bufs, rows = self.buffers, self._rows
+        inputs = [bufs[s.name][:rows, ..., :frames * s.rate] for s in self.signature.inputs]
+        extra = {"offset": bufs["offset"]} if self.takes_offset else {}
+        with torch.no_grad():
+            audio = self.module(*inputs, valid=EXACT, **extra)
+        bufs["audio"][:rows, :audio.shape[-1]].copy_(audio)
+
+    # ------------------------------------------------------------------------------ hot path
+    def check(self, inputs: Sequence[Any], partial: bool = False) -> tuple[int, list[torch.Tensor]]:
+        """(frames, tensors): every input checked (`check_inputs`) and the batch against the buffers."""
+        if self.buffers is None:
+            raise ConfigError("vocoder not captured yet: call capture() (load_vocoder does)")
+        tensors, frames = check_inputs(self.signature, inputs, partial)
+        if tensors[0].shape[0] > self.batch:
+            raise InputError(f"batch {tensors[0].shape[0]} exceeds the captured batch {self.batch} "
+                             "(load with batch=...)")
+        return frames, tensors
+
+    def bucket(self, frames: int) -> int:
+        """The shape a window of `frames` frames replays at: its own length when running at the exact
+        length, else the smallest captured bucket that holds it."""
+        if frames > self.max_frames:
+            raise InputError(f"{frames} frames exceed the largest bucket {self.max_frames}; load with larger "
+                             f"buckets=... or decode with stream()")
+        return frames if self.exact_length else self.graphs.bucket_for(frames)
+
+    def write(self, bucket: int, window: Window) -> None:
+        """The window's inputs into the first steps of the buffers (values were checked by `check`); on
+        the bucketed path the rest of the bucket is zeroed in place."""
+        rows = window.inputs[0].shape[0]
+        for spec, t in zip(self.signature.inputs, window.inputs):
+            buf, steps = self.buffers[spec.name], window.frames * spec.rate
+            buf[:rows, ..., :steps].copy_(t)
+            if not self.exact_length:
+                buf[:rows, ..., steps:bucket * spec.rate].zero_()
+                buf[rows:, ..., :bucket * spec.rate].zero_()
+        self.buffers["length"].fill_(window.frames)
+        self.buffers["offset"].fill_(window.offset)
+        self._rows, self._frames = rows, window.frames
+
+    def replay(self, bucket: int) -> None:
+        if self.exact_length:
+            self._run_exact(bucket)
+        else:
+            self.graphs.replay(bucket)
+
+    def read(self, window: Window) -> torch.Tensor:
+        """Samples [lo, hi) of the window just replayed, copied to the host (B, hi - lo) float32."""
+        hi = self.samples(window.frames) if window.hi is None else window.hi
+        return self.buffers["audio"][:window.inputs[0].shape[0], window.lo:hi].to("cpu", copy=True)
+
+    # ------------------------------------------------------------------------------ reporting
+    def report(self) -> dict[str, Any]:
+        """The graphs' counters (captures, replays, fallbacks); at the exact length: no graphs."""
+        if self.graphs is not None:
+            return self.graphs.report()
+        return {"backend": self.backend_name, "exact_length": self.exact_length,
+                "buckets": list(self.buckets), "captured": []}
+
+    def describe(self) -> dict[str, Any]:
+        """What was chosen at load: sizes, buckets, backend, buffer bytes, conv algorithms."""
+        sig = self.signature
+        spectral = sum(1 for m in self.module.modules() if isinstance(m, SpectralPlan))
+        split = sum(1 for m in self.module.modules() if getattr(m, "phase_split", False))
+        return {"family": self.family.name, "sample_rate": sig.sample_rate, "hop_length": sig.hop_length,
+                "context": sig.context, "buckets": list(self.buckets), "backend": self.backend_name,
+                "exact_length": self.exact_length, "batch": self.batch, "dtype": str(self.dtype),
+                "buffer_bytes": self.buffers.nbytes() if self.buffers else 0, "spectral_convs": spectral,
+                "spectral_bytes": spectral_bytes(self.module) if spectral else 0,
+                "phase_split_convs": split}

@@ -1,0 +1,231 @@
+"""The stream runner: one-shot and streaming decode over any `StreamFrontend` (vocoders, codec decoders).
+
+It knows no model: only the frontend's input rates (steps per frame), its context (left, right frames
+an output frame depends on), its hop (samples per frame) and the verbs check -> bucket -> write ->
+replay -> read (`flashrt.runtime.frontend`). A TTS path feeds it codes as a language model emits them.
+
+One-shot ``runner(*inputs, timer=None) -> (B, N)`` float32 on the host, each phase a stage of ``timer``
+(a `flashrt.profile.StageTimer`; the runner's own when None): "validate" (every check; InputError
+before any buffer is touched) -> "h2d" (the bucket picked, the inputs written) -> "replay" -> "d2h"
+(the audio copied to the host; the static buffer is reused by the next call).
+
+Streaming ``runner.stream(chunks) -> iterator of (B, n) audio``. Chunks may cut the signal anywhere:
+steps that do not yet make a whole frame in every input (a coarse code whose finer codes have not
+come, half an attention window) are held until they do. Whole frames are decoded ``chunk`` at a time
+in windows of ``L + chunk + R`` frames (L, R = the frontend's context). A window keeps only the
+outputs at least R frames from an artificial right edge and L from an artificial left edge; at the
+real start and end of the signal the window edges are the signal edges, so the concatenated stream
+equals the one-shot output up to float summation order. When the chunks run out, the held steps must
+be whole frames of every input (as a one-shot call's must), else InputError.
+
+Summation order and ``exact_stream``. oneDNN's dilated and transposed convolutions (and block-spectral
+convs) lay their work out from the start of the tensor, so a window of W frames and a one-shot run of T
+frames can round differently at the same sample (see `flashrt.nn.conv_policy` for the position-
+invariant policy that removes this). With ``exact_stream=True`` a one-shot call decodes through the
+very windows the stream would (same shapes, same positions, same kernels), so ``stream()`` equals it
+bit for bit, at the cost of the windows' overlap ((L + chunk + R) / chunk more compute) and with no
+length limit but the batch.
+
+`report()` gives the last call's compute time (sum of its stages), real-time factor (compute / audio
+duration) and, for a stream, the time to first audio: from the first chunk handed over to the first
+audio chunk on the host (the timer's clock). Time spent waiting for the producer or the consumer
+between chunks is excluded from compute but included in the time to first audio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from flashrt.errors import ConfigError, InputError
+from flashrt.profile import StageTimer
+from flashrt.runtime.frontend import StreamFrontend, Window
+
+__all__ = ["StreamRunner", "FrameQueue"]
+
+
+@dataclass
+class _RunLog:
+    """Timing of the last call or stream: its stages are the timer's records from index `first` on."""
+
+    mode: str
+    timer: StageTimer
+    first: int = 0
+    frames: int = 0
+    windows: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class FrameQueue:
+    """Steps received but not yet decoded, for one stream: partial frames are held, and only what later
+    windows still need is kept. Frames are counted from the start of the signal."""
+
+    def __init__(self, rates: Sequence[int], context: tuple[int, int], chunk: int) -> None:
+        self.rates, self.chunk = tuple(rates), chunk
+        self.left, self.right = context
+        self.parts: list[list[torch.Tensor]] = [[] for _ in self.rates]
+        self.steps = [0] * len(self.rates)   # steps received, per input
+        self.base = 0       # frame index of the first frame held
+        self.total = 0      # whole frames received (in every input)
+        self.emitted = 0    # frames whose audio was yielded
+        self.batch: int | None = None
+
+    def push(self, tensors: Sequence[torch.Tensor]) -> None:
+        batch = tensors[0].shape[0]
+        if self.batch is None:
+            self.batch = batch
+        elif batch != self.batch:
+            raise InputError(f"chunk batch {batch} differs from the stream's batch {self.batch}")
+        for i, t in enumerate(tensors):
+            if t.shape[-1]:
+                self.parts[i].append(t)
+                self.steps[i] += t.shape[-1]
+        self.total = min(s // r for s, r in zip(self.steps, self.rates))
+
+    def close(self) -> None:
+        """No more input: what is held must be whole frames of every input."""
+        if any(s != self.total * r for s, r in zip(self.steps, self.rates)):
+            raise InputError(f"the stream ended with steps {self.steps} per input, which are not one whole "
+                             f"number of frames at the rates {list(self.rates)}")
+
+    def ready(self) -> bool:
+        return self.total - self.emitted >= self.chunk + self.right
+
+    def pending(self) -> bool:
+        return self.emitted < self.total
+
+    def next_window(self, final: bool) -> tuple[int, int, int]:
+        """(start, stop, keep_until) frames: decode [start, stop), keep the audio of [emitted, keep)."""
+        start = max(0, self.emitted - self.left)
+        stop = min(self.total, self.emitted + self.chunk + self.right)
+        keep = self.total if final and stop == self.total else self.emitted + self.chunk
+        return start, stop, keep
+
+    def slice(self, start: int, stop: int) -> tuple[torch.Tensor, ...]:
+        out = []
+        for i, rate in enumerate(self.rates):
+            joined = torch.cat(self.parts[i], dim=-1) if len(self.parts[i]) > 1 else self.parts[i][0]
+            self.parts[i] = [joined]
+            out.append(joined[..., (start - self.base) * rate:(stop - self.base) * rate])
+        return tuple(out)
+
+    def advance(self, keep: int) -> None:
+        """Mark [emitted, keep) decoded and drop frames no later window reaches."""
+        self.emitted = keep
+        drop = max(0, keep - self.left) - self.base
+        if drop > 0:
+            for i, rate in enumerate(self.rates):
+                self.parts[i] = [self.parts[i][0][..., drop * rate:]]
+            self.base += drop
+
+
+class StreamRunner:
+    """One-shot and streaming decode over a captured `StreamFrontend` (module docstring). ``chunk``:
+    frames decoded per stream window (each window holds ``context[0] + chunk + context[1]`` frames)."""
+
+    def __init__(self, frontend: StreamFrontend, chunk: int, *, exact_stream: bool = False) -> None:
+        self.frontend = frontend
+        self.stream_chunk = int(chunk)
+        self.exact_stream = bool(exact_stream)
+        self._last: _RunLog | None = None
+        if self.stream_chunk <= 0:
+            raise ConfigError(f"stream_chunk ({self.stream_chunk}) must be positive")
+
+    @property
+    def stream_window(self) -> int:
+        left, right = self.frontend.context
+        return left + self.stream_chunk + right
+
+    # ------------------------------------------------------------------------------ one-shot
+    def __call__(self, *inputs: Any, timer: StageTimer | None = None) -> torch.Tensor:
+        """One-shot decode of the whole signal -> audio (B, N) float32 on the host."""
+        log = self._start("call", timer)
+        fe = self.frontend
+        with log.timer.stage("validate"):
+            frames, tensors = fe.check(inputs)
+            if not self.exact_stream and frames > fe.max_frames:
+                raise InputError(f"{frames} frames exceed the largest bucket {fe.max_frames}; load with "
+                                 f"larger buckets=... or decode with stream()")
+        if self.exact_stream:
+            queue = self._queue()
+            queue.push(tensors)
+            audio = torch.cat(list(self._windows(log, queue)), dim=-1)
+        else:
+            audio = self._decode(log, Window(tuple(tensors), frames, 0, 0, fe.samples(frames)))
+        log.frames = frames
+        return audio
+
+    def _start(self, mode: str, timer: StageTimer | None = None) -> _RunLog:
+        timer = timer if timer is not None else StageTimer(self.frontend.device, nvtx=True)
+        self._last = _RunLog(mode, timer, first=len(timer))
+        return self._last
+
+    def _queue(self) -> FrameQueue:
+        return FrameQueue(self.frontend.rates, self.frontend.context, self.stream_chunk)
+
+    def _decode(self, log: _RunLog, window: Window) -> torch.Tensor:
+        """Write, replay and read one window; its audio samples [lo, hi) on the host."""
+        fe = self.frontend
+        with log.timer.stage("h2d"):
+            bucket = fe.bucket(window.frames)
+            fe.write(bucket, window)
+        with log.timer.stage("replay"), torch.inference_mode():
+            fe.replay(bucket)
+        with log.timer.stage("d2h"):
+            audio = fe.read(window)
+        log.windows += 1
+        return audio
+
+    # ------------------------------------------------------------------------------ streaming
+    def stream(self, chunks: Iterable[Any], timer: StageTimer | None = None) -> Iterator[torch.Tensor]:
+        """Decode chunks as they arrive; yields host audio chunks (B, n) whose concatenation equals the
+        one-shot output. Each item of `chunks` is one input tensor, or a tuple with one per input (any
+        number of steps each). ``timer`` receives "validate" per chunk, h2d/replay/d2h per window."""
+        queue = self._queue()
+        log = self._start("stream", timer)
+        for chunk in chunks:
+            with log.timer.stage("validate"):
+                values = chunk if isinstance(chunk, (list, tuple)) else (chunk,)
+                _, tensors = self.frontend.check(values, partial=True)
+                queue.push(tensors)
+            while queue.ready():
+                yield self._window(log, queue, final=False)
+        yield from self._windows(log, queue)
+        log.frames = queue.total
+
+    def _windows(self, log: _RunLog, queue: FrameQueue) -> Iterator[torch.Tensor]:
+        """Every window still due once all input is in: the ready ones, then the final ones."""
+        queue.close()
+        while queue.ready():
+            yield self._window(log, queue, final=False)
+        while queue.pending():
+            yield self._window(log, queue, final=True)
+
+    def _window(self, log: _RunLog, queue: FrameQueue, final: bool) -> torch.Tensor:
+        start, stop, keep = queue.next_window(final)
+        hop, fe = self.frontend.hop, self.frontend
+        lo = (queue.emitted - start) * hop
+        hi = fe.samples(stop - start) if final and keep == queue.total else (keep - start) * hop
+        audio = self._decode(log, Window(queue.slice(start, stop), stop - start, start, lo, hi))
+        queue.advance(keep)
+        return audio
+
+    # ------------------------------------------------------------------------------ reporting
+    def report(self) -> dict[str, Any]:
+        """Timing of the last call/stream: compute_ms, audio_s, rtf, ttfa_ms (stream), windows, graphs."""
+        if self._last is None:
+            return {}
+        log, fe = self._last, self.frontend
+        records = log.timer.records(log.first)
+        compute = sum(r.ms for r in records)
+        audio_s = fe.samples(log.frames) / fe.sample_rate if log.frames else 0.0
+        out = {"mode": log.mode, "frames": log.frames, "windows": log.windows, "compute_ms": compute,
+               "audio_s": audio_s, "rtf": compute / 1e3 / audio_s if audio_s else None}
+        reads = [r for r in records if r.stage == "d2h"]
+        if log.mode == "stream" and reads:
+            out["ttfa_ms"] = reads[0].end_ms - records[0].start_ms
+        out["graphs"] = fe.report()
+        return out

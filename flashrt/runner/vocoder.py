@@ -1,0 +1,137 @@
+"""`load_vocoder` and `Vocoder`: a vocoder family's frontend behind the stream runner.
+
+    import flashrt
+    voc = flashrt.load_vocoder("path/to/checkpoint_dir")                 # family detected from config/keys
+    voc = flashrt.load_vocoder("hifigan-v1", checkpoint="generator.pt")  # a model card (models/*.toml)
+    audio = voc(mel)                                                     # (B, N) float32, on the host
+    for piece in voc.stream(mel_chunks): ...                             # equals the one-shot output
+    voc.report()                                                         # compute_ms, rtf, ttfa_ms
+
+``load_vocoder(path_or_card, device="cpu", precision="fp32", backend=None, buckets=None, *, family=None,
+config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False, capture=True,
+exact_stream=False, conv=None)``:
+
+* path_or_card, family, config, checkpoint, precision (one vocabulary: "fp32" / "float32", "bf16" /
+  "bfloat16", "fp16" / "float16" / "half", or a torch dtype), conv: resolved by
+  `flashrt.frontends.vocoders.load_vocoder_module` (its docstring says how).
+* backend: "eager" (CPU default: every call runs at its own length, see
+  `flashrt.frontends.vocoders.frontend`), "trace", "cuda" (CUDA default), any registered graph backend,
+  built for ``device`` (a frontend on cuda:1 captures on cuda:1).
+* buckets: frame counts (the card's ``[runtime] buckets``, else the family's); the stream window
+  ``L + stream_chunk + R`` is added. stream_chunk: frames per stream window (card, else family).
+* exact_stream: one-shot calls decode through the stream's windows, so ``stream()`` equals them bit
+  for bit (see `flashrt.runner.stream`: summation order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from flashrt.errors import ConfigError
+from flashrt.frontends.vocoders import load_vocoder_module
+from flashrt.frontends.vocoders.base import VocoderFamily, VocoderSignature
+from flashrt.frontends.vocoders.frontend import VocoderFrontend
+from flashrt.runner.stream import StreamRunner
+
+__all__ = ["Vocoder", "load_vocoder"]
+
+
+class Vocoder(StreamRunner):
+    """A `VocoderFrontend` driven by the `StreamRunner`: ``voc(x)``, ``voc.stream(chunks)``, ``report()``,
+    ``describe()``. The constructor builds the frontend (buckets plus the stream window) without
+    capturing; `capture()` (which `load_vocoder` calls) allocates and captures."""
+
+    def __init__(
+        self,
+        family: VocoderFamily,
+        config: Any,
+        module: nn.Module,
+        *,
+        device: str | torch.device = "cpu",
+        backend: str | None = None,
+        buckets: Sequence[int] | None = None,
+        stream_chunk: int | None = None,
+        batch: int = 1,
+        strict: bool = False,
+        dtype: torch.dtype = torch.float32,
+        exact_stream: bool = False,
+        exact_length: bool | None = None,
+        frontend: type[VocoderFrontend] = VocoderFrontend,
+    ) -> None:
+        chunk = int(stream_chunk or family.default_stream_chunk)
+        if chunk <= 0:
+            raise ConfigError(f"stream_chunk ({chunk}) must be positive")
+        window = sum(family.signature(config).context) + chunk
+        fe = frontend(family, config, module, device=device, backend=backend, batch=batch, strict=strict,
+                      dtype=dtype, buckets=(*(buckets or family.default_buckets), window),
+                      exact_length=exact_length)
+        super().__init__(fe, chunk, exact_stream=exact_stream)
+
+    def capture(self) -> Vocoder:
+        """Allocate the buffers and capture the graphs (load time, not the hot path)."""
+        self.frontend.capture()
+        return self
+
+    # the frontend's state, read through (the public attributes of a loaded vocoder)
+    family = property(lambda self: self.frontend.family)
+    config = property(lambda self: self.frontend.config)
+    module = property(lambda self: self.frontend.module)
+    device = property(lambda self: self.frontend.device)
+    dtype = property(lambda self: self.frontend.dtype)
+    batch = property(lambda self: self.frontend.batch)
+    backend_name = property(lambda self: self.frontend.backend_name)
+    buckets = property(lambda self: self.frontend.buckets)
+    max_frames = property(lambda self: self.frontend.max_frames)
+    buffers = property(lambda self: self.frontend.buffers)
+    graphs = property(lambda self: self.frontend.graphs)
+    takes_offset = property(lambda self: self.frontend.takes_offset)
+
+    @property
+    def signature(self) -> VocoderSignature:
+        return self.frontend.signature
+
+    def buffer_specs(self) -> list:
+        return self.frontend.buffer_specs()
+
+    def describe(self) -> str:
+        d = self.frontend.describe()
+        exact = ", one-shot through the stream windows" if self.exact_stream else ""
+        length = " (each call at its own length)" if d["exact_length"] else ""
+        convs = f", {d['spectral_convs']} spectral convs ({d['spectral_bytes']:,d} bytes)" \
+            if d["spectral_convs"] else ""
+        if d["phase_split_convs"]:
+            convs += f", {d['phase_split_convs']} phase-split dilated convs (position-invariant)"
+        return (f"{d['family']} vocoder: {d['sample_rate']} Hz, hop {d['hop_length']}, context "
+                f"{d['context']} frames, buckets {d['buckets']}, stream chunk {self.stream_chunk}"
+                f"{exact}, backend {d['backend']}{length}, {d['buffer_bytes']:,d} buffer bytes{convs}")
+
+
+def load_vocoder(
+    path_or_card: Any,
+    device: str | torch.device = "cpu",
+    precision: str | torch.dtype = "fp32",
+    backend: str | None = None,
+    buckets: Sequence[int] | None = None,
+    *,
+    family: str | None = None,
+    config: Any = None,
+    checkpoint: Any = None,
+    stream_chunk: int | None = None,
+    batch: int = 1,
+    strict: bool = False,
+    capture: bool = True,
+    exact_stream: bool = False,
+    conv: str | None = None,
+) -> Vocoder:
+    """Load, map strictly, and capture a vocoder (see the module docstring for every argument)."""
+    loaded = load_vocoder_module(path_or_card, device, precision, family=family, config=config,
+                                 checkpoint=checkpoint, conv=conv)
+    runtime = loaded.runtime
+    voc = Vocoder(loaded.family, loaded.config, loaded.module, device=device, backend=backend,
+                  dtype=loaded.dtype, batch=batch, strict=strict, buckets=buckets or runtime.get("buckets"),
+                  stream_chunk=stream_chunk or runtime.get("stream_chunk"), exact_stream=exact_stream)
+    return voc.capture() if capture else voc
