@@ -26,6 +26,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("flashrt.bench.cli", "bench"),
     ("flashrt.bench.cli", "loop"),
     ("flashrt.bench.cli", "soak"),
+    ("flashrt.tts", "say"),
 )
 
 

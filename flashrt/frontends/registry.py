@@ -1,30 +1,61 @@
 """Where `load_policy` / `load_vocoder` / `load_tts` find the families: one line per family.
 
 A new family is a new folder plus one line here: ``"name": "module:ATTRIBUTE"``, the module holding
-the family's registry entry (a `flashrt.runtime.frontend.PolicyFamily` for policies). Modules are
-imported on first use, so `import flashrt` stays light and a family whose optional dependencies are
-missing does not break the others. Tests and users may add entries at run time with
-`register_policy_family` (a toy family in a test, a private family in an application).
+the family's registry entry (a `flashrt.runtime.frontend.PolicyFamily` for policies, a `TtsFamily`
+for text-to-speech). Modules are imported on first use, so `import flashrt` stays light and a family
+whose optional dependencies are missing does not break the others. Tests and users may add entries at
+run time with `register_policy_family` / `register_tts_family` (a toy family in a test, a private
+family in an application).
+
+A `TtsFamily` loads a speech model: an object with ``sample_rate`` (Hz), ``__call__(text, **options)``
+-> float32 audio (N,) in [-1, 1], and ``stream(text, **options)`` -> an iterator of such chunks whose
+concatenation is the one-shot audio; it checks the text before yielding anything (InputError). Options
+every family accepts: ``seed``, ``speed``. ``describe()`` says what was loaded.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from flashrt.errors import ConfigError
 from flashrt.runtime.frontend import PolicyFamily
 
-__all__ = ["POLICY_FAMILIES", "policy_families", "register_policy_family", "unregister_policy_family"]
+__all__ = ["POLICY_FAMILIES", "policy_families", "register_policy_family", "unregister_policy_family",
+           "TTS_FAMILIES", "TtsFamily", "tts_families", "register_tts_family", "unregister_tts_family"]
 
 POLICY_FAMILIES: dict[str, str] = {
     "pi0": "flashrt.frontends.pi0.family:FAMILY",
     "groot": "flashrt.frontends.groot.family:FAMILY",
 }
 
+TTS_FAMILIES: dict[str, str] = {
+    "vits": "flashrt.frontends.vits.family:FAMILY",
+}
+
+
+@dataclass(frozen=True)
+class TtsFamily:
+    """A TTS registry entry: `detect(source)` returns None when `source` (a folder, a file or a name) is
+    this family's and raises `CheckpointError` saying why not otherwise; `load(source, **options)`
+    returns a speech model (module docstring). Options every family accepts: device, precision,
+    backend; a family lists its own extras in `options`."""
+
+    name: str
+    detect: Callable[[str | Path], None]
+    load: Callable[..., Any]
+    options: tuple[str, ...] = ()
+    doc: str = ""
+
+
 _LOADED: dict[str, PolicyFamily] = {}
+_LOADED_TTS: dict[str, TtsFamily] = {}
 
 
-def _resolve(name: str, target: str) -> PolicyFamily | None:
+def _resolve(name: str, target: str, kind: type = PolicyFamily) -> Any:
     module, attr = target.split(":")
     try:
         mod = importlib.import_module(module)
@@ -33,8 +64,8 @@ def _resolve(name: str, target: str) -> PolicyFamily | None:
             return None
         raise
     family = getattr(mod, attr)
-    if not isinstance(family, PolicyFamily) or family.name != name:
-        raise ConfigError(f"{target} is not the PolicyFamily {name!r}")
+    if not isinstance(family, kind) or family.name != name:
+        raise ConfigError(f"{target} is not the {kind.__name__} {name!r}")
     return family
 
 
@@ -62,3 +93,29 @@ def unregister_policy_family(name: str) -> None:
     if name in POLICY_FAMILIES:
         raise ConfigError(f"policy family {name!r} is built in; it cannot be removed")
     _LOADED.pop(name, None)
+
+
+def tts_families() -> dict[str, TtsFamily]:
+    """Every available TTS family, by name, in registry order (run-time registrations last)."""
+    for name, target in TTS_FAMILIES.items():
+        if name not in _LOADED_TTS:
+            family = _resolve(name, target, TtsFamily)
+            if family is not None:
+                _LOADED_TTS[name] = family
+    return dict(_LOADED_TTS)
+
+
+def register_tts_family(family: TtsFamily, replace: bool = False) -> TtsFamily:
+    """Add a TTS family at run time (ConfigError if the name is taken, unless replace=True)."""
+    known = tts_families()
+    if family.name in known and known[family.name] is not family and not replace:
+        raise ConfigError(f"tts family {family.name!r} is already registered")
+    _LOADED_TTS[family.name] = family
+    return family
+
+
+def unregister_tts_family(name: str) -> None:
+    """Remove a TTS family registered at run time (tests clean up with this)."""
+    if name in TTS_FAMILIES:
+        raise ConfigError(f"tts family {name!r} is built in; it cannot be removed")
+    _LOADED_TTS.pop(name, None)

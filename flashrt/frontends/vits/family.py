@@ -1,0 +1,40 @@
+"""The "vits" TTS family: Piper voices (an .onnx with its .onnx.json, a folder, or a voice package)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from flashrt.errors import CheckpointError
+from flashrt.frontends.registry import TtsFamily
+
+__all__ = ["FAMILY", "detect", "load"]
+
+
+def detect(source: str | Path) -> None:
+    """None when `source` names a Piper/VITS voice; CheckpointError saying why not otherwise."""
+    from flashrt.frontends.vits.voice import find_voice
+
+    files = find_voice(source)
+    try:
+        config = json.loads(files.config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{files.config}: not a readable voice config ({exc})") from None
+    if "phoneme_id_map" not in config:
+        raise CheckpointError(f"{files.config}: no phoneme_id_map, not a Piper voice config")
+
+
+def load(source: str | Path, **options: Any) -> Any:
+    from flashrt.frontends.vits.voice import load_voice
+
+    return load_voice(source, **options)
+
+
+FAMILY = TtsFamily(
+    name="vits",
+    detect=detect,
+    load=load,
+    options=("config", "conv", "phoneme_buckets", "frame_buckets", "capture"),
+    doc="Piper / VITS voices (espeak-ng phonemes, VITS prior, HiFi-GAN decoder)",
+)

@@ -1,0 +1,86 @@
+"""`flashrt.load_tts` and `flashrt say`: one entry for every text-to-speech family.
+
+    tts = flashrt.load_tts("en_US-joe-medium")      # a voice name, a folder or a file
+    audio = tts("Hello there.")                      # float32 (N,) in [-1, 1] at tts.sample_rate
+    for chunk in tts.stream("Hello there."):         # streamed; concatenation equals tts(text)
+        play(chunk)
+
+The family is found through `flashrt.frontends.registry.TTS_FAMILIES` (each family's `detect` says
+whether a source is its own), or named with ``family=``.
+
+    flashrt say "Hello there." --voice en_US-joe-medium -o hello.wav
+"""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import typer
+
+from flashrt.errors import CheckpointError, ConfigError
+
+__all__ = ["load_tts", "say", "write_wav", "pcm16"]
+
+
+def load_tts(
+    source: str | Path,
+    family: str | None = None,
+    device: str = "cpu",
+    precision: str = "fp32",
+    backend: str | None = None,
+    **options: Any,
+) -> Any:
+    """Load a speech model from `source` with the family that claims it (or the one named)."""
+    from flashrt.frontends.registry import tts_families
+
+    families = tts_families()
+    if family is not None:
+        if family not in families:
+            raise ConfigError(f"unknown tts family {family!r}; known: {sorted(families)}")
+        chosen = families[family]
+    else:
+        reasons, chosen = [], None
+        for fam in families.values():
+            try:
+                fam.detect(source)
+            except CheckpointError as exc:
+                reasons.append(f"{fam.name}: {exc}")
+                continue
+            chosen = fam
+            break
+        if chosen is None:
+            raise CheckpointError(f"{source}: no tts family claims it ({'; '.join(reasons) or 'none known'})")
+    return chosen.load(source, device=device, precision=precision, backend=backend, **options)
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    """float audio in [-1, 1] -> little-endian 16-bit PCM bytes (clipped)."""
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(int(sample_rate))
+        out.writeframes(pcm16(audio))
+
+
+def say(
+    text: Annotated[str, typer.Argument(help="what to say")],
+    voice: Annotated[
+        str, typer.Option("--voice", "--model", "-v", help="voice/model: a folder, a file or a name")
+    ] = "en_US-joe-medium",
+    out: Annotated[Path, typer.Option("--out", "-o", help="the WAV file to write")] = Path("out.wav"),
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    speed: Annotated[float, typer.Option(help="speaking rate, 0.25-4")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="noise seed (reproducible speech)")] = None,
+) -> None:
+    """Speak TEXT into a WAV file."""
+    tts = load_tts(voice, device=device)
+    audio = np.concatenate(list(tts.stream(text, seed=seed, speed=speed)))
+    write_wav(out, audio, tts.sample_rate)
+    typer.echo(f"{out}: {audio.size / tts.sample_rate:.2f} s at {tts.sample_rate} Hz")

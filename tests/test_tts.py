@@ -1,0 +1,71 @@
+"""load_tts / flashrt say through the TTS family registry (a toy family: no weights, fast)."""
+
+import wave
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from flashrt.errors import CheckpointError, ConfigError
+from flashrt.frontends.registry import TtsFamily, register_tts_family, tts_families, unregister_tts_family
+from flashrt.tts import load_tts, pcm16
+
+
+class _Toy:
+    sample_rate = 8000
+
+    def __init__(self, **options):
+        self.options = options
+
+    def __call__(self, text, seed=None, speed=1.0):
+        return np.concatenate(list(self.stream(text, seed=seed, speed=speed)))
+
+    def stream(self, text, seed=None, speed=1.0):
+        for i, _ in enumerate(text.split()):
+            yield np.full(80, 0.1 * (i + 1), dtype=np.float32)
+
+
+def _detect(source):
+    if not str(source).startswith("toy:"):
+        raise CheckpointError(f"{source}: not a toy voice")
+
+
+@pytest.fixture
+def toy():
+    family = register_tts_family(TtsFamily("toy", _detect, lambda source, **o: _Toy(**o)))
+    yield family
+    unregister_tts_family("toy")
+
+
+def test_vits_is_registered():
+    assert "vits" in tts_families()
+
+
+def test_load_tts_picks_the_family_that_claims_the_source(toy):
+    tts = load_tts("toy:a", device="cpu")
+    assert isinstance(tts, _Toy) and tts.options["device"] == "cpu"
+    with pytest.raises(ConfigError, match="unknown tts family"):
+        load_tts("toy:a", family="nope")
+
+
+def test_unclaimed_source_lists_every_family_and_why(toy):
+    with pytest.raises(CheckpointError) as err:
+        load_tts("/no/such/voice")
+    assert "toy:" in str(err.value) and "vits:" in str(err.value)
+
+
+def test_say_writes_a_wav(toy, tmp_path):
+    from flashrt.cli import app
+
+    out = tmp_path / "x.wav"
+    result = CliRunner().invoke(app, ["say", "one two three", "--voice", "toy:a", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 8000 and w.getnframes() == 240
+        data = np.frombuffer(w.readframes(240), dtype="<i2")
+    assert data[0] == np.frombuffer(pcm16(np.array([0.1], np.float32)), "<i2")[0]
+
+
+def test_builtin_family_cannot_be_removed():
+    with pytest.raises(ConfigError):
+        unregister_tts_family("vits")
