@@ -2,6 +2,12 @@
 
 Sub-applications live next to what they drive (`flashrt.quant.cli`, `flashrt.bench.cli`) and are
 mounted here from one table; heavy imports (frontends, matplotlib) happen inside the commands.
+
+Errors (`run_app`, used by `main` and the stand-alone bench entry): a user error -- any flashrt error
+(bad device, profile, checkpoint, input), a file that cannot be read or written (OSError), a bad
+argument value (ValueError) -- prints ONE line on stderr, ``flashrt: error: <what> (<what to do>)``,
+and exits with code 2. Anything else is a bug in flashrt: one line saying so, exit code 1. The
+traceback is printed only with ``--debug`` (anywhere on the command line).
 """
 
 from __future__ import annotations
@@ -72,12 +78,71 @@ def _mount() -> None:
 _mount()
 
 
-def main(argv: list[str] | None = None) -> int:
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="print the traceback of an error")] = False,
+) -> None:
+    """flashrt: set up once, replay forever."""  # --debug is taken off the command line by run_app
+
+
+USER_ERROR_EXIT, BUG_EXIT = 2, 1
+_HINTS: tuple[tuple[str, str], ...] = (  # (exception class name in the MRO, what to do), first match wins
+    ("DeviceError", "`flashrt info` shows what this machine has"),
+    ("CheckpointError", "check the checkpoint named above"),
+    ("CalibrationError", "`flashrt cache verify` checks the calibration cache"),
+    ("PermissionError", "check the permissions of that path, or choose another one"),
+    ("FileNotFoundError", "check the path"),
+    ("OSError", "check that the path exists, is the right kind of file and is readable or writable"),
+)
+
+
+def run_app(application: typer.Typer, argv: list[str] | None = None, prog_name: str = "flashrt") -> int:
+    """Run a Typer app; user errors become one line and exit code 2 (see the module docstring)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
     try:
-        app(args=argv, standalone_mode=True)
+        application(args=args, prog_name=prog_name, standalone_mode=True)
     except SystemExit as exc:
-        return int(exc.code or 0)
+        return _exit_code(exc.code)
+    except KeyboardInterrupt:
+        typer.echo(f"{prog_name}: interrupted", err=True)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        line, code = describe_error(exc)
+        typer.echo(f"{prog_name}: {line}", err=True)
+        return code
     return 0
+
+
+def describe_error(exc: BaseException) -> tuple[str, int]:
+    """(one line for the user, exit code) of an exception that escaped a command."""
+    from flashrt.errors import FlashRTError
+
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename is not None:
+        text = f"{exc.filename}: {(exc.strerror or text).lower()}"
+    if isinstance(exc, FlashRTError | OSError | ValueError):
+        names = [c.__name__ for c in type(exc).__mro__]
+        hint = next((h for name, h in _HINTS if name in names), "fix the value named above")
+        return f"error: {text} ({hint}; --debug shows the traceback)", USER_ERROR_EXIT
+    return (f"internal error: {type(exc).__name__}: {text} (a bug in flashrt; rerun with --debug for the "
+            "traceback and report it)", BUG_EXIT)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    typer.echo(str(code), err=True)  # sys.exit("message") prints the message and exits 1
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_app(app, argv)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Exit codes: 0 ok, 1 gated out / leak flagged, 2 configuration error, 3 profile r
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,8 +25,19 @@ CheckpointOpt = Annotated[str | None, typer.Option("--checkpoint", help="checkpo
 
 
 def _out_dir(out: Path | None, kind: str, name: str, profile: str) -> Path:
+    """The output folder, created now: an unwritable --out fails before anything runs."""
+    from flashrt.errors import ConfigError
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return out or Path("bench/results") / f"{kind}-{name}-{Path(profile).stem}-{stamp}"
+    folder = out or Path("bench/results") / f"{kind}-{name}-{Path(profile).stem}-{stamp}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {folder}: cannot create this folder ({exc.strerror or exc}); "
+                          "choose a writable one") from None
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--out {folder}: this folder is not writable; choose a writable one")
+    return folder
 
 
 def _finish(record: dict[str, Any], out: Path | None, files: dict[str, str] | None = None) -> None:
@@ -175,10 +187,14 @@ def soak(
 
 def main() -> None:
     """Stand-alone entry (`python -m flashrt.bench.cli`): the three commands under one app."""
+    import sys
+
+    from flashrt.cli import run_app
+
     app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
     for command in (bench, loop, soak):
         app.command()(command)
-    app()
+    sys.exit(run_app(app, prog_name="flashrt-bench"))
 
 
 if __name__ == "__main__":
