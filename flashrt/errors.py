@@ -17,7 +17,11 @@ class CheckpointError(FlashRTError):
 
 
 class CaptureError(FlashRTError):
-    """A forward cannot be captured as a graph (host sync, data-dependent shape, capture failure)."""
+    """A forward cannot be captured as a graph (host sync, data-dependent shape, capture failure).
+
+    ``op`` names the refused operation when one is to blame (set by the trace backend's refusals)."""
+
+    op: str | None = None
 
 
 class CalibrationError(FlashRTError):
@@ -30,3 +34,8 @@ class DeviceError(FlashRTError):
 
 class ConfigError(FlashRTError, ValueError):
     """A profile, model card or configuration value is invalid (unknown key, bad value)."""
+
+
+class NumericalError(FlashRTError):
+    """A step produced non-finite outputs (NaN/inf) from inputs that passed every check: broken weights
+    or statistics, or a precision that overflows. Nothing is queued or returned."""

@@ -228,7 +228,7 @@ def resize_buffer():
     OUT.resize_(6)
 
 
-REFUSALS = [
+REFUSALS = [  # (fn, the refused op exactly as CaptureRefused.op names it)
     (item, ".item()"),
     (cpu, ".cpu()"),
     (tolist, ".tolist()"),
@@ -236,20 +236,20 @@ REFUSALS = [
     (branch, "bool(tensor)"),
     (to_int, "int(tensor)"),
     (to_float, "float(tensor)"),
-    (as_index, "__index__"),
+    (as_index, "tensor used as a Python index (__index__)"),
     (printing, "repr(tensor)"),
     (nonzero, "aten.nonzero"),
-    (bool_mask_read, "boolean-mask indexing (aten.index"),
-    (bool_mask_write, "boolean-mask indexing (aten.index_put_"),
+    (bool_mask_read, "boolean-mask indexing (aten.index with a bool index)"),
+    (bool_mask_write, "boolean-mask indexing (aten.index_put_ with a bool index)"),
     (masked_select, "aten.masked_select"),
     (unique, "aten._unique2"),
     (arange_of_max, "torch.arange with a tensor-valued size"),
     (zeros_of_int, "int(tensor)"),
-    (randn, "aten.randn"),
-    (dropout, "aten.bernoulli_"),
+    (randn, "aten.randn (random)"),
+    (dropout, "aten.bernoulli_ (random)"),
     (equal, "aten.equal"),
-    (repeat_interleave, "aten.repeat_interleave"),
-    (resize_buffer, "aten.resize_"),
+    (repeat_interleave, "aten.repeat_interleave without output_size"),
+    (resize_buffer, "aten.resize_ on buffer 'OUT'"),
 ]
 
 
@@ -259,7 +259,8 @@ def test_refusal_names_op_and_source_line(fn, op):
         TraceBackend().capture(fn, {"T": T, "OUT": OUT})
     message = str(info.value)
     assert isinstance(info.value, CaptureRefused)
-    assert op in message, message
+    assert info.value.op == op  # the attribute: the echoed source line alone would satisfy `op in message`
+    assert message.startswith(f"cannot capture {op} at "), message
     assert f"{__file__}:{fn.__code__.co_firstlineno + 1}" in message, message
     assert "Fix:" in message
 
