@@ -33,6 +33,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("flashrt.bench.cli", "loop"),
     ("flashrt.bench.cli", "soak"),
     ("flashrt.tts", "say"),
+    ("flashrt.serve.cli", "serve"),
 )
 
 

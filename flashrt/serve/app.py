@@ -1,0 +1,285 @@
+"""An OpenAI-compatible speech server over loaded TTS models, fed through `flashrt.chain`.
+
+    POST /v1/audio/speech   {"model", "input", "voice", "response_format": "wav"|"pcm", "speed", "seed"?}
+                            -> audio streamed as it is produced (chunked transfer)
+    GET  /v1/models         the loaded voices, OpenAI list format
+    GET  /health            status, voices, chain statistics
+
+ASGI stack: Starlette + uvicorn (small, maintained, no extra schema layer; the request body is checked
+here field by field so each error names its field). Requests are validated, then submitted to the
+voice's `Chain` (one ``speech`` stage calling ``model.stream(text, ...)``); the response starts only
+after the first audio chunk, so a request the model refuses still gets its 400.
+
+Errors (OpenAI shape ``{"error": {"message", "type", "param", "code"}}``):
+
+    400  malformed JSON, empty or too long input, unknown voice/model, unsupported response_format,
+         text the model cannot speak
+    413  body larger than ``max_body_bytes``
+    422  a field of the wrong type, a missing field, speed out of [0.25, 4]
+    503  the chain holds ``max_pending`` requests already; ``Retry-After`` says when to retry
+    500  the model failed (the server keeps serving)
+
+Memory is bounded: the body is read up to its limit, each request's chain links hold ``queue_size``
+chunks, at most ``max_pending`` requests are held. A client that disconnects cancels its request
+(every stage stops within one chunk). Streamed WAV: a 44-byte header with unknown length (0xFFFFFFFF,
+as streaming encoders write), then 16-bit PCM; ``pcm`` is the raw 16-bit little-endian samples.
+``model`` may be a voice name, ``flashrt`` or an OpenAI model name (tts-1, tts-1-hd, gpt-4o-mini-tts);
+``voice`` picks the loaded voice.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from flashrt.chain import Chain, ChainFull, Stage, StageError
+from flashrt.errors import InputError
+from flashrt.tts import pcm16
+
+__all__ = ["ServerLimits", "SpeechServer", "build_app", "wav_header", "OPENAI_MODELS"]
+
+OPENAI_MODELS = ("flashrt", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+FIELDS = {
+    "model": str,
+    "input": str,
+    "voice": str,
+    "response_format": str,
+    "speed": (int, float),
+    "seed": int,
+    "instructions": str,
+    "stream_format": str,
+}
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_body_bytes: int = 64 * 1024
+    max_input_chars: int = 4096
+    max_pending: int = 16
+    queue_size: int = 4
+    retry_after_s: int = 1
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str = "invalid_request"
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def wav_header(sample_rate: int) -> bytes:
+    """A streaming WAV header: mono 16-bit PCM, RIFF and data sizes unknown (0xFFFFFFFF)."""
+    unknown = 0xFFFFFFFF
+    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    return (
+        b"RIFF"
+        + struct.pack("<I", unknown)
+        + b"WAVEfmt "
+        + struct.pack("<I", 16)
+        + fmt
+        + b"data"
+        + struct.pack("<I", unknown)
+    )
+
+
+@dataclass(frozen=True)
+class Speech:
+    """One validated request."""
+
+    voice: str
+    text: str
+    fmt: str
+    speed: float
+    seed: int | None
+
+
+class SpeechServer:
+    """The voices, one chain each, and the request checks (module docstring)."""
+
+    def __init__(self, voices: Mapping[str, Any], limits: ServerLimits = ServerLimits()) -> None:
+        if not voices:
+            raise ValueError("a speech server needs at least one voice")
+        self.voices, self.limits = dict(voices), limits
+        self.chains = {
+            name: Chain(
+                [Stage("speech", self._stage(model))],
+                queue_size=limits.queue_size,
+                max_pending=limits.max_pending,
+            )
+            for name, model in self.voices.items()
+        }
+
+    @staticmethod
+    def _stage(model: Any):
+        def speak(items, request):
+            job: Speech = next(iter(items))
+            yield from model.stream(job.text, seed=job.seed, speed=job.speed)
+
+        return speak
+
+    # --------------------------------------------------------------------------------- checking
+
+    def parse(self, body: bytes) -> Speech:
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise ApiError(422, "the request body must be a JSON object", code="invalid_type")
+        for name in ("model", "input", "voice"):
+            if name not in data:
+                raise ApiError(422, f"missing required field {name!r}", name, "missing_field")
+        for name, value in data.items():
+            kind = FIELDS.get(name)
+            if kind is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+                raise ApiError(422, f"{name}: wrong type {type(value).__name__}", name, "invalid_type")
+        return self._values(data)
+
+    def _values(self, data: Mapping[str, Any]) -> Speech:
+        text, voice, model = data["input"], data["voice"], data["model"]
+        if not text.strip():
+            raise ApiError(400, "input is empty", "input", "empty_input")
+        if len(text) > self.limits.max_input_chars:
+            raise ApiError(
+                400,
+                f"input has {len(text)} characters; the limit is {self.limits.max_input_chars}",
+                "input",
+                "input_too_long",
+            )
+        if voice not in self.voices:
+            raise ApiError(
+                400, f"unknown voice {voice!r}; voices: {sorted(self.voices)}", "voice", "unknown_voice"
+            )
+        if model not in self.voices and model not in OPENAI_MODELS:
+            raise ApiError(
+                400,
+                f"unknown model {model!r}; models: {sorted([*self.voices, *OPENAI_MODELS])}",
+                "model",
+                "model_not_found",
+            )
+        fmt = data.get("response_format", "wav")
+        if fmt not in FORMATS:
+            raise ApiError(
+                400,
+                f"response_format {fmt!r} is not supported; use one of {sorted(FORMATS)}",
+                "response_format",
+                "unsupported_format",
+            )
+        if data.get("stream_format", "audio") != "audio":
+            raise ApiError(
+                400, "stream_format: only 'audio' is supported", "stream_format", "unsupported_format"
+            )
+        speed = float(data.get("speed", 1.0))
+        if not 0.25 <= speed <= 4.0:
+            raise ApiError(422, f"speed {speed} is outside [0.25, 4.0]", "speed", "invalid_value")
+        return Speech(voice, text, fmt, speed, data.get("seed"))
+
+    # ---------------------------------------------------------------------------------- serving
+
+    async def speak(self, job: Speech) -> tuple[bytes, AsyncIterator[Any], Any]:
+        """Submit, wait for the first chunk; (first bytes, the rest, the chain request)."""
+        try:
+            request = self.chains[job.voice].submit(job)
+        except ChainFull as exc:
+            raise ApiError(503, f"busy: {exc}", code="server_busy") from None
+        chunks = request.__aiter__()
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            raise ApiError(400, "nothing to say", "input", "empty_audio") from None
+        except StageError as exc:
+            request.cancel()
+            if isinstance(exc.original, InputError):
+                raise ApiError(400, str(exc.original), "input", "invalid_input") from None
+            raise ApiError(500, f"synthesis failed: {exc.original}", code="server_error") from None
+        except BaseException:
+            request.cancel()
+            raise
+        rate = self.voices[job.voice].sample_rate
+        head = (wav_header(rate) if job.fmt == "wav" else b"") + pcm16(first)
+        return head, chunks, request
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "voices": sorted(self.voices),
+            "chains": {name: chain.stats() for name, chain in self.chains.items()},
+        }
+
+    def close(self) -> None:
+        for chain in self.chains.values():
+            chain.close()
+
+
+def _error(exc: ApiError, retry_after_s: int = 1):
+    from starlette.responses import JSONResponse
+
+    headers = {"Retry-After": str(retry_after_s)} if exc.status == 503 else None
+    body = {
+        "error": {
+            "message": exc.message,
+            "type": "invalid_request_error" if exc.status < 500 else "server_error",
+            "param": exc.param,
+            "code": exc.code,
+        }
+    }
+    return JSONResponse(body, status_code=exc.status, headers=headers)
+
+
+async def _read_body(request: Any, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"request body of {declared} bytes exceeds {limit}", code="body_too_large")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise ApiError(413, f"request body exceeds {limit} bytes", code="body_too_large")
+    return bytes(body)
+
+
+def build_app(server: SpeechServer):
+    """The Starlette application of `server` (routes of the module docstring)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    async def speech(request):
+        try:
+            job = server.parse(await _read_body(request, server.limits.max_body_bytes))
+            head, chunks, handle = await server.speak(job)
+        except ApiError as exc:
+            return _error(exc, server.limits.retry_after_s)
+
+        async def body():
+            try:
+                yield head
+                async for chunk in chunks:
+                    yield pcm16(chunk)
+            finally:
+                handle.cancel()  # a disconnect lands here: every stage stops
+                await chunks.aclose()
+
+        return StreamingResponse(body(), media_type=FORMATS[job.fmt])
+
+    async def models(request):
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "flashrt"} for name in server.voices
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request):
+        return JSONResponse(server.health())
+
+    return Starlette(
+        routes=[
+            Route("/v1/audio/speech", speech, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ]
+    )

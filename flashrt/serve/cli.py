@@ -1,0 +1,38 @@
+"""`flashrt serve --voice NAME [--voice ...] [--port 8000]`: the speech server on 127.0.0.1."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+__all__ = ["serve"]
+
+
+def serve(
+    voice: Annotated[
+        list[str] | None,
+        typer.Option("--voice", "--model", "-v", help="a voice/model to load (repeat for several)"),
+    ] = None,
+    host: Annotated[str, typer.Option(help="address to bind (127.0.0.1: this machine only)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    max_pending: Annotated[int, typer.Option(help="requests held at once; more get 503")] = 16,
+    queue_size: Annotated[int, typer.Option(help="audio chunks buffered per request link")] = 4,
+) -> None:
+    """Serve POST /v1/audio/speech, GET /v1/models and GET /health (OpenAI-compatible)."""
+    import uvicorn
+
+    from flashrt.serve.app import ServerLimits, SpeechServer, build_app
+    from flashrt.tts import load_tts
+
+    voices = {}
+    for source in voice or ["en_US-joe-medium"]:
+        model = load_tts(source, device=device)
+        voices[getattr(model, "name", "") or source] = model
+    server = SpeechServer(voices, ServerLimits(max_pending=max_pending, queue_size=queue_size))
+    typer.echo(f"flashrt serve: voices {sorted(voices)} on http://{host}:{port}")
+    try:
+        uvicorn.run(build_app(server), host=host, port=port, log_level="warning")
+    finally:
+        server.close()

