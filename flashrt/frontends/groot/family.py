@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.groot import checkpoint as ck
 from flashrt.frontends.groot.config import n17_config
@@ -13,6 +15,7 @@ from flashrt.frontends.groot.preprocess import ImageSpec, PromptTokenizer
 from flashrt.frontends.groot.weights import load_n17
 from flashrt.io import open_checkpoint
 from flashrt.quant.precision import compute_dtype
+from flashrt.runtime.device import resolve_device
 from flashrt.runtime.frontend import PolicyFamily
 from flashrt.runtime.graphs import backend_for_device
 
@@ -32,8 +35,8 @@ def _tokenizer_path(folder: Path, backbone_dir: Path | None, tokenizer: str | Pa
 
 def load(
     folder: str | Path,
-    device: str = "cpu",
-    precision: str = "float32",
+    device: str | torch.device = "cpu",
+    precision: str | torch.dtype = "float32",
     num_steps: int | None = None,
     backend: str | None = None,
     buckets: Sequence[int] | None = None,
@@ -42,8 +45,6 @@ def load(
     tokenizer: str | Path | None = None,
 ) -> GrootFrontend:
     """A captured GR00T N1.7 frontend for ``folder`` (see `flashrt.frontends.groot.checkpoint`)."""
-    import torch
-
     folder = Path(folder)
     ck.detect(folder)
     config, bb_dir = n17_config(folder, ck.read_json(folder / "config.json"), num_steps)
@@ -65,7 +66,7 @@ def load(
         raise CheckpointError(
             "processor_config.json: albumentations / letter-box image transforms are not supported yet"
         )
-    dev = torch.device(device)
+    dev = resolve_device(device)
     with open_checkpoint(folder) as weights:
         model = load_n17(config, weights, dev, compute_dtype(precision))
     opts = Options(bool(kw.get("formalize_language", True)), bool(kw.get("clip_outliers", True)))
