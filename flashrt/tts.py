@@ -78,9 +78,26 @@ def say(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     speed: Annotated[float, typer.Option(help="speaking rate, 0.25-4")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="noise seed (reproducible speech)")] = None,
+    speaker: Annotated[str | None, typer.Option(help="speaker of a multi-voice model (Orpheus: tara, leo)")]
+    = None,
 ) -> None:
     """Speak TEXT into a WAV file."""
     tts = load_tts(voice, device=device)
-    audio = np.concatenate(list(tts.stream(text, seed=seed, speed=speed)))
+    extra = {"voice": speaker} if speaker else {}
+    audio = np.concatenate(list(tts.stream(text, seed=seed, speed=speed, **extra)))
     write_wav(out, audio, tts.sample_rate)
     typer.echo(f"{out}: {audio.size / tts.sample_rate:.2f} s at {tts.sample_rate} Hz")
+    report = getattr(tts, "report", None)
+    if callable(report):
+        _echo_report(report())
+
+
+def _echo_report(report: dict[str, Any]) -> None:
+    """TTFA, RTF and per-stage times of a family that reports them (e.g. the Orpheus chain)."""
+    if report.get("ttfa_ms") is not None:
+        typer.echo(f"TTFA {report['ttfa_ms']:.1f} ms, RTF {report.get('rtf') or float('nan'):.3f}")
+    for name, stage in (report.get("stages") or {}).items():
+        service = stage.get("service_ms", {})
+        if service.get("count"):
+            typer.echo(f"  {name:8} {service['count']:5d} items  p50 {service['p50']:.2f} ms  "
+                       f"p99 {service['p99']:.2f} ms  total {service['mean'] * service['count']:.1f} ms")

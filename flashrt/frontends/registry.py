@@ -34,6 +34,7 @@ POLICY_FAMILIES: dict[str, str] = {
 
 TTS_FAMILIES: dict[str, str] = {
     "vits": "flashrt.frontends.vits.family:FAMILY",
+    "orpheus": "flashrt.runner.orpheus:FAMILY",  # LM -> SNAC chain: its entry sits with the runners it drives
 }
 
 

@@ -1,0 +1,163 @@
+"""Orpheus-style TTS: parity with transformers generate + the snac package (tests/fixtures/tts, made by
+gen_tts.py), stream == one-shot, bad tokens, cancel, concurrency, the family registry."""
+
+import contextlib
+import threading
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from flashrt.chain import StageError
+from flashrt.errors import CheckpointError, InputError
+from flashrt.frontends.registry import tts_families
+from flashrt.frontends.tts.orpheus import AudioTokenError, FrameDecoder, OrpheusLayout
+from flashrt.runner.decode import Sampling
+from flashrt.runner.orpheus import OrpheusTTS, to_pcm16
+from flashrt.tts import load_tts
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tts"
+CASES = (("tara", "Hello there."), ("leo", "A much longer sentence, so the prompt lands in another bucket."))
+GREEDY = Sampling()
+
+
+@pytest.fixture(scope="module")
+def io():
+    return load_file(FIXTURES / "orpheus_tiny_io.safetensors")
+
+
+@pytest.fixture(scope="module")
+def tts(one_thread):
+    model = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=400, cache_len=512)
+    assert isinstance(model, OrpheusTTS)
+    yield model
+    model.close()
+
+
+def _reference(io, i):
+    return io[f"audio.{i}"][0].numpy()
+
+
+def test_prompt_follows_orpheus_template(tts, io):
+    for i, (voice, text) in enumerate(CASES):
+        assert tts.prompt_ids(text, voice) == io[f"prompt.{i}"].tolist()
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_greedy_audio_matches_transformers_and_snac(tts, io, i):
+    voice, text = CASES[i]
+    audio = tts(text, voice=voice, sampling=GREEDY)
+    assert audio.dtype == np.float32 and audio.shape == _reference(io, i).shape
+    np.testing.assert_allclose(audio, _reference(io, i), atol=1e-4, rtol=0)
+    assert tts.report()["tokens"] == io[f"tokens.{i}"].numel() and tts.report()["finish"] == "stop"
+
+
+def test_stream_concatenates_to_the_one_shot_audio_without_recapture(tts, io):
+    voice, text = CASES[0]
+    one_shot = tts(text, voice=voice, sampling=GREEDY)
+    captures = tts.decoder.report()["decode_captures"]
+    chunks = list(tts.stream(text, voice=voice, sampling=GREEDY))
+    assert len(chunks) > 2
+    np.testing.assert_allclose(np.concatenate(chunks), one_shot, atol=1e-5, rtol=0)
+    report = tts.report()
+    assert report["ttfa_ms"] is not None and report["rtf"] > 0
+    assert set(report["stages"]) == {"lm", "frames", "snac"}
+    assert tts.decoder.report()["decode_captures"] == captures == {"greedy": 1, "sample": 1}
+    pcm = np.concatenate(list(tts.stream(text, voice=voice, sampling=GREEDY, format="pcm16")))
+    assert pcm.dtype == np.int16 and np.array_equal(pcm, to_pcm16(one_shot))
+
+
+def test_sampled_speech_is_reproducible_per_seed(tts):
+    sampled = Sampling(temperature=0.7, top_p=0.9, repetition_penalty=1.1)
+    tokens = []
+    for seed in (3, 3):
+        with contextlib.suppress(StageError):  # a sampled token off the layout ends it, reproducibly too
+            tts("Hi.", seed=seed, sampling=sampled)
+        tokens.append(list(tts.decoder.last.tokens))
+    assert tokens[0] == tokens[1] and tokens[0]
+
+
+def test_a_bad_token_ends_the_stream_naming_the_stage_and_the_next_request_is_fine(tts, io, monkeypatch):
+    good = io["tokens.0"].tolist()
+
+    def bad_generate(prompt, *args, **kwargs):
+        yield from good[:30]
+        yield 5  # a text token where an audio code must come
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tts.decoder, "generate", bad_generate)
+        with pytest.raises(StageError) as err:
+            list(tts.stream("Hello.", sampling=GREEDY))
+    assert err.value.stage == "frames" and isinstance(err.value.original, AudioTokenError)
+    assert "token 5 at audio position 30" in str(err.value)
+    voice, text = CASES[0]
+    np.testing.assert_allclose(tts(text, voice=voice, sampling=GREEDY), _reference(io, 0), atol=1e-4, rtol=0)
+
+
+def test_cancel_mid_stream_then_the_next_request_is_correct(tts, io):
+    voice, text = CASES[0]
+    for _ in tts.stream(text, voice=voice, sampling=GREEDY):
+        break
+    np.testing.assert_allclose(np.concatenate(list(tts.stream(text, voice=voice, sampling=GREEDY))),
+                               _reference(io, 0), atol=1e-4, rtol=0)
+
+
+def test_eight_concurrent_requests_all_complete_with_correct_audio(tts, io):
+    results = {}
+
+    def client(k):
+        voice, text = CASES[k % 2]
+        results[k] = np.concatenate(list(tts.stream(text, voice=voice, sampling=GREEDY)))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(results) == list(range(8))
+    for k, audio in results.items():
+        np.testing.assert_allclose(audio, _reference(io, k % 2), atol=1e-4, rtol=0)
+
+
+def test_bad_requests_raise_input_errors(tts):
+    bad = ({"text": ""}, {"text": "hi", "voice": ""}, {"text": "x" * 400}, {"text": "hi", "speed": 2.0})
+    for kwargs in bad:
+        with pytest.raises(InputError):
+            tts(**kwargs)
+    with pytest.raises(InputError):
+        list(tts.stream("hi", format="mp3"))
+
+
+def test_frame_decoder_interleaves_levels_1_2_4():
+    layout = OrpheusLayout(base_vocab=100, codebook_size=10)
+    dec = FrameDecoder(layout)
+    frame = None
+    for place, code in enumerate([1, 2, 3, 4, 5, 6, 7]):
+        frame = dec.push(110 + place * 10 + code)
+    assert frame == [[1], [2, 5], [3, 4, 6, 7]]
+    with pytest.raises(AudioTokenError, match="place 1"):
+        dec.push(110 + 1)  # place 0's range, but position 7 is place 0 -> valid; next one is place 1
+        dec.push(110 + 0)
+
+
+def test_load_tts_names_every_family_it_tried(tmp_path):
+    assert "orpheus" in tts_families()
+    with pytest.raises(CheckpointError, match="orpheus: .*no config.json"):
+        load_tts(tmp_path)
+
+
+def test_say_writes_the_wav_and_prints_ttfa_rtf_and_stages(tmp_path, io):
+    from typer.testing import CliRunner
+
+    from flashrt.cli import app
+
+    out = tmp_path / "hello.wav"
+    model = str(FIXTURES / "orpheus_tiny")
+    args = ["say", CASES[0][1], "--model", model, "--speaker", CASES[0][0], "-o", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "TTFA" in result.output and "RTF" in result.output and "snac" in result.output
+    with wave.open(str(out)) as w:
+        assert w.getframerate() == 24000 and w.getnframes() == io["audio.0"].shape[-1]
