@@ -2,7 +2,7 @@
 
 Regime: batch 1, one observation -> one action chunk. RANDOM weights at the real sizes (SigLIP So400m/14
 at 224 px, Gemma 2B prefix, Gemma 300M action expert, 257,152-token embedding), drawn on the GPU and
-written in bf16 as a lerobot 0.6.1 policy dir (`flashrt.frontends.pi0.bench.write_checkpoint`), loaded
+written in bf16 as a lerobot 0.6.1 policy dir (`flashrt.frontends.pi0.synthetic.write_checkpoint`), loaded
 with `load_policy(..., precision="bfloat16", backend="cuda")`; 1, 2 or 3 cameras fed 480 x 640 uint8
 frames; 10 Euler steps, chunk 50; prompts of a few words (Pi0.5 adds the discretized state), each replayed in
 its prompt bucket (reported).
@@ -73,19 +73,19 @@ def time_wall(run: Any, obs: list[dict], iters: int, device: str) -> list[float]
 
 def time_replay(policy: Any, o: dict, iters: int) -> tuple[list[float], int]:
     """Device ms of the captured step alone, inputs of `o` written once."""
-    from flashrt.frontends.pi0.bench import staged_infer
+    from flashrt.bench.adapters.pi0 import staged_infer
     from flashrt.profile.timers import StageTimer
 
     _, bucket = staged_infer(policy, o, StageTimer(policy.frontend.device, nvtx=False))
     timer = StageTimer(policy.frontend.device, nvtx=False)
     for _ in range(iters):
         with timer.stage("replay"):
-            policy.frontend.run(bucket)
+            policy.frontend.replay(bucket)
     return timer.samples()["replay"], bucket
 
 
 def staged(policy: Any, obs: list[dict], iters: int) -> dict[str, float]:
-    from flashrt.frontends.pi0.bench import staged_infer
+    from flashrt.bench.adapters.pi0 import staged_infer
     from flashrt.profile.timers import StageTimer
 
     timer = StageTimer(policy.frontend.device, nvtx=False)
@@ -107,7 +107,7 @@ def gate(a: Any, b: Any, obs: list[dict]) -> float:
 def roofline(policy: Any, n_cams: int, bucket: int, replay_ms: float) -> dict[str, float]:
     from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step
 
-    cfg, wb = policy.config, policy.frontend.model.dtype.itemsize
+    cfg, wb = policy.config, policy.frontend.frontend.model.dtype.itemsize
     flops = flops_per_step(cfg, n_cams, bucket)["total"]
     nbytes = bytes_per_step(cfg, n_cams, bucket, weight_bytes=wb)["total"]
     return {"flops": flops, "bytes": nbytes, "achieved_tflops": flops / replay_ms / 1e9,
@@ -119,21 +119,22 @@ class VariantRun:
     """One variant: its random checkpoint on disk, the policy at the largest camera count, siblings."""
 
     def __init__(self, variant: str, args: argparse.Namespace, tmp: Path):
-        from flashrt.frontends.pi0 import bench as pb
+        from flashrt.bench.adapters import pi0 as pb
+        from flashrt.frontends.pi0.synthetic import SyntheticSpec, write_checkpoint
 
         self.variant, self.args, self.pb = variant, args, pb
         preset = pb.PRESETS[args.preset]
         sizes = replace(preset.sizes, max_tokens=pb.TOKENIZER_MAX[variant])
-        self.spec = pb.CheckpointSpec(variant, sizes, pb.CAMERAS[: max(args.cameras)], preset.vocab,
-                                      preset.storage)
+        self.spec = SyntheticSpec(variant, sizes, pb.CAMERAS[: max(args.cameras)], preset.vocab,
+                                  preset.storage)
         self.frame, self.folder, self.setup = preset.frame, tmp / variant, {}
         start = time.perf_counter()
-        pb.write_checkpoint(self.folder, self.spec, args.device)
+        write_checkpoint(self.folder, self.spec, args.device)
         self.setup["write_s"] = time.perf_counter() - start
         self.base = self._load()
 
     def _load(self) -> Any:
-        from flashrt.policy import load_policy
+        from flashrt.runner.policy import load_policy
 
         start = time.perf_counter()
         policy = load_policy(self.folder, device=self.args.device, precision=self.args.precision,
@@ -142,7 +143,7 @@ class VariantRun:
         capture = sum(policy.frontend.report()["capture_s"].values())
         self.setup |= {"load_s": time.perf_counter() - start - capture, "capture_s": capture,
                        "weights_gb": sum(p.numel() * p.element_size()
-                                         for p in policy.frontend.model.parameters()) / 1e9}
+                                         for p in policy.frontend.frontend.model.parameters()) / 1e9}
         return policy
 
     def policy_for(self, n_cams: int) -> Any:

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         lerobot = build_lerobot(gen, args, Path(tmp))
         _ensure_sentencepiece(args.extra_site)  # after the HF tokenizer exists: protobuf registers once
-        from flashrt.policy import load_policy
+        from flashrt.runner.policy import load_policy
 
         start = time.perf_counter()
         flashrt = load_policy(tmp, tokenizer=Path(tmp) / "tokenizer.model")

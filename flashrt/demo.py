@@ -26,228 +26,28 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # torch is imported where it is used: `flashrt --help` stays light
-    import torch
-
+# torch is imported where it is used: `flashrt --help` stays light
 DEMO_VERSION = "1"
 SEED = 0
 CAMERAS = ("top", "wrist")
-STATE_DIM = ACTION_DIM = 7
 PROMPT = "pick up the red cube and put it in the box"
+STATE_DIM = 7  # the synthetic checkpoint's state size (flashrt.frontends.pi0.synthetic.STATE_DIM)
 
 
-@dataclass(frozen=True)
-class DemoSizes:
-    """Sizes of the embedded model (lerobot hard-codes 8 query heads and 1 K/V head)."""
+def write_demo_checkpoint(folder: Path, sizes: Any = None, seed: int = SEED) -> Path:
+    """Write the random tiny Pi0.5 as a lerobot 0.6.1 policy dir into `folder` (created), through the
+    family's one synthetic-checkpoint writer, marked as the demo's (so it is never mistaken for a real
+    checkpoint, and a real one is never overwritten)."""
+    from flashrt.frontends.pi0.synthetic import TINY, SyntheticSpec, write_checkpoint
 
-    vision_width: int = 32
-    vision_depth: int = 2
-    vision_mlp: int = 64
-    image_size: int = 56
-    vlm_width: int = 64
-    vlm_mlp: int = 128
-    expert_width: int = 32
-    expert_mlp: int = 64
-    depth: int = 2
-    head_dim: int = 16
-    chunk_size: int = 10
-    n_action_steps: int = 5
-    num_steps: int = 10
-    max_dim: int = 32
-    max_tokens: int = 64
-    patch: int = 14
-
-
-SIZES = DemoSizes()
-
-# ------------------------------------------------------------------------------------------ tokenizer
-_CHARS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?-_'\n") + ["\u2581"]
-_WORDS = ("the", "\u2581the", "\u2581pick", "\u2581up", "\u2581red", "\u2581cube", "\u2581and", "\u2581put",
-          "\u2581it", "\u2581in", "\u2581box", "Task", "State", "Action", "pick")
-
-
-def build_tokenizer(path: Path) -> int:
-    """Write a tiny SentencePiece BPE model with PaliGemma's conventions (pad 0, eos 1, bos 2, unk 3,
-    byte fallback, no dummy prefix); every word is reachable by merges of its prefixes. Returns its size."""
-    from sentencepiece import sentencepiece_model_pb2 as pb2
-
-    m = pb2.ModelProto()
-    for piece, kind in (("<pad>", 3), ("<eos>", 3), ("<bos>", 3), ("<unk>", 2)):
-        m.pieces.add(piece=piece, score=0.0, type=kind)
-    for b in range(256):
-        m.pieces.add(piece=f"<0x{b:02X}>", score=0.0, type=6)
-    normal = dict.fromkeys([*_CHARS, *(w[:i] for w in _WORDS for i in range(2, len(w) + 1))])
-    for piece in normal:  # BPE merge priority follows the score, which falls with the id
-        m.pieces.add(piece=piece, score=-float(len(m.pieces)), type=1)
-    ts = m.trainer_spec
-    ts.model_type, ts.vocab_size, ts.byte_fallback = pb2.TrainerSpec.BPE, len(m.pieces), True
-    ts.pad_id, ts.eos_id, ts.bos_id, ts.unk_id = 0, 1, 2, 3
-    ts.pad_piece, ts.eos_piece, ts.bos_piece, ts.unk_piece = "<pad>", "<eos>", "<bos>", "<unk>"
-    ns = m.normalizer_spec
-    ns.name, ns.add_dummy_prefix, ns.remove_extra_whitespaces = "identity", False, False
-    ns.escape_whitespaces = True
-    path.write_bytes(m.SerializeToString())
-    return len(m.pieces)
-
-
-# ------------------------------------------------------------------------------------------ weights
-_PG = "model.paligemma_with_expert.paligemma."
-_VT = _PG + "model.vision_tower.vision_model."
-_EX = "model.paligemma_with_expert.gemma_expert."
-
-
-def _gemma_shapes(stem: str, width: int, mlp: int, s: DemoSizes, adaptive: bool) -> dict[str, tuple]:
-    q, kv = 8 * s.head_dim, s.head_dim
-    layer = {"self_attn.q_proj.weight": (q, width), "self_attn.k_proj.weight": (kv, width),
-             "self_attn.v_proj.weight": (kv, width), "self_attn.o_proj.weight": (width, q),
-             "mlp.gate_proj.weight": (mlp, width), "mlp.up_proj.weight": (mlp, width),
-             "mlp.down_proj.weight": (width, mlp)}
-    norms = ("input_layernorm", "post_attention_layernorm")
-    if adaptive:
-        layer.update({f"{n}.dense.{p}": shape for n in norms
-                      for p, shape in (("weight", (3 * width, width)), ("bias", (3 * width,)))})
-        final = {"norm.dense.weight": (3 * width, width), "norm.dense.bias": (3 * width,)}
-    else:
-        layer.update({f"{n}.weight": (width,) for n in norms})
-        final = {"norm.weight": (width,)}
-    out = {f"{stem}layers.{i}.{k}": v for i in range(s.depth) for k, v in layer.items()}
-    return {**out, **{stem + k: v for k, v in final.items()}}
-
-
-def _vision_shapes(s: DemoSizes) -> dict[str, tuple]:
-    w, n_pos = s.vision_width, (s.image_size // s.patch) ** 2
-    layer = {f"self_attn.{p}_proj.{t}": (w, w) if t == "weight" else (w,) for p in ("q", "k", "v", "out")
-             for t in ("weight", "bias")}
-    layer.update({f"layer_norm{i}.{p}": (w,) for i in (1, 2) for p in ("weight", "bias")})
-    layer.update({"mlp.fc1.weight": (s.vision_mlp, w), "mlp.fc1.bias": (s.vision_mlp,),
-                  "mlp.fc2.weight": (w, s.vision_mlp), "mlp.fc2.bias": (w,)})
-    out = {f"{_VT}encoder.layers.{i}.{k}": v for i in range(s.vision_depth) for k, v in layer.items()}
-    out.update({_VT + "embeddings.patch_embedding.weight": (w, 3, s.patch, s.patch),
-                _VT + "embeddings.patch_embedding.bias": (w,),
-                _VT + "embeddings.position_embedding.weight": (n_pos, w),
-                _VT + "post_layernorm.weight": (w,), _VT + "post_layernorm.bias": (w,),
-                _PG + "model.multi_modal_projector.linear.weight": (s.vlm_width, w),
-                _PG + "model.multi_modal_projector.linear.bias": (s.vlm_width,)})
-    return out
-
-
-def lerobot_pi05_shapes(s: DemoSizes, vocab: int) -> dict[str, tuple]:
-    """Every tensor of a lerobot 0.6.1 PI05Policy state dict, key -> shape (the layout it saves)."""
-    we = s.expert_width
-    shapes = {**_vision_shapes(s),
-              _PG + "model.language_model.embed_tokens.weight": (vocab, s.vlm_width),
-              _PG + "lm_head.weight": (vocab, s.vlm_width), _EX + "lm_head.weight": (vocab, we),
-              **_gemma_shapes(_PG + "model.language_model.", s.vlm_width, s.vlm_mlp, s, adaptive=False),
-              **_gemma_shapes(_EX + "model.", we, s.expert_mlp, s, adaptive=True)}
-    for name, (out, inp) in {"action_in_proj": (we, s.max_dim), "action_out_proj": (s.max_dim, we),
-                             "time_mlp_in": (we, we), "time_mlp_out": (we, we)}.items():
-        shapes[f"model.{name}.weight"], shapes[f"model.{name}.bias"] = (out, inp), (out,)
-    return shapes
-
-
-def random_weights(shapes: dict[str, tuple], seed: int) -> dict[str, torch.Tensor]:
-    """Seeded N(0, 1/fan_in) weights (norm gains near 1 for SigLIP LayerNorms), in sorted key order."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for key in sorted(shapes):
-        shape = shapes[key]
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        t = torch.randn(shape, generator=g) / max(fan_in, 1) ** 0.5
-        if len(shape) == 1:
-            t = t * 0.05 + (1.0 if "layer_norm" in key or "post_layernorm" in key else 0.0)
-        out[key] = t.contiguous()
-    out[_PG + "lm_head.weight"] = out[_PG + "model.language_model.embed_tokens.weight"].clone()  # tied
-    return out
-
-
-# ------------------------------------------------------------------------------------------ policy dir
-def _feature(kind: str, shape: tuple) -> dict[str, Any]:
-    return {"type": kind, "shape": list(shape)}
-
-
-def _config_json(s: DemoSizes) -> dict[str, Any]:
-    inputs = {f"observation.images.{c}": _feature("VISUAL", (3, s.image_size, s.image_size)) for c in CAMERAS}
-    inputs["observation.state"] = _feature("STATE", (STATE_DIM,))
-    return {"type": "pi05", "n_obs_steps": 1, "input_features": inputs,
-            "output_features": {"action": _feature("ACTION", (ACTION_DIM,))}, "device": "cpu",
-            "paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m", "dtype": "float32",
-            "chunk_size": s.chunk_size, "n_action_steps": s.n_action_steps, "max_state_dim": s.max_dim,
-            "max_action_dim": s.max_dim, "num_inference_steps": s.num_steps, "min_period": 0.004,
-            "max_period": 4.0, "use_relative_actions": False,
-            "image_resolution": [s.image_size, s.image_size],
-            "empty_cameras": 0, "tokenizer_max_length": s.max_tokens,
-            "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"},
-            "flashrt_demo": f"RANDOM weights, generated by flashrt.demo (seed {SEED})",
-            "flashrt_demo_version": DEMO_VERSION}
-
-
-def _norm_step(registry: str, features: dict, state_file: str) -> dict[str, Any]:
-    return {"registry_name": registry, "state_file": state_file,
-            "config": {"eps": 1e-8, "features": features,
-                       "norm_map": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"}}}
-
-
-def _processors(s: DemoSizes) -> tuple[dict, dict]:
-    config = _config_json(s)
-    pre_state, post_state = "policy_preprocessor_step_3_normalizer_processor.safetensors", \
-        "policy_postprocessor_step_0_unnormalizer_processor.safetensors"
-    pre = {"name": "policy_preprocessor", "steps": [
-        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
-        {"registry_name": "to_batch_processor", "config": {}},
-        {"registry_name": "relative_actions_processor",
-         "config": {"enabled": False, "exclude_joints": ["gripper"], "action_names": None}},
-        _norm_step("normalizer_processor", {**config["input_features"], **config["output_features"]},
-                   pre_state),
-        {"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {}},
-        {"registry_name": "tokenizer_processor",
-         "config": {"max_length": s.max_tokens, "task_key": "task", "padding_side": "right",
-                    "padding": "max_length", "truncation": True,
-                    "tokenizer_name": "google/paligemma-3b-pt-224"}},
-        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
-    post = {"name": "policy_postprocessor", "steps": [
-        _norm_step("unnormalizer_processor", config["output_features"], post_state),
-        {"registry_name": "absolute_actions_processor", "config": {"enabled": False}},
-        {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}}]}
-    return pre, post
-
-
-def _stats(seed: int) -> dict[str, torch.Tensor]:
-    """Plausible joint statistics (radians; a gripper in [0, 1]) for state and action."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed + 1)
-    out = {}
-    for key, dim in (("observation.state", STATE_DIM), ("action", ACTION_DIM)):
-        center, spread = torch.randn(dim, generator=g) * 0.5, torch.rand(dim, generator=g) + 0.5
-        center[-1], spread[-1] = 0.5, 0.5
-        stats = {"mean": center, "std": spread / 2, "min": center - spread * 1.2,
-                 "max": center + spread * 1.2, "q01": center - spread, "q99": center + spread}
-        out.update({f"{key}.{k}": v.float().contiguous() for k, v in stats.items()})
-    return out
-
-
-def write_demo_checkpoint(folder: Path, sizes: DemoSizes = SIZES, seed: int = SEED) -> Path:
-    """Write the random tiny Pi0.5 as a lerobot 0.6.1 policy dir into `folder` (created)."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = build_tokenizer(folder / "tokenizer.model")
-    save_file(random_weights(lerobot_pi05_shapes(sizes, vocab), seed), str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps(_config_json(sizes), indent=4))
-    pre, post = _processors(sizes)
-    (folder / "policy_preprocessor.json").write_text(json.dumps(pre, indent=2))
-    (folder / "policy_postprocessor.json").write_text(json.dumps(post, indent=2))
-    stats = _stats(seed)
-    save_file(stats, str(folder / pre["steps"][3]["state_file"]))
-    actions = {k: v for k, v in stats.items() if k.startswith("action.")}
-    save_file(actions, str(folder / post["steps"][0]["state_file"]))
-    return folder
+    marker = (("flashrt_demo", f"RANDOM weights, generated by flashrt.demo (seed {seed})"),
+              ("flashrt_demo_version", DEMO_VERSION))
+    spec = SyntheticSpec("pi05", sizes or TINY, CAMERAS, seed=seed, extra_config=marker)
+    return write_checkpoint(folder, spec)
 
 
 def default_checkpoint_dir() -> Path:
@@ -416,7 +216,7 @@ def demo(rate_hz: float = 20.0, seconds: float = 5.0, device: str = "auto", back
                 machine punishes more); 0 keeps torch's setting. Restored afterwards.
     checkpoint  where the random checkpoint lives (default: the user cache dir); generated if absent
     """
-    from flashrt.policy import load_policy
+    from flashrt.runner.policy import load_policy
 
     if not rate_hz > 0 or not seconds > 0:
         raise ValueError("rate_hz and seconds must be positive")

@@ -1,7 +1,13 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite; `tests/support/` (readers of the committed fixtures) is put on
+the import path here, so test modules import it as `support`."""
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flashrt.demo import SIZES, ToyRobot, demo, ensure_demo_checkpoint, write_demo_checkpoint
+from flashrt.demo import ToyRobot, demo, ensure_demo_checkpoint, write_demo_checkpoint
 from flashrt.frontends.pi0.checkpoint import detect_layout, load_checkpoint
+from flashrt.frontends.pi0.synthetic import TINY as SIZES
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer
 
 

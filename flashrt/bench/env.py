@@ -43,7 +43,7 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 def git_revision(root: Path | None = None) -> dict[str, Any]:
     """{'commit', 'dirty'} of the checkout holding flashrt (None where not a git checkout)."""
-    root = root or Path(__file__).resolve().parents[2]
+    root = root or Path(__file__).resolve().parent  # git looks upward for the checkout
     commit = _run(["git", "rev-parse", "HEAD"], root)
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], root)
     return {"commit": commit, "dirty": None if status is None else bool(status)}

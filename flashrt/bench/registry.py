@@ -48,8 +48,8 @@ from flashrt.profile.timers import StageTimer
 STAGES = ("validate", "h2d", "replay", "d2h", "postprocess")
 """Canonical stage names: validate/preprocess, host->device, replay, device->host, postprocess."""
 
-_DISCOVER_PACKAGES = ("flashrt.frontends",)
-_BUILTIN_MODULES = ("flashrt.bench.runtime_block", "flashrt.bench.adapters.vocoders")
+_DISCOVER_PACKAGES = ("flashrt.bench.adapters",)
+_BUILTIN_MODULES = ("flashrt.bench.runtime_block",)
 
 
 class ReferenceUnavailable(FlashRTError):
@@ -108,8 +108,8 @@ def _import_quietly(module: str) -> None:
 
 
 def discover() -> dict[str, str]:
-    """Import the built-in adapters and every `flashrt.frontends.*.bench` module (once);
-    returns {module: error} for those that failed to import."""
+    """Import the built-in benchmarks and every module of `flashrt.bench.adapters` (once); returns
+    {module: error} for those that failed to import."""
     if not _DISCOVERED:
         _DISCOVERED.append(True)
         for module in _BUILTIN_MODULES:
@@ -125,8 +125,7 @@ def _discover_package(package: str) -> None:
     except ImportError:
         return
     for info in pkgutil.iter_modules(getattr(pkg, "__path__", [])):
-        if info.ispkg and importlib.util.find_spec(f"{package}.{info.name}.bench") is not None:
-            _import_quietly(f"{package}.{info.name}.bench")
+        _import_quietly(f"{package}.{info.name}")
 
 
 def available() -> dict[str, Entry]:

@@ -10,10 +10,11 @@ from functools import cache
 import numpy as np
 import pytest
 import torch
+from support import pi0_e2e
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
-from flashrt.policy import Policy, load_policy, split_observation
-from flashrt.testing import pi0_e2e
+from flashrt.frontends.pi0.observation import split_observation
+from flashrt.runner.policy import Policy, load_policy
 
 TOL = 1e-4
 
@@ -99,10 +100,10 @@ def test_step_replans_after_n_action_steps_and_reset():
     pol = load_policy(case.policy_dir, tokenizer=E2E.TOKENIZER)
     n = pol.n_action_steps
     assert n == case.info["n_action_steps"] < pol.chunk_size
+    chunk = pol.infer(case.obs(0), seed=11)["actions"]
     calls = []
-    real_infer = pol.infer
-    pol.infer = lambda obs, noise=None, seed=None: calls.append(seed) or real_infer(obs, noise, seed)
-    chunk = real_infer(case.obs(0), seed=11)["actions"]
+    real_replay = pol.frontend.replay
+    pol.frontend.replay = lambda bucket: calls.append(bucket) or real_replay(bucket)
     got = [pol.step(case.obs(0), seed=11) for _ in range(n)]
     assert len(calls) == 1 and pol.queued == 0
     assert all(np.array_equal(g, chunk[k]) for k, g in enumerate(got))

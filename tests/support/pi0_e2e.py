@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-ROOT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "pi0_e2e"
+ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "pi0_e2e"
 TOKENIZER = ROOT / "tokenizer.model"
 CASES = ("pi0_cam1", "pi0_cam2", "pi0_cam3", "pi05_cam1", "pi05_cam2", "pi05_cam3")
 

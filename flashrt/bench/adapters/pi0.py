@@ -43,8 +43,6 @@ frame rows x columns.
 from __future__ import annotations
 
 import importlib.util
-import json
-import math
 import sys
 import tempfile
 import time
@@ -59,11 +57,10 @@ import torch
 
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
-from flashrt.demo import ACTION_DIM, SIZES, STATE_DIM, DemoSizes, build_tokenizer, lerobot_pi05_shapes
 from flashrt.errors import ConfigError
 from flashrt.frontends.pi0.frontend import Pi0Frontend
 from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step
-from flashrt.frontends.pi0.preprocess import camera_key
+from flashrt.frontends.pi0.synthetic import TINY, SyntheticSizes, SyntheticSpec, write_checkpoint
 from flashrt.profile.timers import StageTimer
 
 VARIANTS = ("pi0", "pi05")
@@ -71,10 +68,8 @@ CAMERAS = ("top", "wrist", "side")
 PROMPTS = ("pick up the red cube", "put the block in the box", "open the drawer", "pick up the cube")
 OBS_KEYS = ("images", "state", "prompt")
 TOKENIZER_MAX = {"pi0": 48, "pi05": 200}  # lerobot 0.6.1 defaults (tokenizer_max_length)
-NORMALIZATION = {"pi0": "MEAN_STD", "pi05": "QUANTILES"}  # lerobot defaults for STATE and ACTION
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _MODEL_KEYS = ("seed",)
-_PG = "model.paligemma_with_expert.paligemma."
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -84,40 +79,28 @@ class BenchPreset:
 
     vocab 0 keeps the tokenizer's own size (a few hundred rows); the full preset keeps PaliGemma's."""
 
-    sizes: DemoSizes
+    sizes: SyntheticSizes
     cameras: int = 2
     frame: tuple[int, int] = (480, 640)
     vocab: int = 0
     storage: torch.dtype = torch.float32
 
 
-SMALL = DemoSizes(vision_width=128, vision_depth=4, vision_mlp=512, image_size=224, vlm_width=256,
+SMALL = SyntheticSizes(vision_width=128, vision_depth=4, vision_mlp=512, image_size=224, vlm_width=256,
                   vlm_mlp=1024, expert_width=128, expert_mlp=512, depth=4, head_dim=32, chunk_size=50,
                   n_action_steps=50, num_steps=10)
-FULL = DemoSizes(vision_width=1152, vision_depth=27, vision_mlp=4304, image_size=224, vlm_width=2048,
+FULL = SyntheticSizes(vision_width=1152, vision_depth=27, vision_mlp=4304, image_size=224, vlm_width=2048,
                  vlm_mlp=16_384, expert_width=1024, expert_mlp=4096, depth=18, head_dim=256, chunk_size=50,
                  n_action_steps=50, num_steps=10)
 PRESETS: dict[str, BenchPreset] = {
-    "tiny": BenchPreset(SIZES, frame=(48, 64)),
+    "tiny": BenchPreset(TINY, frame=(48, 64)),
     "small": BenchPreset(SMALL),
     "full": BenchPreset(FULL, vocab=257_152, storage=torch.bfloat16),
 }
 PRESETS["expert"] = PRESETS["full"]
 
 
-@dataclass(frozen=True)
-class CheckpointSpec:
-    """Everything `write_checkpoint` needs: variant, sizes (max_tokens already per variant), cameras."""
-
-    variant: str
-    sizes: DemoSizes
-    cameras: tuple[str, ...]
-    vocab: int = 0
-    storage: torch.dtype = torch.float32
-    seed: int = 0
-
-
-def checkpoint_spec(variant: str, profile: Profile) -> CheckpointSpec:
+def checkpoint_spec(variant: str, profile: Profile) -> SyntheticSpec:
     """The random checkpoint a profile asks for (preset, views, chunk, steps, [model] seed)."""
     where = profile.path or profile.name
     if profile.shapes.preset not in PRESETS:
@@ -131,159 +114,8 @@ def checkpoint_spec(variant: str, profile: Profile) -> CheckpointSpec:
     chunk = s.chunk or preset.sizes.chunk_size
     sizes = replace(preset.sizes, chunk_size=chunk, n_action_steps=min(preset.sizes.n_action_steps, chunk),
                     num_steps=s.steps or preset.sizes.num_steps, max_tokens=TOKENIZER_MAX[variant])
-    return CheckpointSpec(variant, sizes, CAMERAS[:views], preset.vocab, preset.storage,
+    return SyntheticSpec(variant, sizes, CAMERAS[:views], preset.vocab, preset.storage,
                           int(profile.model.get("seed", 0)))
-
-
-# ------------------------------------------------------------------------------------------ checkpoint
-def lerobot_shapes(variant: str, s: DemoSizes, vocab: int) -> dict[str, tuple[int, ...]]:
-    """Every tensor of a lerobot 0.6.1 PI0Policy / PI05Policy state dict, key -> shape. Pi0 differs from
-    Pi0.5 in its expert: plain RMSNorm gains instead of adaRMS denses, a state projection, and the
-    action-time MLP (input: action and time embedding concatenated) instead of the time MLP."""
-    shapes = lerobot_pi05_shapes(s, vocab)
-    if variant == "pi05":
-        return shapes
-    we, out = s.expert_width, {}
-    for key, shape in shapes.items():
-        if key.endswith(".dense.weight"):
-            out[key.removesuffix(".dense.weight") + ".weight"] = (we,)
-        elif not key.endswith(".dense.bias") and not key.startswith("model.time_mlp_"):
-            out[key] = shape
-    for name, (rows, cols) in {"state_proj": (we, s.max_dim), "action_time_mlp_in": (we, 2 * we),
-                               "action_time_mlp_out": (we, we)}.items():
-        out[f"model.{name}.weight"], out[f"model.{name}.bias"] = (rows, cols), (rows,)
-    return out
-
-
-def random_weights(shapes: dict[str, tuple[int, ...]], seed: int, device: str | torch.device = "cpu",
-                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Seeded N(0, 1/fan_in) weights drawn ON `device` (vectors: 0.05 N(0, 1), + 1 for SigLIP LayerNorm
-    gains), in sorted key order, stored as `dtype`; PaliGemma's lm_head is tied to the embedding."""
-    g = torch.Generator(device).manual_seed(seed)
-    out = {}
-    for key in sorted(shapes):
-        shape = shapes[key]
-        t = torch.randn(shape, generator=g, device=device) / math.sqrt(max(math.prod(shape[1:]), 1))
-        if len(shape) == 1:
-            t = t * 0.05 + (1.0 if "layer_norm" in key or "post_layernorm" in key else 0.0)
-        out[key] = t.to(dtype)
-    out[_PG + "lm_head.weight"] = out[_PG + "model.language_model.embed_tokens.weight"].clone()  # tied
-    return out
-
-
-def _feature(kind: str, shape: tuple[int, ...]) -> dict[str, Any]:
-    return {"type": kind, "shape": list(shape)}
-
-
-def _features(spec: CheckpointSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    side = spec.sizes.image_size
-    inputs = {camera_key(c): _feature("VISUAL", (3, side, side)) for c in spec.cameras}
-    inputs["observation.state"] = _feature("STATE", (STATE_DIM,))
-    return inputs, {"action": _feature("ACTION", (ACTION_DIM,))}
-
-
-def config_json(spec: CheckpointSpec) -> dict[str, Any]:
-    """lerobot's config.json (only keys lerobot's PI0Config / PI05Config know, so lerobot reads it too)."""
-    s, (inputs, outputs) = spec.sizes, _features(spec)
-    norm = NORMALIZATION[spec.variant]
-    return {"type": spec.variant, "n_obs_steps": 1, "input_features": inputs, "output_features": outputs,
-            "device": "cpu", "paligemma_variant": "gemma_2b", "action_expert_variant": "gemma_300m",
-            "dtype": "float32", "chunk_size": s.chunk_size, "n_action_steps": s.n_action_steps,
-            "max_state_dim": s.max_dim, "max_action_dim": s.max_dim, "num_inference_steps": s.num_steps,
-            "min_period": 0.004, "max_period": 4.0, "use_relative_actions": False,
-            "image_resolution": [s.image_size, s.image_size], "empty_cameras": 0,
-            "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": norm, "ACTION": norm},
-            "tokenizer_max_length": s.max_tokens}
-
-
-# lerobot 0.6.1 processor order (make_pi0_pre_post_processors / make_pi05_pre_post_processors).
-PRE_STEPS = {
-    "pi0": ("rename_observations_processor", "to_batch_processor", "pi0_new_line_processor",
-            "tokenizer_processor", "device_processor", "relative_actions_processor", "normalizer_processor"),
-    "pi05": ("rename_observations_processor", "to_batch_processor", "relative_actions_processor",
-             "normalizer_processor", "pi05_prepare_state_tokenizer_processor_step", "tokenizer_processor",
-             "device_processor"),
-}
-POST_STEPS = ("unnormalizer_processor", "absolute_actions_processor", "device_processor")
-
-
-def _step_configs(spec: CheckpointSpec, features: dict[str, Any], post: bool) -> dict[str, dict[str, Any]]:
-    norm = NORMALIZATION[spec.variant]
-    normalizer = {"eps": 1e-8, "features": features,
-                  "norm_map": {"VISUAL": "IDENTITY", "STATE": norm, "ACTION": norm}}
-    return {"rename_observations_processor": {"rename_map": {}}, "to_batch_processor": {},
-            "pi0_new_line_processor": {}, "pi05_prepare_state_tokenizer_processor_step": {},
-            "tokenizer_processor": {"max_length": spec.sizes.max_tokens, "task_key": "task",
-                                    "padding_side": "right", "padding": "max_length", "truncation": True,
-                                    "tokenizer_name": "google/paligemma-3b-pt-224"},
-            "device_processor": {"device": "cpu", "float_dtype": None},
-            "relative_actions_processor": {"enabled": False, "exclude_joints": ["gripper"],
-                                           "action_names": None},
-            "absolute_actions_processor": {"enabled": False},
-            "normalizer_processor" if not post else "unnormalizer_processor": normalizer}
-
-
-def _pipeline(name: str, steps: tuple[str, ...], configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    out = []
-    for i, step in enumerate(steps):
-        entry = {"registry_name": step, "config": configs[step]}
-        if step.endswith("normalizer_processor"):
-            entry["state_file"] = f"{name}_step_{i}_{step}.safetensors"
-        out.append(entry)
-    return {"name": name, "steps": out}
-
-
-def processor_jsons(spec: CheckpointSpec) -> tuple[dict[str, Any], dict[str, Any]]:
-    """policy_preprocessor.json and policy_postprocessor.json as lerobot 0.6.1 saves them."""
-    inputs, outputs = _features(spec)
-    pre = _pipeline("policy_preprocessor", PRE_STEPS[spec.variant],
-                    _step_configs(spec, {**inputs, **outputs}, post=False))
-    post = _pipeline("policy_postprocessor", POST_STEPS, _step_configs(spec, outputs, post=True))
-    return pre, post
-
-
-def statistics(seed: int) -> dict[str, torch.Tensor]:
-    """Plausible joint statistics for state and action (a gripper in [0, 1] last), lerobot's flat keys."""
-    g = torch.Generator().manual_seed(seed + 1)
-    out = {}
-    for key, dim in (("observation.state", STATE_DIM), ("action", ACTION_DIM)):
-        center, spread = torch.randn(dim, generator=g) * 0.5, torch.rand(dim, generator=g) + 0.5
-        center[-1], spread[-1] = 0.5, 0.5
-        stats = {"mean": center, "std": spread / 2, "min": center - 1.2 * spread,
-                 "max": center + 1.2 * spread, "q01": center - spread, "q99": center + spread}
-        out.update({f"{key}.{k}": v.float().contiguous() for k, v in stats.items()})
-    return out
-
-
-def write_metadata(folder: Path, spec: CheckpointSpec) -> None:
-    """config.json, the two processor JSONs and their statistics files (everything but weights and
-    tokenizer) for `spec` into `folder`."""
-    from safetensors.torch import save_file
-
-    (folder / "config.json").write_text(json.dumps(config_json(spec), indent=2))
-    stats = statistics(spec.seed)
-    for pipeline in processor_jsons(spec):
-        (folder / f"{pipeline['name']}.json").write_text(json.dumps(pipeline, indent=2))
-        for step in pipeline["steps"]:
-            if "state_file" in step:
-                save_file(stats, str(folder / step["state_file"]))
-
-
-def write_checkpoint(folder: Path, spec: CheckpointSpec, device: str | torch.device = "cpu") -> Path:
-    """Write a random-weight lerobot 0.6.1 policy dir for `spec` into `folder` (weights drawn on
-    `device`, then saved from the host)."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = build_tokenizer(folder / "tokenizer.model")
-    shapes = lerobot_shapes(spec.variant, spec.sizes, spec.vocab or vocab)
-    weights = random_weights(shapes, spec.seed, device, spec.storage)
-    host = {k: v.to("cpu") for k, v in weights.items()}
-    del weights
-    save_file(host, str(folder / "model.safetensors"))
-    del host
-    write_metadata(folder, spec)
-    return folder
 
 
 # ------------------------------------------------------------------------------------------ hot path
@@ -332,13 +164,10 @@ def sibling_policy(policy: Any, backend: str = "eager", frontend_cls: type = Pi0
                    cameras: tuple[str, ...] | None = None) -> Any:
     """A second `Policy` over the SAME weights (model, tokenizer, normalizers): its own static buffers and
     graphs on `backend`, optionally for other cameras (the network is camera-count independent)."""
-    from flashrt.policy import Policy
+    from flashrt.runner.policy import Policy
 
-    ck = policy.checkpoint if cameras is None else replace(policy.checkpoint, cameras=tuple(cameras))
-    f = policy.frontend
-    frontend = frontend_cls(f.model, len(ck.cameras), f.buckets, backend)
-    frontend.capture()
-    return Policy(ck, frontend, policy.prompts, policy.n_action_steps)
+    frontend = policy.frontend.sibling(backend, cameras, frontend_cls)
+    return Policy(frontend, policy.n_action_steps)
 
 
 class LoopPolicy:
@@ -357,8 +186,7 @@ class LoopPolicy:
 
 
 # ------------------------------------------------------------------------------------------ lerobot
-_CHECKOUT = Path(__file__).resolve().parents[3]
-_VS_LEROBOT = _CHECKOUT / "bench" / "pi0_vs_lerobot.py"
+_VS_LEROBOT = Path("bench") / "pi0_vs_lerobot.py"   # in the flashrt checkout the bench runs from
 _LEROBOT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 _UNPATCHED: dict[str, tuple[Any, Any, Any]] = {}
 
@@ -367,8 +195,8 @@ def _lerobot_gen() -> Any:
     """The e2e fixture generator (tests/fixtures/gen/gen_pi0_e2e.py, loaded by bench/pi0_vs_lerobot.py):
     lerobot's modules, its tiny-size patch `shrink`, the offline tokenizer loader, `lerobot_batch`."""
     if not _VS_LEROBOT.is_file():
-        raise ReferenceUnavailable(f"the lerobot reference needs a flashrt checkout ({_VS_LEROBOT} is "
-                                   "missing)")
+        raise ReferenceUnavailable(f"the lerobot reference builds lerobot at these sizes with the checkout's "
+                                   f"{_VS_LEROBOT}: run from a flashrt checkout (not found in {Path.cwd()})")
     _share_sentencepiece_proto()
     spec = importlib.util.spec_from_file_location("_flashrt_pi0_vs_lerobot", _VS_LEROBOT)
     module = importlib.util.module_from_spec(spec)
@@ -489,7 +317,7 @@ class Pi0Benchmark:
         return folder
 
     def _load(self, precision: str) -> Any:
-        from flashrt.policy import load_policy
+        from flashrt.runner.policy import load_policy
 
         start, s = time.perf_counter(), self.profile.shapes
         policy = load_policy(self.folder, device=self.device, precision=precision, num_steps=s.steps or None,
@@ -531,15 +359,15 @@ class Pi0Benchmark:
     def flops_bytes(self) -> tuple[float, float]:
         """Network FLOPs and minimum DRAM bytes per call, averaged over the buckets the calls replayed."""
         cfg, n_cams = self.loaded.config, len(self.loaded.cameras)
-        buckets = self.impl.buckets or Counter({self.loaded.frontend.max_len: 1})
-        wb = self.loaded.frontend.model.dtype.itemsize
+        buckets = self.impl.buckets or Counter({self.loaded.frontend.frontend.max_len: 1})
+        wb = self.loaded.frontend.frontend.model.dtype.itemsize
         calls = sum(buckets.values())
         flops = sum(n * flops_per_step(cfg, n_cams, b)["total"] for b, n in buckets.items()) / calls
         nbytes = sum(n * bytes_per_step(cfg, n_cams, b, weight_bytes=wb)["total"] for b, n in buckets.items())
         return float(flops), float(nbytes / calls)
 
     def memory(self) -> dict[str, int]:
-        model = self.loaded.frontend.model
+        model = self.loaded.frontend.frontend.model
         return {"buffers": self.loaded.frontend.buffers.nbytes(),
                 "weights": sum(p.numel() * p.element_size() for p in model.parameters())}
 

@@ -34,7 +34,7 @@ from flashrt.errors import InputError
 from flashrt.frontends.pi0.model import Pi0Model, io_buffer_specs, kv_buffer_specs
 from flashrt.nn.attention import StaticKV
 from flashrt.runtime.buffers import Buffers, check_value
-from flashrt.runtime.graphs import GraphSet, get_backend
+from flashrt.runtime.graphs import GraphSet, backend_for_device
 
 BUCKET_LADDER = (8, 16, 32, 64, 128, 256, 512)
 
@@ -47,7 +47,7 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
 class Pi0Frontend:
     """Static buffers + one graph per prompt bucket around a loaded `Pi0Model` (batch 1)."""
 
-    def __init__(self, model: Pi0Model, n_cams: int, buckets: Sequence[int], backend: str = "eager",
+    def __init__(self, model: Pi0Model, n_cams: int, buckets: Sequence[int], backend: str | None = None,
                  backend_opts: Mapping[str, Any] | None = None) -> None:
         self.model, self.config = model, model.config
         self.n_cams = int(n_cams)
@@ -59,7 +59,7 @@ class Pi0Frontend:
         max_prefix = self.config.prefix_len(self.n_cams, self.max_len)
         self.buffers = Buffers([*io_buffer_specs(self.config, 1, self.n_cams, self.max_len),
                                 *kv_buffer_specs(self.config, 1, max_prefix, model.dtype)], self.device)
-        self.backend = get_backend(backend, **dict(backend_opts or {}))
+        self.backend = backend_for_device(backend, self.device, **dict(backend_opts or {}))
         self.graphs = GraphSet(self.backend, self._build, self.buckets, buffers=self.buffers)
         self._generator = torch.Generator(self.device)
         self._generator.seed()

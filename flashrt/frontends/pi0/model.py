@@ -1,6 +1,6 @@
 """Pi0 / Pi0.5: PaliGemma prefix (SigLIP + projector + Gemma 2B) and a Gemma 300M flow-matching expert.
 
-Public API (what `flashrt.policy` and the bench code against)::
+Public API (what the Pi0 policy frontend (`family.py`) and the bench adapter code against)::
 
     from flashrt.frontends.pi0.config import Pi0Config, preset, config_from_state_dict_shapes
     from flashrt.frontends.pi0.model import (Pi0Model, kv_buffer_specs, io_buffer_specs, make_step,

@@ -14,20 +14,21 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from flashrt.bench.adapters import pi0 as pi0_bench
 from flashrt.bench.harness import BenchOptions, run_benchmark
 from flashrt.bench.loop import LoopConfig, run_loop, summarize_loop
 from flashrt.bench.profiles import parse_profile
 from flashrt.bench.registry import ReferenceUnavailable, available, discover
-from flashrt.demo import DemoSizes
 from flashrt.errors import ConfigError
-from flashrt.frontends.pi0 import bench as pi0_bench
+from flashrt.frontends.pi0 import synthetic
 from flashrt.frontends.pi0.config import config_from_state_dict_shapes, preset
 from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step
+from flashrt.frontends.pi0.synthetic import SyntheticSizes
 from flashrt.profile.timers import StageTimer
 
 E2E = Path(__file__).resolve().parents[2] / "fixtures" / "pi0_e2e"
 # The sizes of the lerobot-saved e2e fixtures (tests/fixtures/gen/gen_pi0_e2e.py, case *_cam2).
-E2E_SIZES = DemoSizes(vision_width=32, vision_depth=2, vision_mlp=64, image_size=42, vlm_width=64,
+E2E_SIZES = SyntheticSizes(vision_width=32, vision_depth=2, vision_mlp=64, image_size=42, vlm_width=64,
                       vlm_mlp=128, expert_width=32, expert_mlp=64, depth=2, head_dim=16, max_dim=12,
                       chunk_size=6, n_action_steps=4, num_steps=3)
 E2E_VOCAB, E2E_TOKENS = 395, {"pi0": 24, "pi05": 72}
@@ -52,7 +53,7 @@ def pi0():
 def test_registry_finds_both_variants():
     entries = available()
     assert {"pi0", "pi05"} <= set(entries)
-    assert "flashrt.frontends.pi0.bench" not in discover()
+    assert "flashrt.bench.adapters.pi0" not in discover()
     assert entries["pi05"].factory is pi0_bench.make_pi05_benchmark
 
 
@@ -62,20 +63,20 @@ def test_random_checkpoint_has_the_layout_lerobot_saves(variant):
     policy_dir = E2E / f"{variant}_cam2" / "policy"
     with safe_open(str(policy_dir / "model.safetensors"), "pt") as f:
         saved = {k: tuple(f.get_slice(k).get_shape()) for k in sorted(f.keys())}
-    assert pi0_bench.lerobot_shapes(variant, E2E_SIZES, E2E_VOCAB) == saved
+    assert synthetic.lerobot_shapes(variant, E2E_SIZES, E2E_VOCAB) == saved
     sizes = replace(E2E_SIZES, max_tokens=E2E_TOKENS[variant])
-    spec = pi0_bench.CheckpointSpec(variant, sizes, ("top", "wrist"))
-    pre, post = pi0_bench.processor_jsons(spec)
+    spec = synthetic.SyntheticSpec(variant, sizes, ("top", "wrist"))
+    pre, post = synthetic.processor_jsons(spec)
     assert pre == json.loads((policy_dir / "policy_preprocessor.json").read_text())
     assert post == json.loads((policy_dir / "policy_postprocessor.json").read_text())
-    config, lerobot = pi0_bench.config_json(spec), json.loads((policy_dir / "config.json").read_text())
+    config, lerobot = synthetic.config_json(spec), json.loads((policy_dir / "config.json").read_text())
     assert {k: lerobot[k] for k in config} == config
 
 
 @pytest.mark.parametrize("variant", pi0_bench.VARIANTS)
 def test_full_preset_has_the_real_sizes(variant):
     """Shapes only (no weights): the full preset derives to Pi0's SigLIP So400m, Gemma 2B and 300M."""
-    shapes = pi0_bench.lerobot_shapes(variant, pi0_bench.FULL, pi0_bench.PRESETS["full"].vocab)
+    shapes = synthetic.lerobot_shapes(variant, pi0_bench.FULL, pi0_bench.PRESETS["full"].vocab)
     cfg = config_from_state_dict_shapes(shapes, variant, "gemma_2b", "gemma_300m")
     want = preset(variant)
     assert (cfg.vision, cfg.vlm, cfg.expert, cfg.max_action_dim) == (want.vision, want.vlm, want.expert, 32)
@@ -83,10 +84,10 @@ def test_full_preset_has_the_real_sizes(variant):
 
 
 def test_random_weights_are_seeded_tied_and_typed():
-    shapes = pi0_bench.lerobot_shapes("pi0", E2E_SIZES, E2E_VOCAB)
-    a = pi0_bench.random_weights(shapes, 3, dtype=torch.bfloat16)
-    b = pi0_bench.random_weights(shapes, 3, dtype=torch.bfloat16)
-    c = pi0_bench.random_weights(shapes, 4)
+    shapes = synthetic.lerobot_shapes("pi0", E2E_SIZES, E2E_VOCAB)
+    a = synthetic.random_weights(shapes, 3, dtype=torch.bfloat16)
+    b = synthetic.random_weights(shapes, 3, dtype=torch.bfloat16)
+    c = synthetic.random_weights(shapes, 4)
     head = "model.paligemma_with_expert.paligemma."
     assert all(torch.equal(a[k], b[k]) and a[k].dtype == torch.bfloat16 for k in a)
     assert not torch.equal(a[head + "lm_head.weight"].float(), c[head + "lm_head.weight"])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import pi0_e2e
 
 from flashrt.errors import CheckpointError
 from flashrt.frontends.pi0.checkpoint import (
@@ -15,7 +16,6 @@ from flashrt.frontends.pi0.checkpoint import (
     load_checkpoint,
     relative_offset,
 )
-from flashrt.testing import pi0_e2e
 
 E2E = pi0_e2e
 

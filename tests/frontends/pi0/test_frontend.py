@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import pi0_e2e
 
 from flashrt.errors import InputError
 from flashrt.frontends.pi0.checkpoint import load_checkpoint
 from flashrt.frontends.pi0.frontend import Pi0Frontend, default_buckets
 from flashrt.frontends.pi0.weights import load_pi0
-from flashrt.testing import pi0_e2e
 
 E2E = pi0_e2e
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from support import pi0_e2e
 
 from flashrt.errors import CheckpointError
 from flashrt.frontends.pi0.normalize import MODES, Normalizer, lerobot_normalizer, openpi_normalizers
-from flashrt.testing import pi0_e2e
 
 E2E = pi0_e2e
 

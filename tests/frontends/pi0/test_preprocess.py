@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import pi0_e2e
 
 from flashrt.errors import InputError
 from flashrt.frontends.pi0.preprocess import (
@@ -14,7 +15,6 @@ from flashrt.frontends.pi0.preprocess import (
     resize_with_pad,
     resized_size,
 )
-from flashrt.testing import pi0_e2e
 
 E2E = pi0_e2e
 

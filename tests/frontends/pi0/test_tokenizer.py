@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import pi0_e2e
 
 from flashrt.errors import CheckpointError, InputError
 from flashrt.frontends.pi0.tokenizer import (
@@ -16,7 +17,6 @@ from flashrt.frontends.pi0.tokenizer import (
     find_tokenizer,
     pi05_prompt,
 )
-from flashrt.testing import pi0_e2e
 
 E2E = pi0_e2e
 

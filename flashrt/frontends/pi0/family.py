@@ -1,0 +1,168 @@
+"""The Pi0 / Pi0.5 policy family: `FAMILY` (detect -> load) and `Pi0PolicyFrontend`, the
+`flashrt.runtime.frontend.PolicyFrontend` that the model-agnostic `Policy` runner drives.
+
+Everything Pi0-specific lives here and in this folder: the observation spellings
+(`observation.py`), image preprocessing on the device (`preprocess.py`), the PaliGemma prompt formats
+and Pi0.5's discretized state (`tokenizer.py`), the checkpoint's normalization statistics and
+relative actions (`normalize.py`, `checkpoint.py`), and the captured step (`frontend.py`).
+
+    check(obs, noise)      observation -> images checked, state normalized, prompt tokenized, the
+                           caller's noise checked; the prompt bucket chosen. Nothing written.
+    write(bucket, c, seed) images (resized with padding on the device), tokens, state, noise
+    replay(bucket)         vision + prefix + every denoise step of that bucket
+    read(c)                actions to the host, un-normalized, relative dims made absolute
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashrt.errors import CheckpointError, ConfigError
+from flashrt.frontends.pi0.checkpoint import Pi0Checkpoint, detect_layout, load_checkpoint, relative_offset
+from flashrt.frontends.pi0.frontend import Pi0Frontend, default_buckets
+from flashrt.frontends.pi0.observation import check_state, split_observation
+from flashrt.frontends.pi0.preprocess import CheckedImage, ImagePreprocessor
+from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
+from flashrt.quant.precision import compute_dtype
+from flashrt.runtime.device import resolve_device
+from flashrt.runtime.frontend import PolicyFamily
+
+__all__ = ["FAMILY", "Pi0PolicyFrontend", "Pi0Checked", "load", "detect"]
+
+
+@dataclass(frozen=True)
+class Pi0Checked:
+    """One validated observation, ready to write: images, static token/state inputs, noise, raw state."""
+
+    images: Mapping[str, CheckedImage]
+    inputs: Mapping[str, torch.Tensor]
+    noise: torch.Tensor | None
+    state: torch.Tensor
+
+
+class Pi0PolicyFrontend:
+    """A loaded Pi0 / Pi0.5 checkpoint behind the policy-frontend verbs (module docstring)."""
+
+    def __init__(self, checkpoint: Pi0Checkpoint, frontend: Pi0Frontend, prompts: PromptTokenizer) -> None:
+        self.checkpoint, self.frontend, self.prompts = checkpoint, frontend, prompts
+        self.config = frontend.config
+        self.images = ImagePreprocessor(checkpoint.cameras, checkpoint.resolution)
+        self.device, self.buffers = frontend.device, frontend.buffers
+        self.state_dim, self.action_dim = checkpoint.state_dim, checkpoint.action_dim
+        self.chunk_size = self.config.chunk_size
+        self.n_action_steps = checkpoint.n_action_steps
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return self.frontend.buckets
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        return self.images.cameras
+
+    # ------------------------------------------------------------------------------ hot path
+    def check(self, obs: Mapping[str, Any], noise: Any = None) -> tuple[int, Pi0Checked]:
+        o = split_observation(obs, self.checkpoint.rename_map)
+        images = self.images.check(o.images)
+        state = check_state(o.state, self.state_dim)
+        state_norm = self.checkpoint.state_norm.normalize(state)
+        ids = self.prompts.ids(o.prompt, state_norm if self.config.variant == "pi05" else None)
+        bucket = self.frontend.bucket_for(len(ids))
+        checked_noise = self.frontend.check_noise(noise) if noise is not None else None
+        inputs = self.buffers.validate(self._static_inputs(ids, state_norm), partial=True)
+        return bucket, Pi0Checked(images, inputs, checked_noise, state)
+
+    def _static_inputs(self, ids: list[int], state_norm: torch.Tensor) -> dict[str, torch.Tensor]:
+        tokens, mask = self.prompts.padded(ids, self.frontend.max_len)
+        inputs = {"prefix_tokens": tokens[None], "prefix_token_masks": mask[None]}
+        if self.config.has_state_token:
+            padded = torch.zeros(1, self.config.max_state_dim)
+            padded[0, : self.state_dim] = state_norm
+            inputs["expert_state"] = padded
+        return inputs
+
+    def write(self, bucket: int, checked: Pi0Checked, seed: int | None = None) -> None:
+        bufs = self.buffers
+        self.images.write(checked.images, bufs["vision_images"][0], bufs["vision_masks"][0])
+        bufs.write(checked.inputs)
+        self.frontend.write_noise(checked.noise, seed)
+
+    def replay(self, bucket: int) -> None:
+        self.frontend.run(bucket)
+
+    def read(self, checked: Pi0Checked) -> np.ndarray:
+        actions = self.checkpoint.action_norm.unnormalize(self.frontend.actions()[:, : self.action_dim])
+        if self.checkpoint.relative_mask is not None:
+            actions = actions + relative_offset(self.checkpoint.relative_mask, checked.state, self.action_dim)
+        return actions.numpy().astype(np.float32, copy=False)
+
+    # ------------------------------------------------------------------------------ reporting
+    def describe(self) -> dict[str, Any]:
+        dtype = str(self.frontend.model.dtype).removeprefix("torch.")
+        return {"family": "pi0", **self.checkpoint.summary(), "device": str(self.device), "dtype": dtype,
+                "buckets": list(self.buckets), "backend": self.frontend.graphs.report().get("backend")}
+
+    def report(self) -> dict[str, Any]:
+        return self.frontend.report()
+
+    def sibling(self, backend: str = "eager", cameras: Sequence[str] | None = None,
+                frontend_cls: type[Pi0Frontend] = Pi0Frontend) -> Pi0PolicyFrontend:
+        """A second frontend over the SAME weights, tokenizer and statistics: its own static buffers
+        and graphs on `backend`, optionally for other cameras (the network is camera-count independent).
+        For side-by-side benchmarks; the two must not run concurrently (they share the module)."""
+        from dataclasses import replace
+
+        ck = self.checkpoint if cameras is None else replace(self.checkpoint, cameras=tuple(cameras))
+        frontend = frontend_cls(self.frontend.model, len(ck.cameras), self.frontend.buckets, backend)
+        frontend.capture()
+        return Pi0PolicyFrontend(ck, frontend, self.prompts)
+
+
+# ---------------------------------------------------------------------------------- loading
+def _check_sizes(ck: Pi0Checkpoint, tokenizer: PaliGemmaTokenizer) -> None:
+    c = ck.model_config
+    if ck.action_dim > c.max_action_dim or (c.has_state_token and ck.state_dim > c.max_state_dim):
+        raise CheckpointError(f"state/action sizes {ck.state_dim}/{ck.action_dim} exceed the model's "
+                              f"{c.max_state_dim}/{c.max_action_dim}")
+    if tokenizer.vocab_size > c.vlm.vocab_size:
+        raise CheckpointError(f"tokenizer {tokenizer.path} has {tokenizer.vocab_size} pieces but the model "
+                              f"embeds only {c.vlm.vocab_size} tokens: wrong tokenizer?")
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "float32",
+         num_steps: int | None = None, backend: str | None = None, buckets: Sequence[int] | None = None,
+         tokenizer: str | Path | None = None, asset_id: str | None = None) -> Pi0PolicyFrontend:
+    """Load a Pi0 / Pi0.5 checkpoint dir (lerobot 0.6.1 or openpi PyTorch) and capture its graphs."""
+    from flashrt.frontends.pi0.weights import load_pi0
+
+    dev = resolve_device(device)
+    dtype = compute_dtype(precision)
+    ck = load_checkpoint(path, tokenizer=tokenizer, asset_id=asset_id)
+    if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int)
+                                  or num_steps <= 0):
+        raise ConfigError(f"num_steps must be a positive int, got {num_steps!r}")
+    config = ck.model_config if num_steps is None else ck.model_config.replace(num_steps=num_steps)
+    tok = PaliGemmaTokenizer(ck.tokenizer_path)
+    _check_sizes(ck, tok)
+    model = load_pi0(config, ck.weights, device=dev, dtype=dtype)
+    sizes = tuple(buckets) if buckets else default_buckets(ck.max_prompt_len)
+    frontend = Pi0Frontend(model, len(ck.cameras), sizes, backend)
+    frontend.capture()
+    return Pi0PolicyFrontend(ck, frontend, PromptTokenizer(tok, ck.prompt_format, frontend.max_len))
+
+
+def detect(path: Path) -> None:
+    """None for a lerobot 0.6.1 pi0/pi05 policy dir or an openpi PyTorch dir; CheckpointError saying
+    why not otherwise."""
+    detect_layout(path)
+
+
+FAMILY = PolicyFamily(
+    name="pi0", detect=detect, load=load, options=("tokenizer", "asset_id"),
+    doc="Pi0 / Pi0.5 (lerobot 0.6.1 policy dirs, openpi PyTorch dirs): PaliGemma + flow-matching expert")

@@ -1,0 +1,201 @@
+"""Robot policies behind one runner: `load_policy(path)` -> `Policy` with `infer`, `step`, `reset`.
+
+    policy = load_policy("path/to/checkpoint", device="cuda")   # the family is detected
+    out = policy.infer(obs, seed=0)    # {"actions": (chunk, action_dim) float32, "timing", "bucket"}
+    policy.reset()                     # new episode
+    action = policy.step(obs)          # one action per control tick; replans every n_action_steps
+
+The runner knows no model. It drives a `flashrt.runtime.frontend.PolicyFrontend` through its verbs
+(check -> write -> replay -> read) and owns only the call pattern: argument checks, the action queue,
+the replan period, timing, and one caller at a time. The family (found through
+`flashrt.frontends.registry`) owns the observation spelling, preprocessing, tokenization,
+normalization and the captured step.
+
+Guarantees (tested):
+* Every argument (`seed`, `noise`, the whole observation) is checked before any static buffer is
+  written: a bad call raises `InputError` and the next good call is bit-identical to a fresh policy's.
+* `step()` checks its observation on every tick, not only on replanning ticks.
+* Outputs are checked finite on the host copy the runner already holds (no device sync added); a
+  NaN/inf chunk raises `NumericalError` and is never queued.
+* Threads: a policy serializes its callers with one lock (`infer`, `step`, `reset` each take it; an
+  uncontended acquire costs well under a microsecond). Two threads on one policy get correct results
+  one after the other, never a mix of each other's buffers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashrt.errors import CheckpointError, ConfigError, InputError, NumericalError
+from flashrt.frontends.registry import policy_families
+from flashrt.profile import StageTimer
+from flashrt.runtime.frontend import PolicyFamily, PolicyFrontend
+
+__all__ = ["Policy", "load_policy", "detect_family", "check_seed"]
+
+
+def check_seed(seed: Any) -> int | None:
+    """None, or a non-negative int below 2**63 (bools, floats and numpy floats are refused, not
+    truncated)."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise InputError(f"seed must be an int (or None), got {type(seed).__name__} {seed!r}")
+    if not 0 <= int(seed) < 2**63:
+        raise InputError(f"seed must lie in [0, 2**63), got {seed}")
+    return int(seed)
+
+
+def _replan_period(frontend: PolicyFrontend, n_action_steps: Any) -> int:
+    n = frontend.n_action_steps if n_action_steps is None else n_action_steps
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < int(n) <= frontend.chunk_size:
+        raise ConfigError(f"n_action_steps {n!r} must be an int in 1..{frontend.chunk_size} (the chunk size)")
+    return int(n)
+
+
+class Policy:
+    """A loaded policy: validated observation -> static buffers -> replay -> un-normalized actions.
+
+    Owns its frontend; `step` keeps an action queue that `reset` clears. Callers are serialized by one
+    lock (module docstring)."""
+
+    def __init__(self, frontend: PolicyFrontend, n_action_steps: int | None = None) -> None:
+        self.frontend = frontend
+        self.n_action_steps = _replan_period(frontend, n_action_steps)
+        self._queue: deque[np.ndarray] = deque()
+        self._lock = threading.RLock()
+        self.last_timing: dict[str, float] = {}
+
+    @property
+    def chunk_size(self) -> int:
+        return self.frontend.chunk_size
+
+    @property
+    def action_dim(self) -> int:
+        return self.frontend.action_dim
+
+    @property
+    def queued(self) -> int:
+        """Actions left before the next replan."""
+        return len(self._queue)
+
+    # ------------------------------------------------------------------------------ hot path
+    def infer(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None,
+              timer: StageTimer | None = None) -> dict[str, Any]:
+        """One observation -> a whole chunk: {"actions": (chunk_size, action_dim) float32, "timing",
+        "bucket"}. `noise` (the family's noise shape) or `seed` fix the randomness.
+
+        `timer` (a `flashrt.profile.StageTimer`, optional) receives the stages of this call: "validate"
+        (every check; nothing written), "h2d" (static buffers written), "replay" (the captured step) and
+        "postprocess" (outputs to the host, un-normalized, checked finite)."""
+        with self._lock:
+            seed = check_seed(seed)
+            start = time.perf_counter()
+            timer = timer if timer is not None else StageTimer(self.frontend.device, nvtx=False)
+            first = len(timer)
+            with timer.stage("validate"):
+                bucket, checked = self.frontend.check(obs, noise)
+            actions = self._run(bucket, checked, seed, timer)
+            ms = {r.stage: r.ms for r in timer.records(first)}
+            timing = {"preprocess_ms": ms["validate"] + ms["h2d"], "replay_ms": ms["replay"],
+                      "postprocess_ms": ms["postprocess"], "total_ms": (time.perf_counter() - start) * 1e3}
+            self.last_timing = timing
+            return {"actions": actions, "timing": timing, "bucket": bucket}
+
+    def _run(self, bucket: int, checked: Any, seed: int | None, timer: StageTimer) -> np.ndarray:
+        with timer.stage("h2d"):
+            self.frontend.write(bucket, checked, seed)
+        with timer.stage("replay"):
+            self.frontend.replay(bucket)
+        with timer.stage("postprocess"):
+            actions = self.frontend.read(checked)
+            if not np.isfinite(actions).all():
+                raise NumericalError("the policy produced NaN/inf actions: the checkpoint's weights or "
+                                     "statistics are broken (they were finite at load), or the precision "
+                                     "overflows; try precision='float32'")
+        return actions
+
+    def step(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None) -> np.ndarray:
+        """One action (action_dim,) per control tick; a new chunk is inferred every n_action_steps.
+        The observation is checked on every tick."""
+        with self._lock:
+            seed = check_seed(seed)
+            bucket, checked = self.frontend.check(obs, noise)
+            if not self._queue:
+                timer = StageTimer(self.frontend.device, nvtx=False)
+                chunk = self._run(bucket, checked, seed, timer)
+                self._queue.extend(chunk[: self.n_action_steps])
+            return self._queue.popleft()
+
+    def reset(self) -> None:
+        """Start a new episode: forget the queued actions."""
+        with self._lock:
+            self._queue.clear()
+
+    def info(self) -> dict[str, Any]:
+        return {**self.frontend.describe(), "n_action_steps": self.n_action_steps,
+                "graphs": self.frontend.report()}
+
+    def __getattr__(self, name: str) -> Any:
+        """Family attributes (cameras, state_dim, checkpoint, config, ...) read through to the
+        frontend, so family-aware callers (bench adapters, the demo) need no unwrapping."""
+        if name.startswith("_") or name == "frontend":
+            raise AttributeError(name)
+        return getattr(self.frontend, name)
+
+
+# ---------------------------------------------------------------------------------- loading
+def detect_family(path: str | Path, families: Mapping[str, PolicyFamily] | None = None) -> PolicyFamily:
+    """The one registered family that claims `path`; CheckpointError listing every family tried and
+    why each declined when none does."""
+    folder = Path(path)
+    known = policy_families() if families is None else dict(families)
+    if not folder.exists():
+        raise CheckpointError(f"{folder} does not exist (a policy checkpoint is a folder)")
+    reasons = {}
+    for name, family in known.items():
+        try:
+            family.detect(folder)
+        except CheckpointError as exc:
+            reasons[name] = str(exc)
+            continue
+        return family
+    tried = "; ".join(f"{name}: {why}" for name, why in reasons.items())
+    raise CheckpointError(f"{folder}: no policy family recognises it. Tried {tried}")
+
+
+def load_policy(path: str | Path, device: str | torch.device = "cpu",
+                precision: str | torch.dtype = "float32", num_steps: int | None = None,
+                backend: str | None = None, buckets: Sequence[int] | None = None,
+                n_action_steps: int | None = None, family: str | None = None, **options: Any) -> Policy:
+    """Load a policy checkpoint directory (the family is detected) and capture its graphs.
+
+    device          "cpu", "cuda", "cuda:N" or "auto"
+    precision       one of `flashrt.quant.precision.compute_dtype`'s names ("fp32" = "float32",
+                    "bf16" = "bfloat16", "fp16" = "float16") or a torch dtype
+    num_steps       flow-matching steps (default: the checkpoint's)
+    backend         graph backend "eager" | "trace" | "cuda" (default: cuda on a GPU, eager on the CPU)
+    buckets         prompt-length buckets (default: the family's ladder up to the checkpoint's limit)
+    n_action_steps  replan period of `step` (default: the checkpoint's)
+    family          skip detection and load as this family
+    options         the family's own options (Pi0: tokenizer, asset_id; GROOT: embodiment, ...)
+    """
+    known = policy_families()
+    if family is not None and family not in known:
+        raise ConfigError(f"unknown policy family {family!r}; known: {sorted(known)}")
+    fam = known[family] if family is not None else detect_family(path, known)
+    unknown = sorted(set(options) - set(fam.options))
+    if unknown:
+        raise ConfigError(f"{fam.name} policies take no option(s) {unknown}; their options: "
+                          f"{sorted(fam.options)}")
+    frontend = fam.load(Path(path), device=device, precision=precision, num_steps=num_steps,
+                        backend=backend, buckets=buckets, **options)
+    return Policy(frontend, n_action_steps)
