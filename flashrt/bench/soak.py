@@ -50,9 +50,10 @@ def slope_per_step(xs: list[float], ys: list[float]) -> float:
 
 
 def run_soak(step: Callable[[int], Any], config: SoakConfig, device: str = "cpu",
-             progress: Any = None) -> dict[str, Any]:
+             progress: Any = None, rss: Callable[[], int] = memory.rss_bytes) -> dict[str, Any]:
     """Call `step(i)` for i in range(steps); returns the summary (see module doc). Latencies go into a
-    preallocated array and samples are few, so the soak itself does not grow the RSS it measures."""
+    preallocated array and samples are few, so the soak itself does not grow the RSS it measures.
+    ``rss`` reads the resident bytes (the process's by default); the leak verdict depends on nothing else."""
     lat = np.full(config.steps, np.nan)
     n_samples = (config.steps - config.warmup + config.sample_every - 1) // config.sample_every
     samples = {"step": [0] * n_samples, "rss": [0] * n_samples, "cuda": [], "median_ms": [None] * n_samples}
@@ -65,7 +66,7 @@ def run_soak(step: Callable[[int], Any], config: SoakConfig, device: str = "cpu"
         except Exception:
             pass  # stays NaN: counted as a failure
         if i >= config.warmup and (i - config.warmup) % config.sample_every == 0:
-            _sample(samples, s, i, device, lat[previous:i + 1])
+            _sample(samples, s, i, device, lat[previous:i + 1], rss)
             previous, s = i + 1, s + 1
         if progress is not None:
             progress.update(1)
@@ -73,9 +74,10 @@ def run_soak(step: Callable[[int], Any], config: SoakConfig, device: str = "cpu"
     return summarize_soak(ok.tolist(), int(np.isnan(lat).sum()), samples, config)
 
 
-def _sample(samples: dict[str, list], s: int, i: int, device: str, window: np.ndarray) -> None:
+def _sample(samples: dict[str, list], s: int, i: int, device: str, window: np.ndarray,
+            rss: Callable[[], int]) -> None:
     samples["step"][s] = i
-    samples["rss"][s] = memory.rss_bytes()
+    samples["rss"][s] = rss()
     window = window[~np.isnan(window)]
     samples["median_ms"][s] = float(np.median(window)) if window.size else None
     cuda = memory.cuda_memory(device)

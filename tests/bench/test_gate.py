@@ -1,6 +1,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from flashrt.bench.gate import compare
@@ -37,3 +38,24 @@ def test_non_finite_and_dtypes():
     bf = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
     assert compare(bf, torch.tensor([1.0, 2.0]), 0, 0).passed
     assert compare(torch.tensor([3], dtype=torch.int64), np.array([3]), 0, 0).passed
+
+
+# The tolerance is atol + rtol * |ref| (the reference's magnitude, never the output's), inclusive.
+# Each row fails on one mutation: |out| instead of |ref|, or `<` instead of `<=`.
+GATE_BOUNDARIES = {
+    "rtol scales with |ref| (small ref)": (2.0, 1.0, 0.0, 0.75, False),  # |out| would allow 1.5
+    "rtol scales with |ref| (large ref)": (1.0, 2.0, 0.0, 0.75, True),   # |out| would allow 0.75 < 1
+    "negative ref uses its magnitude": (-1.0, -2.0, 0.0, 0.5, True),
+    "exactly at atol passes": (4.5, 4.0, 0.5, 0.0, True),
+    "exactly at atol + rtol|ref| passes": (5.0, 4.0, 0.5, 0.125, True),
+    "just over fails": (5.0 + 2**-20, 4.0, 0.5, 0.125, False),
+}
+
+
+@pytest.mark.parametrize("case", GATE_BOUNDARIES)
+def test_gate_tolerance_boundaries(case):
+    out, ref, atol, rtol, passed = GATE_BOUNDARIES[case]
+    result = compare(torch.tensor([out], dtype=torch.float64), torch.tensor([ref], dtype=torch.float64),
+                     atol=atol, rtol=rtol)
+    assert result.passed is passed
+    assert compare(np.array([out]), np.array([ref]), atol=atol, rtol=rtol).passed is passed

@@ -90,3 +90,27 @@ def test_bad_config():
         LoopConfig(rate_hz=0)
     with pytest.raises(ValueError):
         LoopConfig(load_kind="gpu")
+
+
+# Boundaries (each case fails on the mutation named): a step that ends exactly on the next tick is on time
+# (`>` not `>=` in `missed`), and a late step that ends exactly on a tick takes that tick's frame (the
+# ceil in the tick arithmetic). Times are exact binary fractions at 128 Hz (period 7.8125 ms).
+TICK_BOUNDARIES = {
+    "ends exactly on the next tick": ([7.8125], 3, [0, 1, 2], [False, False, False], [0, 0, 0]),
+    "ends just after the next tick": ([7.8125 + 2**-10], 3, [0, 2], [True, True], [0, 1]),
+    "ends exactly two ticks later": ([15.625, 1.0], 3, [0, 2], [True, False], [0, 1]),
+    "ends just after two ticks": ([15.625 + 2**-10, 1.0], 4, [0, 3], [True, False], [0, 2]),
+}
+
+
+@pytest.mark.parametrize("case", TICK_BOUNDARIES)
+def test_tick_boundaries(case):
+    latencies, steps, indices, missed, dropped = TICK_BOUNDARIES[case]
+    clock = FakeClock()
+    config = LoopConfig(rate_hz=128.0, steps=steps)
+    ticks = run_loop(TimedPolicy(clock, latencies), lambda k: k, config, clock=clock.now, sleep=clock.sleep)
+    assert [t.index for t in ticks] == indices
+    assert [t.missed for t in ticks] == missed
+    assert [t.dropped_before for t in ticks] == dropped
+    assert summarize_loop(ticks, config)["latency"].deadline_misses == sum(
+        lat > 7.8125 for lat in [t.latency_ms for t in ticks])

@@ -1,6 +1,8 @@
+import gc
+
 import pytest
 
-from flashrt.bench.soak import SoakConfig, run_soak, run_soak_benchmark, slope_per_step, summarize_soak
+from flashrt.bench.soak import MIB, SoakConfig, run_soak, run_soak_benchmark, slope_per_step, summarize_soak
 
 from .fakes import register_fake
 
@@ -13,10 +15,51 @@ def test_slope():
 
 
 def test_leaking_step_is_flagged():
+    """Real RSS, decided from memory only: each step keeps 256 KiB of written pages (mmap-sized, so the
+    allocator returns nothing and no lazily mapped zero page hides it); other garbage is collected
+    first and the collector is off during the run, so a loaded machine can only slow it down."""
     hoard = []
-    summary = run_soak(lambda i: hoard.append(b"\x01" * 65536), CONFIG)
-    assert summary["leak"] and summary["rss"]["leak"]
-    assert summary["rss"]["growth_mib"] > 20 and summary["rss"]["mib_per_1k_steps"] > 30
+    gc.collect()
+    gc.disable()
+    try:
+        summary = run_soak(lambda i: hoard.append(b"\x01" * (256 << 10)), SoakConfig(steps=200, warmup=20,
+                                                                                  sample_every=5))
+    finally:
+        gc.enable()
+    assert summary["leak"] and summary["rss"]["leak"]  # 45 MiB kept; the flag needs > 8 MiB and > 1 MiB/1k
+    assert summary["rss"]["growth_mib"] > 30 and summary["rss"]["mib_per_1k_steps"] > 150
+
+
+class FakeRss:
+    """RSS readings from a script: `base + per_step * calls` bytes, plus a fixed jitter pattern."""
+
+    def __init__(self, per_step_mib, jitter_mib=(0.0,)):
+        self.calls, self.per_step, self.jitter = 0, per_step_mib, jitter_mib
+
+    def __call__(self):
+        value = (100 + self.per_step * self.calls + self.jitter[self.calls % len(self.jitter)]) * MIB
+        self.calls += 1
+        return int(value)
+
+
+# The verdict from memory samples alone (steps=220, warmup=20, a sample every 10 steps: 20 samples over
+# 190 steps). Leak = slope > 1 MiB per 1000 steps AND total growth > 8 MiB.
+LEAK_VERDICTS = {
+    "flat": (0.0, (0.0,), False),
+    "allocator noise": (0.0, (0.0, 6.0, -2.0, 4.0), False),
+    "steady growth": (0.5, (0.0,), True),                      # 9.5 MiB, 50 MiB/1k
+    "slow but large": (0.4, (0.0,), False),                     # 7.6 MiB: under min_growth
+    "one spike mid-run": (0.0, (0.0,) * 10 + (40.0,) + (0.0,) * 9, False),  # back down: no growth
+    "a step up that stays": (0.0, (0.0,) * 10 + (12.0,) * 10, True),       # 12 MiB kept
+}
+
+
+@pytest.mark.parametrize("case", LEAK_VERDICTS)
+def test_leak_verdict_depends_on_memory_only(case):
+    per_sample, jitter, leak = LEAK_VERDICTS[case]
+    summary = run_soak(lambda i: None, SoakConfig(steps=220, warmup=20, sample_every=10),
+                       rss=FakeRss(per_sample, jitter))
+    assert summary["leak"] is leak, summary["rss"]
 
 
 def test_clean_step_is_not_flagged():

@@ -66,3 +66,19 @@ def test_bad_arguments_rejected(kwargs):
 def test_non_finite_sample_rejected():
     with pytest.raises(ValueError, match="finite"):
         LatencyStats.from_samples([1.0, float("nan")])
+
+
+# A sample exactly at the deadline is on time (`>` not `>=`); one ulp over is a miss.
+DEADLINE_BOUNDARY = {
+    "exactly at 10 ms": ([10.0], 0),
+    "one ulp over": ([math.nextafter(10.0, math.inf)], 1),
+    "one ulp under": ([math.nextafter(10.0, 0.0)], 0),
+    "mixed": ([10.0, 10.5, 9.5, 10.0], 1),
+}
+
+
+@pytest.mark.parametrize("case", DEADLINE_BOUNDARY)
+def test_deadline_boundary(case):
+    samples, misses = DEADLINE_BOUNDARY[case]
+    s = LatencyStats.from_samples(samples, rate_hz=100.0)  # deadline exactly 10.0 ms
+    assert s.deadline_ms == 10.0 and s.deadline_misses == misses
