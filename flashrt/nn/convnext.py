@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flashrt.nn.audio import EXACT
+from flashrt.nn.reach import Reach
+from flashrt.nn.valid import EXACT
 
 __all__ = ["AdaLayerNorm", "ChannelsLastValid", "ConvNeXtBlock", "DepthwiseConv", "FusedLinear",
            "channels_last", "fold_norm_bias", "fold_norm_weight", "fold_scale", "fold_scale_bias",
@@ -128,6 +129,9 @@ class DepthwiseConv(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, 1, 1, kernel))
         self.bias = nn.Parameter(torch.empty(dim))
 
+    def reach(self, rate: int = 1) -> Reach:
+        return Reach.conv(self.weight.shape[-1], 1, rate, self.pad)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.conv2d(x.transpose(1, 2).unsqueeze(2), self.weight, self.bias, padding=(0, self.pad),
                      groups=self.dim)  # (B, D, 1, T), channels-last
@@ -178,6 +182,9 @@ class ConvNeXtBlock(nn.Module):
         self.norm = AdaLayerNorm(adanorm, dim, eps) if adanorm else _PlainNorm(eps)
         self.pw1 = FusedLinear(dim, intermediate, activation="gelu")
         self.pw2 = FusedLinear(intermediate, dim)
+
+    def reach(self, rate: int = 1) -> Reach:
+        return self.dwconv.reach(rate)          # everything else is per frame
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None, valid=EXACT) -> torch.Tensor:
         """x (B, T, D). With a padded ``valid``, x's frames past the valid length must be zero (what the

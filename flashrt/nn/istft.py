@@ -19,12 +19,15 @@ overlap-add is R shifted in-place adds instead of ``F.fold`` (about 10x faster o
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flashrt.nn.audio import EXACT
 from flashrt.nn.convnext import FusedLinear
+from flashrt.nn.reach import Reach
+from flashrt.nn.valid import EXACT
 
 __all__ = ["PADDINGS", "ISTFT", "ISTFTHead", "hann_window", "overlap_add"]
 
@@ -95,6 +98,12 @@ class ISTFT(nn.Module):
         env = overlap_add(sq, self.hop)[0, self.trim:self.trim + self.output_length(mask.shape[0])]
         return torch.where(env > _ENVELOPE_FLOOR, env.reciprocal(), 0.0)
 
+    def reach(self, rate: int = 1) -> Reach:
+        """Frames an output sample depends on: the overlapping frames of n_fft samples, `hop` apart (one
+        input frame per `rate` spectral frames)."""
+        per_frame = self.hop * rate
+        return Reach(Fraction(self.n_fft - 1 - self.trim, per_frame), Fraction(self.trim, per_frame))
+
     def forward(self, spec: torch.Tensor, valid=EXACT) -> torch.Tensor:
         """spec: complex (B, T, F) -> audio (B, L).
 
@@ -131,6 +140,9 @@ class ISTFTHead(nn.Module):
         mag = y[..., :self.bins].exp().clamp_(max=_MAX_MAGNITUDE)
         phase = y[..., self.bins:]
         return torch.complex(mag * phase.cos(), mag * phase.sin())
+
+    def reach(self, rate: int = 1) -> Reach:
+        return self.istft.reach(rate)
 
     def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
         return self.istft(self.spectrum(x), valid)

@@ -32,8 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flashrt.nn.audio import EXACT, Reach
 from flashrt.nn.convnext import FusedLinear, channels_last, zero_padding_cl, zero_padding_cl_
+from flashrt.nn.reach import Reach, chain
+from flashrt.nn.valid import EXACT
 
 __all__ = ["ChannelsLastConv", "DecoderBlock", "LocalAttention", "MonoOutputConv", "NoiseBlock",
            "ResidualUnit", "SnacDecoder", "SnacQuantizer", "Snake", "TransposedConv", "convt_weight_to_gemm",
@@ -85,6 +86,9 @@ class ChannelsLastConv(nn.Module):
         self.weight = nn.Parameter(torch.empty(c_out, c_in // groups, kernel))
         self.bias = nn.Parameter(torch.empty(c_out)) if bias else None
 
+    def reach(self, rate: int = 1) -> Reach:
+        return Reach.conv(self.kernel, self.dilation, rate, self.pad * self.dilation)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         d = self.dilation
@@ -111,6 +115,9 @@ class MonoOutputConv(nn.Module):
         self.kernel, self.pad = kernel, (kernel - 1) // 2
         self.weight = nn.Parameter(torch.empty(1, c_in, kernel))
         self.bias = nn.Parameter(torch.empty(1))
+
+    def reach(self, rate: int = 1) -> Reach:
+        return Reach.conv(self.kernel, 1, rate, self.pad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -146,6 +153,10 @@ class TransposedConv(nn.Module):
         self.gemm = FusedLinear(c_in, kernel * c_out, bias=False)
         self.bias = nn.Parameter(torch.empty(c_out))
 
+    def reach(self, rate: int = 1) -> Reach:
+        """Frames an output reaches, for an input at `rate` samples per frame."""
+        return Reach.conv_transpose(self.kernel, self.stride, self.padding, rate)
+
     def output_length(self, t: int) -> int:
         return (t - 1) * self.stride - 2 * self.padding + self.kernel + self.output_padding
 
@@ -175,9 +186,8 @@ class ResidualUnit(nn.Module):
         h = self.conv1(self.snake1(x, valid))           # zero padding before the dilated conv
         return self.conv2(self.snake2(h), residual=x)   # 1x1: no reach, no padding to zero
 
-    @staticmethod
-    def reach(dilation: int, rate: int, kernel: int = 7) -> Reach:
-        return Reach.conv(kernel, dilation, rate)
+    def reach(self, rate: int = 1) -> Reach:
+        return self.conv1.reach(rate)                   # snakes and the 1x1 reach nothing
 
 
 class NoiseBlock(nn.Module):
@@ -210,11 +220,9 @@ class DecoderBlock(nn.Module):
             x = unit(x, valid)
         return x
 
-    @staticmethod
-    def reach(stride: int, rate: int) -> Reach:
+    def reach(self, rate: int = 1) -> Reach:
         """Frames an output reaches, for an input at `rate` samples per frame."""
-        up = Reach.conv_transpose(2 * stride, stride, math.ceil(stride / 2), rate)
-        return sum((ResidualUnit.reach(d, rate * stride) for d in RESIDUAL_DILATIONS), up)
+        return self.up.reach(rate) + chain(self.res, rate * self.up.stride)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -282,6 +290,16 @@ class SnacDecoder(nn.Module):
             for i, r in enumerate(rates))
         self.post_snake = Snake(widths[-1])
         self.post = MonoOutputConv(widths[-1], 7)
+
+    def reaches(self, rate: int = 1) -> tuple[Reach, Reach]:
+        """(before, after) the attention: the pre convs' reach, and the upsampling blocks' plus the output
+        conv's, for a latent input at `rate` samples per frame (attention reaches its whole window)."""
+        pre = chain([c for c in (self.pre_dw, self.pre) if isinstance(c, ChannelsLastConv)], rate)
+        rest = Reach()
+        for block in self.blocks:
+            rest = rest + block.reach(rate)
+            rate *= block.up.stride
+        return pre, rest + self.post.reach(rate)
 
     def noise_lengths(self, frames: int) -> list[int]:
         """Samples at each block's output for ``frames`` latent frames."""

@@ -188,11 +188,12 @@ def _measured_reach(run, steps: int, at: int) -> tuple[int, int]:
 @pytest.mark.parametrize("kind", ["resblock1", "resblock2", "act"])
 def test_declared_reach_covers_measured(kind):
     if kind == "resblock1":
-        block, reach = _ready(ResBlock1(8, 5, (1, 3))), ResBlock1.reach(5, (1, 3))
+        block = _ready(ResBlock1(8, 5, (1, 3)))
     elif kind == "resblock2":
-        block, reach = _ready(ResBlock2(8, 3, (2, 6))), ResBlock2.reach(3, (2, 6))
+        block = _ready(ResBlock2(8, 3, (2, 6)))
     else:
-        block, reach = _ready(Activation1d(8, Snake(8))), Activation1d.reach()
+        block = _ready(Activation1d(8, Snake(8)))
+    reach = block.reach()                             # from the block's own layers
     left, right = _measured_reach(block, 80, 40)
     # an output at t depends on inputs [t - reach.left, t + reach.right], so input t0 moves outputs
     # [t0 - reach.right, t0 + reach.left]

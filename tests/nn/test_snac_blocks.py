@@ -177,6 +177,6 @@ def test_decoder_block_reach_covers_the_measured_receptive_field(stride):
     x2 = x.clone()
     x2[:, 20] += 1.0
     moved = ((block(x2) - base).abs().amax(-1)[0] > 0).nonzero().flatten() / stride  # in input steps
-    reach = DecoderBlock.reach(stride, 1)
+    reach = block.reach(1)
     assert float(20 - moved.min()) <= float(reach.right) + 1e-9   # outputs left of 20 look right to it
     assert float(moved.max() - 20) <= float(reach.left) + 1.0      # +1: the step's own samples

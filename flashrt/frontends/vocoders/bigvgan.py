@@ -26,6 +26,7 @@ Forward: conv_pre -> per stage: ups[i] (no activation before it) -> mean of the 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -45,6 +46,7 @@ from flashrt.frontends.vocoders.base import (
     as_tuples,
     check_upsampler_pairs,
 )
+from flashrt.io import build_on_meta
 from flashrt.io.weightmap import Rule, WeightMap
 from flashrt.nn.audio import (
     EXACT,
@@ -58,6 +60,7 @@ from flashrt.nn.audio import (
     mrf,
     to_rows,
 )
+from flashrt.nn.reach import chain
 
 __all__ = ["BigVGANConfig", "BigVGAN", "AMPBlock1", "AMPBlock2", "PRESETS", "weight_map", "signature",
            "detect", "FAMILY"]
@@ -142,11 +145,8 @@ class AMPBlock1(nn.Module):
             x = c2(a2(xt, valid), valid, residual=x, into=i > 0)  # x is shared at i = 0, ours after
         return x
 
-    @staticmethod
-    def reach(kernel: int, dilations: Sequence[int], rate: int) -> Reach:
-        act = Activation1d.reach(rate=rate)
-        return sum((act + Reach.conv(kernel, d, rate) + act + Reach.conv(kernel, 1, rate) for d in dilations),
-                   Reach())
+    def reach(self, rate: int = 1) -> Reach:
+        return chain([*self.activations, *self.convs1, *self.convs2], rate)
 
 
 class AMPBlock2(nn.Module):
@@ -162,10 +162,8 @@ class AMPBlock2(nn.Module):
             x = conv(act(x, valid), valid, residual=x, into=i > 0)
         return x
 
-    @staticmethod
-    def reach(kernel: int, dilations: Sequence[int], rate: int) -> Reach:
-        act = Activation1d.reach(rate=rate)
-        return sum((act + Reach.conv(kernel, d, rate) for d in dilations), Reach())
+    def reach(self, rate: int = 1) -> Reach:
+        return chain([*self.activations, *self.convs], rate)
 
 
 AMP_BLOCKS = {"1": AMPBlock1, "2": AMPBlock2}
@@ -201,19 +199,23 @@ class BigVGAN(nn.Module):
         x = torch.tanh(x) if self.cfg.use_tanh_at_final else x.clamp(-1.0, 1.0)
         return x.reshape(x.shape[0], -1)                                      # (B, N)
 
+    def reach(self, rate: int = 1) -> Reach:
+        """Composed from the layers' own reaches: a stage's AMP blocks are parallel branches."""
+        reach, n = self.conv_pre.reach(rate), len(self.cfg.resblock_kernel_sizes)
+        for i, up in enumerate(self.ups):
+            reach = reach + up[0].reach(rate)
+            rate *= up[0].stride[0]
+            reach = reach + Reach.widest([b.reach(rate) for b in self.resblocks[i * n:(i + 1) * n]])
+        return reach + self.activation_post.reach(rate) + self.conv_post.reach(rate)
+
 
 # ------------------------------------------------------------------------------ family plumbing
 
+@functools.cache
 def receptive_field(cfg: BigVGANConfig) -> Reach:
-    """How far one output sample reaches into the input frames (left, right), from the layer list."""
-    block = AMP_BLOCKS[cfg.resblock]
-    reach, rate = Reach.conv(7), 1
-    for u, k in zip(cfg.upsample_rates, cfg.upsample_kernel_sizes):
-        reach = reach + Reach.conv_transpose(k, u, (k - u) // 2, rate)
-        rate *= u
-        reach = reach + Reach.widest([block.reach(bk, bd, rate) for bk, bd in
-                                      zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes)])
-    return reach + Activation1d.reach(rate=rate) + Reach.conv(7, rate=rate)
+    """How far one output sample reaches into the input frames (left, right): the module's own `reach`
+    (built on the meta device: no memory)."""
+    return build_on_meta(lambda: BigVGAN(cfg)).reach()
 
 
 def signature(cfg: BigVGANConfig) -> VocoderSignature:

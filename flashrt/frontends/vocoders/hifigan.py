@@ -29,6 +29,7 @@ conv_post -> tanh.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ from flashrt.frontends.vocoders.base import (
     as_tuples,
     check_upsampler_pairs,
 )
+from flashrt.io import build_on_meta
 from flashrt.io.weightmap import Rule, WeightMap
 from flashrt.nn.audio import (
     EXACT,
@@ -183,19 +185,23 @@ class HifiGan(nn.Module):
         x = self.conv_post(F.leaky_relu_(x, self.cfg.final_slope), valid)    # (B, 1, 1, N)
         return torch.tanh(x).reshape(x.shape[0], -1)                          # (B, N)
 
+    def reach(self, rate: int = 1) -> Reach:
+        """Composed from the layers' own reaches: a stage's resblocks are parallel branches."""
+        reach, n = self.conv_pre.reach(rate), len(self.cfg.resblock_kernel_sizes)
+        for i, up in enumerate(self.ups):
+            reach = reach + up.reach(rate)
+            rate *= up.stride[0]
+            reach = reach + Reach.widest([b.reach(rate) for b in self.resblocks[i * n:(i + 1) * n]])
+        return reach + self.conv_post.reach(rate)
+
 
 # ------------------------------------------------------------------------------ family plumbing
 
+@functools.cache
 def receptive_field(cfg: HifiGanConfig) -> Reach:
-    """How far one output sample reaches into the input frames (left, right), from the layer list."""
-    block = RESBLOCKS[cfg.resblock]
-    reach, rate = Reach.conv(7), 1
-    for u, k in zip(cfg.upsample_rates, cfg.upsample_kernel_sizes):
-        reach = reach + Reach.conv_transpose(k, u, (k - u) // 2, rate)
-        rate *= u
-        reach = reach + Reach.widest([block.reach(bk, bd, rate) for bk, bd in
-                                      zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes)])
-    return reach + Reach.conv(7, rate=rate)
+    """How far one output sample reaches into the input frames (left, right): the module's own `reach`
+    (built on the meta device: no memory)."""
+    return build_on_meta(lambda: HifiGan(cfg)).reach()
 
 
 def signature(cfg: HifiGanConfig) -> VocoderSignature:

@@ -27,6 +27,7 @@ Shape legend:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -46,10 +47,11 @@ from flashrt.frontends.vocoders.base import (
     VocoderSignature,
     as_tuples,
 )
+from flashrt.io import build_on_meta
 from flashrt.io.transforms import weight_norm
 from flashrt.io.weightmap import Rule, WeightMap
-from flashrt.nn.audio import EXACT, WEIGHT_NORM_SOURCES, Reach
-from flashrt.nn.snac_blocks import DecoderBlock, SnacDecoder, SnacQuantizer, convt_weight_to_gemm
+from flashrt.nn.audio import EXACT, WEIGHT_NORM_SOURCES
+from flashrt.nn.snac_blocks import SnacDecoder, SnacQuantizer, convt_weight_to_gemm
 
 __all__ = ["SnacConfig", "Snac", "PRESETS", "weight_map", "signature", "detect", "load_config", "FAMILY"]
 
@@ -161,19 +163,12 @@ class Snac(nn.Module):
 
 # ------------------------------------------------------------------------------ family plumbing
 
+@functools.cache
 def receptive_field(cfg: SnacConfig) -> tuple[int, int]:
-    """(left, right) whole frames one output sample depends on.
-
-    The pre-attention conv and everything after the attention are bounded separately and each rounded
-    up to whole frames, because attention makes an output depend on its entire window (= frame).
-    """
-    rate = cfg.latents_per_frame
-    pre = Reach.conv(7, rate=rate)
-    rest = Reach()
-    for stride in cfg.decoder_rates:
-        rest = rest + DecoderBlock.reach(stride, rate)
-        rate *= stride
-    rest = rest + Reach.conv(7, rate=rate)
+    """(left, right) whole frames one output sample depends on, from the decoder's own reaches (built on
+    the meta device). With attention the convs before it and everything after it are rounded up to
+    whole frames separately, because attention makes an output depend on its entire window (= frame)."""
+    pre, rest = build_on_meta(lambda: Snac(cfg)).decoder.reaches(cfg.latents_per_frame)
     if not cfg.attn_window_size:
         return (pre + rest).frames()
     (pl, pr), (rl, rr) = pre.frames(), rest.frames()

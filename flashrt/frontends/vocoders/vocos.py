@@ -31,10 +31,10 @@ Shape legend:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from torch import nn
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders import register_vocoder
 from flashrt.frontends.vocoders.base import CheckpointSource, FeatureInput, VocoderFamily, VocoderSignature
+from flashrt.io import build_on_meta
 from flashrt.io.weightmap import Rule, WeightMap
 from flashrt.nn.audio import EXACT, Reach
 from flashrt.nn.convnext import (
@@ -61,6 +62,7 @@ from flashrt.nn.convnext import (
     zero_padding_cl_,
 )
 from flashrt.nn.istft import PADDINGS, ISTFTHead
+from flashrt.nn.reach import chain
 
 __all__ = ["VocosConfig", "Vocos", "PRESETS", "ENCODEC_MODELS", "weight_map", "signature", "detect",
            "load_config", "FAMILY"]
@@ -202,7 +204,8 @@ class Vocos(nn.Module):
         if cfg.uses_codes:
             rows = cfg.table_codebooks * cfg.encodec.bins
             self.codebooks = nn.Parameter(torch.empty(rows, cfg.encodec.dim))
-        self.embed = FusedLinear(cfg.input_channels * 7, cfg.dim)  # the k=7 input conv as one GEMM
+        self.embed_kernel = 7
+        self.embed = FusedLinear(cfg.input_channels * self.embed_kernel, cfg.dim)  # the input conv, one GEMM
         ada = cfg.adanorm_num_embeddings
         self.norm = AdaLayerNorm(ada, cfg.dim) if ada else nn.LayerNorm(cfg.dim, eps=1e-6)
         self.blocks = nn.ModuleList(ConvNeXtBlock(cfg.dim, cfg.intermediate_dim, ada)
@@ -224,7 +227,7 @@ class Vocos(nn.Module):
             x = self.codes_to_features(inputs).transpose(1, 2)  # (B, C, T)
         else:
             (x,) = inputs
-        x = self.embed(_im2col(valid.zero(x), 7))  # (B, T, D)
+        x = self.embed(_im2col(valid.zero(x), self.embed_kernel))  # (B, T, D)
         cond = self.cond if self.cfg.adanorm_num_embeddings else None
         x = self.norm(x, cond) if cond is not None else self.norm(x)
         cl_valid = channels_last(valid)
@@ -233,6 +236,10 @@ class Vocos(nn.Module):
             x = block(x, cond, cl_valid)
         x = F.layer_norm(x, x.shape[-1:], eps=1e-6)  # affine folded into head.out
         return self.head(x, valid)
+
+    def reach(self, rate: int = 1) -> Reach:
+        """The input conv, the blocks' depthwise convs, the ISTFT's overlapping frames."""
+        return Reach.conv(self.embed_kernel, 1, rate) + chain(self.blocks, rate) + self.head.reach(rate)
 
 
 def _im2col(x: torch.Tensor, kernel: int) -> torch.Tensor:
@@ -249,11 +256,10 @@ def _conv_as_gemm(weight: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------ family plumbing
 
+@functools.cache
 def receptive_field(cfg: VocosConfig) -> Reach:
-    """Frames one output sample depends on: embed conv, depthwise convs, overlapping ISTFT frames."""
-    trim = cfg.n_fft // 2 if cfg.padding == "center" else (cfg.n_fft - cfg.hop_length) // 2
-    istft = Reach(Fraction(cfg.n_fft - 1 - trim, cfg.hop_length), Fraction(trim, cfg.hop_length))
-    return sum((Reach.conv(7) for _ in range(cfg.num_layers + 1)), Reach()) + istft
+    """Frames one output sample depends on: the module's own `reach` (built on the meta device)."""
+    return build_on_meta(lambda: Vocos(cfg)).reach()
 
 
 def signature(cfg: VocosConfig) -> VocoderSignature:

@@ -1,0 +1,265 @@
+"""Snake activations and BigVGAN's anti-aliased activation: band-limited 2x up, activation, 2x down.
+
+Snake/SnakeBeta (Liu Ziyin et al. 2020) with optional log-scale parameters as in BigVGAN;
+kaiser-windowed sinc low-pass filters (julius / alias-free-torch definition) for 2x anti-aliased
+activations (BigVGAN v2, `Activation1d`). Derived tensors (snake frequencies, filters) are
+non-persistent buffers computed in ``reset_derived()``.
+
+Shape legend: B batch, C channels, T time steps at the block's own rate.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashrt.nn.conv1d import ROWS
+from flashrt.nn.reach import Reach
+from flashrt.nn.valid import EXACT
+
+__all__ = ["Snake", "SnakeBeta", "kaiser_sinc_filter1d", "UpSample1d", "DownSample1d", "Activation1d"]
+
+
+# ----------------------------------------------------------------------------------------- snake
+
+class Snake(nn.Module):
+    """x + 1/(a + 1e-9) * sin(a x)^2 per channel; with ``logscale`` the stored alpha is log(a).
+
+    (B, C, T) -> (B, C, T). ``alpha`` is (C,) as stored by BigVGAN/DAC-style checkpoints.
+    """
+
+    eps = 1e-9
+
+    def __init__(self, channels: int, logscale: bool = True) -> None:
+        super().__init__()
+        self.logscale = logscale
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.register_buffer("freq", torch.empty(channels, 1), persistent=False)   # (C, 1)
+        self.register_buffer("inv", torch.empty(channels, 1), persistent=False)    # (C, 1)
+
+    def _scale(self, p: torch.Tensor) -> torch.Tensor:
+        return torch.exp(p) if self.logscale else p
+
+    def reset_derived(self) -> None:
+        a = self._scale(self.alpha.detach()).reshape(-1, 1)
+        self.freq = a.clone()
+        self.inv = 1.0 / (a + self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (-1,) + (1,) * (x.dim() - 2)              # (C, 1) or (C, 1, 1) for rows
+        t = x * self.freq.view(shape)
+        t.sin_().square_().mul_(self.inv.view(shape))
+        return t.add_(x)
+
+
+class SnakeBeta(Snake):
+    """x + 1/(b + 1e-9) * sin(a x)^2: separate frequency (alpha) and magnitude (beta), both (C,)."""
+
+    def __init__(self, channels: int, logscale: bool = True) -> None:
+        super().__init__(channels, logscale)
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def reset_derived(self) -> None:
+        self.freq = self._scale(self.alpha.detach()).reshape(-1, 1).clone()
+        self.inv = 1.0 / (self._scale(self.beta.detach()).reshape(-1, 1) + self.eps)
+
+
+# ------------------------------------------------------------------------------- anti-aliasing
+
+def kaiser_sinc_filter1d(cutoff: float, half_width: float, kernel_size: int) -> torch.Tensor:
+    """Kaiser-windowed sinc low-pass filter, normalized to unit DC gain. Returns (K,) float32.
+
+    ``cutoff`` and ``half_width`` are in cycles per sample (0.5 = Nyquist); the Kaiser beta follows
+    the usual attenuation formula A = 2.285 (K/2 - 1) pi (4 half_width) + 7.95.
+    """
+    even = kernel_size % 2 == 0
+    half = kernel_size // 2
+    attenuation = 2.285 * (half - 1) * math.pi * (4 * half_width) + 7.95
+    window = torch.kaiser_window(kernel_size, beta=_kaiser_beta(attenuation), periodic=False)
+    time = torch.arange(-half, half) + 0.5 if even else torch.arange(kernel_size) - half
+    if cutoff == 0:
+        return torch.zeros(kernel_size)
+    filt = 2 * cutoff * window * torch.sinc(2 * cutoff * time)
+    return filt / filt.sum()
+
+
+def _kaiser_beta(attenuation: float) -> float:
+    if attenuation > 50.0:
+        return 0.1102 * (attenuation - 8.7)
+    if attenuation >= 21.0:
+        return 0.5842 * (attenuation - 21) ** 0.4 + 0.07886 * (attenuation - 21.0)
+    return 0.0
+
+
+def _edge_gains(definition, zero_padded, kernel_size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """How much the replicate padding of `definition` adds, per output near each end, per unit of the
+    edge value, over the same filter run with zero padding (`zero_padded`). Found by running both on a
+    constant signal in float64 (load time). None when the two disagree in length (no shortcut)."""
+    ones = torch.ones(1, 1, 4 * kernel_size, dtype=torch.float64)
+    exact, zero = definition(ones), zero_padded(ones)
+    if exact.shape != zero.shape:
+        return None
+    diff = (exact - zero).flatten()
+    half = diff.numel() // 2
+    left, right = diff[:half], diff[half:].flip(0)
+    return left[:_extent(left)], right[:_extent(right)].flip(0)
+
+
+def _extent(d: torch.Tensor) -> int:
+    """1 + the index of the last entry that is not (numerically) zero; 0 if none."""
+    hits = torch.nonzero(d.abs() > 1e-12)
+    return int(hits.max()) + 1 if hits.numel() else 0
+
+
+def _add_edges(x: torch.Tensor, y: torch.Tensor, gains: tuple[torch.Tensor, torch.Tensor],
+               valid=EXACT) -> torch.Tensor:
+    """y (zero-padded filter output) plus the replicate-padding contribution of x's first value and of
+    its last real value (the end of the tensor, or where `valid` says the data ends)."""
+    left, right = gains
+    y[..., :left.numel()].add_(x[..., :1] * left)
+    return valid.add_end(y, x, right)
+
+
+def _cast_filters(module: nn.Module, dtype: torch.dtype) -> None:
+    """Derived filters follow the dtype of the weights they run with (e.g. bf16 after a bf16 load)."""
+    module.filter = module.filter.to(dtype)
+    module.filter_rows = module.filter_rows.to(dtype).contiguous(memory_format=ROWS)
+    if module.gains is not None:
+        module.gains = tuple(g.to(dtype) for g in module.gains)
+
+
+class UpSample1d(nn.Module):
+    """Band-limited x`ratio` upsampling: replicate pad, depthwise transposed conv, trim.
+
+    (B, C, T) -> (B, C, T*ratio), or the same on rows (B, C, 1, T). The filter (C, 1, K) is derived (not
+    stored) and pre-scaled by ratio (exact for the usual ratio 2). With a `ValidLength` the replicate
+    padding is re-created at the real end of the data (`hold`) before filtering. On rows the padding
+    copy is skipped: the transposed conv runs with zero padding and the replicate padding's share is
+    added at the few outputs near each end (gains derived at load from the definition above).
+    """
+
+    def __init__(self, channels: int, ratio: int = 2, kernel_size: int | None = None) -> None:
+        super().__init__()
+        self.channels, self.ratio = channels, ratio
+        self.kernel_size = int(6 * ratio // 2) * 2 if kernel_size is None else kernel_size
+        self.pad = self.kernel_size // ratio - 1
+        self.trim_left = self.pad * ratio + (self.kernel_size - ratio) // 2
+        self.trim_right = self.pad * ratio + (self.kernel_size - ratio + 1) // 2
+        self.zero_pad = self.trim_left - self.pad * ratio        # output trim of the un-padded conv
+        self.register_buffer("filter", torch.empty(channels, 1, self.kernel_size), persistent=False)
+        self.register_buffer("filter_rows", torch.empty(0), persistent=False)
+        self.gains: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def reset_derived(self) -> None:
+        f = kaiser_sinc_filter1d(0.5 / self.ratio, 0.6 / self.ratio, self.kernel_size)
+        self.filter = (self.ratio * f).to(self.filter.dtype).expand(self.channels, 1, -1).contiguous()
+        self.filter_rows = self.filter.unsqueeze(2).contiguous(memory_format=ROWS)
+        f64 = (self.ratio * f).double().view(1, 1, -1)
+        gains = None
+        if self.trim_left == self.trim_right:
+            zero = lambda x: F.conv_transpose1d(x, f64, stride=self.ratio, padding=self.zero_pad)
+            gains = _edge_gains(lambda x: self._padded(x, f64), zero, self.kernel_size)
+        self.gains = None if gains is None else tuple(g.to(self.filter) for g in gains)
+
+    def _padded(self, x: torch.Tensor, filt: torch.Tensor) -> torch.Tensor:
+        """The definition on (B, C, T): replicate pad, transposed conv, trim."""
+        y = F.conv_transpose1d(F.pad(x, (self.pad, self.pad), mode="replicate"), filt, stride=self.ratio,
+                               groups=x.shape[1])
+        return y[..., self.trim_left:y.shape[-1] - self.trim_right]
+
+    def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
+        if x.dim() == 3 or self.gains is None or x.shape[-1] < self.kernel_size:
+            x = valid.hold(x, self.pad)
+            if x.dim() == 3:
+                return self._padded(x, self.filter)
+            y = F.conv_transpose2d(F.pad(x, (self.pad, self.pad, 0, 0), mode="replicate"), self.filter_rows,
+                                   stride=(1, self.ratio), groups=self.channels)
+            return y[..., self.trim_left:y.shape[-1] - self.trim_right]
+        x = valid.zero(x, self.pad)                  # zeros past the data, the edge's share added after
+        y = F.conv_transpose2d(x, self.filter_rows, stride=(1, self.ratio), padding=(0, self.zero_pad),
+                               groups=self.channels)
+        return _add_edges(x, y, self.gains, valid)
+
+    def reach(self, rate: int = 1) -> Reach:
+        """Bound on the reach, in frames, for an input at `rate` samples per frame."""
+        half = Fraction(self.kernel_size, 2 * self.ratio)
+        return Reach(half / rate, half / rate)
+
+
+class DownSample1d(nn.Module):
+    """Band-limited /`ratio` downsampling: replicate pad, depthwise low-pass conv with stride.
+
+    (B, C, T*ratio) -> (B, C, T), or the same on rows. With a `ValidLength` the replicate padding is
+    re-created at the real end of the data (`hold`) before filtering. On rows the padding copy is
+    skipped as in `UpSample1d` (zero-padded conv plus the edge values' share near each end).
+    """
+
+    def __init__(self, channels: int, ratio: int = 2, kernel_size: int | None = None) -> None:
+        super().__init__()
+        self.channels, self.ratio = channels, ratio
+        self.kernel_size = int(6 * ratio // 2) * 2 if kernel_size is None else kernel_size
+        even = self.kernel_size % 2 == 0
+        self.pad_left, self.pad_right = self.kernel_size // 2 - int(even), self.kernel_size // 2
+        self.register_buffer("filter", torch.empty(channels, 1, self.kernel_size), persistent=False)
+        self.register_buffer("filter_rows", torch.empty(0), persistent=False)
+        self.gains: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def reset_derived(self) -> None:
+        f = kaiser_sinc_filter1d(0.5 / self.ratio, 0.6 / self.ratio, self.kernel_size)
+        self.filter = f.to(self.filter.dtype).expand(self.channels, 1, -1).contiguous()
+        self.filter_rows = self.filter.unsqueeze(2).contiguous(memory_format=ROWS)
+        f64 = f.double().view(1, 1, -1)
+        gains = _edge_gains(lambda x: self._padded(x, f64),
+                            lambda x: F.conv1d(x, f64, stride=self.ratio, padding=self.pad_left),
+                            self.kernel_size)
+        self.gains = None if gains is None else tuple(g.to(self.filter) for g in gains)
+
+    def _padded(self, x: torch.Tensor, filt: torch.Tensor) -> torch.Tensor:
+        """The definition on (B, C, T*ratio): replicate pad, strided low-pass."""
+        x = F.pad(x, (self.pad_left, self.pad_right), mode="replicate")
+        return F.conv1d(x, filt, stride=self.ratio, groups=x.shape[1])
+
+    def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
+        if x.dim() == 3 or self.gains is None or x.shape[-1] < 2 * self.kernel_size:
+            x = valid.hold(x, self.pad_right)
+            if x.dim() == 3:
+                return self._padded(x, self.filter)
+            x = F.pad(x, (self.pad_left, self.pad_right, 0, 0), mode="replicate")
+            return F.conv2d(x, self.filter_rows, stride=(1, self.ratio), groups=self.channels)
+        x = valid.zero(x, self.pad_right)            # zeros past the data, the edge's share added after
+        y = F.conv2d(x, self.filter_rows, stride=(1, self.ratio), padding=(0, self.pad_left),
+                     groups=self.channels)
+        return _add_edges(x, y, self.gains, valid)
+
+    def reach(self, rate: int = 1) -> Reach:
+        """`rate` is the samples-per-frame of the (high-rate) input."""
+        return Reach(Fraction(self.kernel_size // 2, rate), Fraction(self.kernel_size // 2, rate))
+
+
+class Activation1d(nn.Module):
+    """Anti-aliased activation: upsample x2, pointwise activation, low-pass and downsample x2.
+
+    (B, C, T) -> (B, C, T). ``act`` is a Snake/SnakeBeta (its parameters are ``act.alpha``/``act.beta``).
+    """
+
+    def __init__(self, channels: int, act: nn.Module, ratio: int = 2, kernel_size: int = 12) -> None:
+        super().__init__()
+        self.act = act
+        self.upsample = UpSample1d(channels, ratio, kernel_size)
+        self.downsample = DownSample1d(channels, ratio, kernel_size)
+
+    def reset_derived(self) -> None:
+        """Runs after the resamplers' own (children first): their filters take the activation's dtype."""
+        dtype = next(self.act.parameters()).dtype
+        _cast_filters(self.upsample, dtype)
+        _cast_filters(self.downsample, dtype)
+
+    def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
+        return self.downsample(self.act(self.upsample(x, valid)), valid)
+
+    def reach(self, rate: int = 1) -> Reach:
+        return self.upsample.reach(rate) + self.downsample.reach(rate * self.upsample.ratio)
