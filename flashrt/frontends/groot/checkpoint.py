@@ -9,7 +9,6 @@ per state/action group: min, max, q01, q99, ...) and ``embodiment_id.json`` (tag
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,20 +17,14 @@ import numpy as np
 
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.groot.preprocess import MinMax
+from flashrt.io.files import read_json as read_checked_json
 
 N17_MODEL_TYPE = "Gr00tN1d7"
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return data
+    """A JSON object from a regular file, capped (flashrt.io.files): never hangs, never a raw error."""
+    return read_checked_json(path, "GR00T checkpoint file")
 
 
 def detect(folder: Path) -> None:

@@ -30,7 +30,6 @@ what the tensors cannot (chunk size, steps, cameras, normalization, prompt forma
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,7 @@ from flashrt.frontends.pi0.preprocess import CAMERA_PREFIX, camera_name
 from flashrt.frontends.pi0.tokenizer import find_tokenizer
 from flashrt.frontends.pi0.weights import detect_variant
 from flashrt.io import Checkpoint, open_checkpoint
+from flashrt.io.files import read_json, resolve_inside
 
 OPENPI_CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 OPENPI_MAX_TOKENS = {"pi0": 48, "pi05": 200}
@@ -105,13 +105,28 @@ class Pi0Checkpoint:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} does not hold a JSON object")
-    return data
+    return read_json(path, "checkpoint metadata")
+
+
+# Limits a checkpoint's config may set: beyond them it is refused at load, never discovered later as a
+# multi-GB allocation. PaliGemma's positions end at 8192; no released Pi0 uses chunks or steps near these.
+LIMITS = {"chunk_size": 1024, "n_action_steps": 1024, "num_inference_steps": 1000, "max_length": 8192,
+          "tokenizer_max_length": 8192, "action_horizon": 1024, "empty_cameras": 16}
+
+
+def _int(table: Mapping[str, Any], name: str, source: str, default: Any = ...) -> int:
+    """A positive int field (bools refused) within `LIMITS`; CheckpointError naming file and field."""
+    if not isinstance(table, Mapping) or name not in table:
+        if default is ...:
+            raise CheckpointError(f"{source}: field {name!r} is missing")
+        return default
+    value = table[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheckpointError(f"{source}: field {name!r} must be a non-negative int, got {value!r}")
+    if value > LIMITS.get(name, 2**31):
+        raise CheckpointError(f"{source}: field {name!r} = {value} exceeds flashrt's limit "
+                              f"{LIMITS.get(name)}; is the file corrupt?")
+    return value
 
 
 def _shapes(weights: Checkpoint) -> dict[str, tuple[int, ...]]:
@@ -134,14 +149,18 @@ def _detect_lerobot(folder: Path) -> bool:
 
 
 def _feature_dim(features: Mapping[str, Any], key: str, where: str) -> int:
-    if key not in features:
-        raise CheckpointError(f"{where} has no {key!r} feature (features: {sorted(features)})")
-    return int(features[key]["shape"][0])
+    if not isinstance(features, Mapping) or key not in features:
+        raise CheckpointError(f"{where} has no {key!r} feature")
+    shape = features[key].get("shape") if isinstance(features[key], Mapping) else None
+    if not isinstance(shape, list) or len(shape) != 1 or isinstance(shape[0], bool) \
+            or not isinstance(shape[0], int) or shape[0] <= 0:
+        raise CheckpointError(f"{where} {key!r}: shape must be [size] with a positive int, got {shape!r}")
+    return shape[0]
 
 
 def _lerobot_cameras(cfg: Mapping[str, Any]) -> tuple[str, ...]:
     visual = [k for k, f in cfg.get("input_features", {}).items() if f.get("type") == "VISUAL"]
-    for i in range(int(cfg.get("empty_cameras", 0))):
+    for i in range(_int(cfg, "empty_cameras", "config.json", 0)):
         key = f"{CAMERA_PREFIX}empty_camera_{i}"
         if key not in visual:
             visual.append(key)
@@ -177,7 +196,8 @@ def _relative_mask(step: Mapping[str, Any] | None, action_dim: int) -> tuple[boo
 def _lerobot_prompt(variant: str, pre: Mapping[str, Any]) -> tuple[str, int]:
     if "tokenizer_processor" not in pre:
         raise CheckpointError("policy_preprocessor.json has no tokenizer_processor step")
-    max_len = int(pre["tokenizer_processor"].get("config", {}).get("max_length", 0))
+    max_len = _int(pre["tokenizer_processor"].get("config", {}), "max_length",
+                   "policy_preprocessor.json tokenizer_processor", 0)
     if variant == "pi05":
         if "pi05_prepare_state_tokenizer_processor_step" not in pre:
             raise CheckpointError("a pi05 preprocessor needs pi05_prepare_state_tokenizer_processor_step")
@@ -186,7 +206,8 @@ def _lerobot_prompt(variant: str, pre: Mapping[str, Any]) -> tuple[str, int]:
 
 
 def _lerobot_model_config(cfg: Mapping[str, Any], weights: Checkpoint, variant: str) -> Pi0Config:
-    extra = dict(chunk_size=int(cfg["chunk_size"]), num_steps=int(cfg["num_inference_steps"]),
+    extra = dict(chunk_size=_int(cfg, "chunk_size", "config.json"),
+                 num_steps=_int(cfg, "num_inference_steps", "config.json"),
                  min_period=float(cfg.get("min_period", 4e-3)), max_period=float(cfg.get("max_period", 4.0)))
     if variant == "pi05" and "max_state_dim" in cfg:  # unused by the Pi0.5 network; kept for the record
         extra["max_state_dim"] = int(cfg["max_state_dim"])
@@ -216,8 +237,9 @@ def _read_lerobot(folder: Path, tokenizer: str | Path | None, **_: Any) -> Pi0Ch
     return Pi0Checkpoint(
         path=folder, layout="lerobot", model_config=model, weights=weights, cameras=_lerobot_cameras(cfg),
         state_dim=_feature_dim(cfg.get("input_features", {}), STATE_KEY, "config.json input_features"),
-        action_dim=action_dim, n_action_steps=int(cfg.get("n_action_steps", model.chunk_size)),
-        max_prompt_len=max_len or int(cfg.get("tokenizer_max_length", 48)), prompt_format=prompt_format,
+        action_dim=action_dim, n_action_steps=_int(cfg, "n_action_steps", "config.json", model.chunk_size),
+        max_prompt_len=max_len or _int(cfg, "tokenizer_max_length", "config.json", 48),
+        prompt_format=prompt_format,
         state_norm=lerobot_normalizer(folder, "policy_preprocessor.json", "normalizer_processor", STATE_KEY),
         action_norm=lerobot_normalizer(folder, "policy_postprocessor.json", "unnormalizer_processor",
                                        ACTION_KEY),
@@ -238,7 +260,7 @@ def _detect_openpi(folder: Path) -> bool:
 def _pick_norm_stats(folder: Path, asset_id: str | None) -> Path:
     files = _norm_stats_files(folder)
     if asset_id is not None:
-        path = folder / "assets" / asset_id / "norm_stats.json"
+        path = resolve_inside(folder / "assets", f"{asset_id}/norm_stats.json", "asset_id")
         if not path.is_file():
             raise CheckpointError(f"no {path}; asset ids here: {[f.parent.name for f in files]}")
         return path
@@ -253,7 +275,7 @@ def _read_openpi(folder: Path, tokenizer: str | Path | None, asset_id: str | Non
     weights = _open_weights(folder)
     variant = detect_variant(weights.keys())
     cfg = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
-    chunk = int(cfg.get("action_horizon", OPENPI_CHUNK))
+    chunk = _int(cfg, "action_horizon", "config.json", OPENPI_CHUNK)
     model = config_from_state_dict_shapes(_shapes(weights), variant, chunk_size=chunk,
                                           num_steps=OPENPI_STEPS)
     if "action_dim" in cfg and int(cfg["action_dim"]) != model.max_action_dim:
@@ -310,7 +332,23 @@ def load_checkpoint(path: str | Path, tokenizer: str | Path | None = None, asset
     by_name = {lay.name: lay for lay in LAYOUTS}
     if name not in by_name:
         raise CheckpointError(f"unknown layout {name!r}; known: {sorted(by_name)}")
-    return by_name[name].read(folder, tokenizer=tokenizer, asset_id=asset_id)
+    try:
+        ck = by_name[name].read(folder, tokenizer=tokenizer, asset_id=asset_id)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        # the last net under the field checks above: malformed metadata is never a raw Python error
+        raise CheckpointError(f"{folder}: malformed {name} checkpoint metadata "
+                              f"({type(exc).__name__}: {exc})") from None
+    _check_statistics_sizes(ck)
+    return ck
+
+
+def _check_statistics_sizes(ck: Pi0Checkpoint) -> None:
+    """The statistics describe the configured state / action sizes (never broadcast at run time)."""
+    pairs = (("state", ck.state_norm, ck.state_dim), ("action", ck.action_norm, ck.action_dim))
+    for what, norm, dim in pairs:
+        if norm.dim is not None and norm.dim != dim:
+            raise CheckpointError(f"{ck.path}: the {what} statistics have {norm.dim} entries but the "
+                                  f"checkpoint's {what} size is {dim}")
 
 
 def relative_offset(mask: Sequence[bool], state: torch.Tensor, action_dim: int) -> torch.Tensor:

@@ -31,7 +31,6 @@ Where the statistics live:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 import torch
 
 from flashrt.errors import CheckpointError
+from flashrt.io.files import check_regular, read_json, resolve_inside
 
 Fn = Callable[["Normalizer", torch.Tensor], torch.Tensor]
 
@@ -141,6 +141,13 @@ class Normalizer:
         sizes = {k: v.numel() for k, v in stats.items() if k in MODES[key].stats}
         if len(set(sizes.values())) > 1:
             raise CheckpointError(f"{self.name or 'feature'}: statistics of different sizes {sizes}")
+        bad = [k for k in MODES[key].stats if not bool(torch.isfinite(stats[k]).all())]
+        if bad:
+            raise CheckpointError(f"{self.name or 'feature'}: statistics {bad} hold NaN or inf; the "
+                                  "checkpoint's normalization is broken (it would give wrong actions)")
+        if not (isinstance(self.eps, float) and 0 <= self.eps < 1):
+            raise CheckpointError(f"{self.name or 'feature'}: eps must be a float in [0, 1), "
+                                  f"got {self.eps!r}")
 
     @property
     def dim(self) -> int | None:
@@ -164,20 +171,18 @@ class Normalizer:
 
 # ------------------------------------------------------------------------------ lerobot processor files
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    return read_json(path, "processor/statistics file")
 
 
 def find_step(pipeline: Mapping[str, Any], registry_name: str, source: Path) -> dict[str, Any]:
     """The step entry named `registry_name` in a lerobot pipeline JSON (CheckpointError if absent)."""
-    for step in pipeline.get("steps", []):
+    steps = pipeline.get("steps", [])
+    if not isinstance(steps, list) or not all(isinstance(s, dict) for s in steps):
+        raise CheckpointError(f"{source}: 'steps' must be a list of objects")
+    for step in steps:
         if step.get("registry_name") == registry_name:
             return step
-    names = [s.get("registry_name") for s in pipeline.get("steps", [])]
+    names = [s.get("registry_name") for s in steps]
     raise CheckpointError(f"{source} has no {registry_name!r} step (steps: {names})")
 
 
@@ -187,9 +192,8 @@ def _load_step_state(policy_dir: Path, step: Mapping[str, Any]) -> dict[str, tor
     name = step.get("state_file")
     if not name:
         return {}
-    path = policy_dir / name
-    if not path.is_file():
-        raise CheckpointError(f"normalization statistics {path} are missing (named by the processor JSON)")
+    path = resolve_inside(policy_dir, name, f"processor step {step.get('registry_name')!r} state_file")
+    check_regular(path, "normalization statistics (named by the processor JSON)")
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises several types for corrupt files
@@ -206,17 +210,31 @@ def lerobot_normalizer(policy_dir: Path, pipeline_file: str, registry_name: str,
     """The Normalizer of feature `key` from a lerobot pipeline's (un)normalizer step."""
     source = policy_dir / pipeline_file
     step = find_step(_read_json(source), registry_name, source)
-    config = step.get("config", {})
-    features = config.get("features", {})
+    config = _field(step, "config", dict, source, {})
+    features = _field(config, "features", dict, source, {})
     if key not in features:
         raise CheckpointError(f"{source}: the {registry_name} step has no feature {key!r} "
                               f"(features: {sorted(features)})")
-    mode = config.get("norm_map", {}).get(features[key]["type"], "IDENTITY")
+    kind = _field(_field(features, key, dict, source), "type", str, source)
+    mode = _field(config, "norm_map", dict, source, {}).get(kind, "IDENTITY")
     stats = _feature_stats(_load_step_state(policy_dir, step), key)
     if not stats:
         mode = "IDENTITY"  # lerobot leaves a feature without statistics untouched
-    eps = float(config.get("eps", DEFAULT_EPS["lerobot"]))
-    return Normalizer("lerobot", str(mode), stats, eps, name=key)
+    eps = _field(config, "eps", (int, float), source, DEFAULT_EPS["lerobot"])
+    return Normalizer("lerobot", str(mode), stats, float(eps), name=key)
+
+
+def _field(table: Mapping[str, Any], name: str, kind: type | tuple[type, ...], source: Path,
+           default: Any = ...) -> Any:
+    """table[name] of type `kind` (bools are not numbers); CheckpointError naming file and field."""
+    if name not in table:
+        if default is ...:
+            raise CheckpointError(f"{source}: field {name!r} is missing")
+        return default
+    value = table[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise CheckpointError(f"{source}: field {name!r} has the wrong type ({type(value).__name__})")
+    return value
 
 
 # ------------------------------------------------------------------------------ openpi norm_stats.json
@@ -229,6 +247,11 @@ def openpi_normalizers(path: Path, quantiles: bool) -> tuple[Normalizer, Normali
     for key in ("state", "actions"):
         if key not in table:
             raise CheckpointError(f"{path} has no {key!r} statistics (keys: {sorted(table)})")
-        stats = {k: torch.tensor(v, dtype=torch.float32) for k, v in table[key].items() if v is not None}
+        if not isinstance(table[key], dict):
+            raise CheckpointError(f"{path}: {key!r} statistics must be an object of lists")
+        try:
+            stats = {k: torch.tensor(v, dtype=torch.float32) for k, v in table[key].items() if v is not None}
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{path}: {key!r} statistics are not lists of numbers ({exc})") from None
         out.append(Normalizer("openpi", mode, stats, DEFAULT_EPS["openpi"], name=key))
     return out[0], out[1]

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from flashrt.errors import CheckpointError, InputError
+from flashrt.io.files import read_bytes_capped
 
 TOKENIZER_FILE = "tokenizer.model"
 TOKENIZER_HELP = (
@@ -70,8 +71,10 @@ class PaliGemmaTokenizer:
             raise CheckpointError("the `sentencepiece` package is needed to tokenize prompts "
                                   "(pip install 'flashrt[tokenizers]')") from None
         self.path = Path(path)
+        # regular file, capped read: a FIFO or /dev/zero named as the tokenizer never hangs or grows
+        proto = read_bytes_capped(self.path, "tokenizer", limit=64 << 20)
         try:
-            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(self.path))
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
         except (OSError, RuntimeError) as exc:
             raise CheckpointError(f"cannot load tokenizer {self.path}: {exc}. {TOKENIZER_HELP}") from None
         self.bos_id, self.pad_id = self._sp.bos_id(), max(self._sp.pad_id(), 0)

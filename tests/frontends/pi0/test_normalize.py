@@ -112,7 +112,7 @@ def test_lerobot_files_missing_or_incomplete(tmp_path):
     pre = json.loads((policy / "policy_preprocessor.json").read_text())
     (state_file,) = policy.glob("policy_preprocessor_step_*_normalizer_processor.safetensors")
     state_file.unlink()
-    with pytest.raises(CheckpointError, match="are missing"):
+    with pytest.raises(CheckpointError, match="normalization statistics .* not found"):
         lerobot_normalizer(policy, "policy_preprocessor.json", "normalizer_processor", "observation.state")
     with pytest.raises(CheckpointError, match="no 'unnormalizer_processor' step"):
         lerobot_normalizer(policy, "policy_preprocessor.json", "unnormalizer_processor", "action")
