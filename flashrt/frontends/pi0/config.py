@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 import torch
@@ -28,6 +28,36 @@ Variant = Literal["pi0", "pi05"]
 VARIANTS: tuple[str, ...] = ("pi0", "pi05")
 NUM_HEADS = 8  # query heads of both Gemmas (fixed by the family)
 SIGLIP_HEAD_DIM = 72  # So400m/14
+
+# Sane upper bounds of every size (real Pi0: width 2048, vocab 257,152, chunk 50). A checkpoint beyond
+# them is refused at load, not discovered as a huge allocation at the first call.
+LIMITS: dict[str, int] = {
+    "width": 1 << 16, "depth": 512, "mlp_dim": 1 << 18, "num_heads": 1024, "num_kv_heads": 1024,
+    "head_dim": 1024, "vocab_size": 1 << 22, "patch": 1024, "image_size": 8192, "chunk_size": 4096,
+    "max_state_dim": 4096, "max_action_dim": 4096, "num_steps": 1000,
+}
+
+
+def _check_sizes(obj: object, names: tuple[str, ...], allow_zero: tuple[str, ...] = ()) -> None:
+    """Each named field is a Python int (not a bool), positive (or zero where allowed), within LIMITS."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{type(obj).__name__}.{name} must be an integer, got {value!r}")
+        low = 0 if name in allow_zero else 1
+        if value < low:
+            raise ConfigError(f"{type(obj).__name__}.{name} must be >= {low}, got {value}")
+        if value > LIMITS[name]:
+            raise ConfigError(f"{type(obj).__name__}.{name} = {value} is beyond the limit {LIMITS[name]} "
+                              "flashrt accepts")
+
+
+def _check_positive_floats(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                or value <= 0:
+            raise ConfigError(f"{type(obj).__name__}.{name} must be a positive finite number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -45,8 +75,9 @@ class GemmaSpec:
     rope_theta: float = 10_000.0
 
     def __post_init__(self) -> None:
-        if min(self.width, self.depth, self.mlp_dim, self.num_heads, self.num_kv_heads, self.head_dim) <= 0:
-            raise ConfigError(f"GemmaSpec sizes must be positive: {self}")
+        _check_sizes(self, ("width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim",
+                            "vocab_size"), allow_zero=("vocab_size",))
+        _check_positive_floats(self, ("eps", "rope_theta"))
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_heads {self.num_heads} is not a multiple of "
                               f"num_kv_heads {self.num_kv_heads}")
@@ -75,6 +106,8 @@ class SiglipSpec:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
+        _check_sizes(self, ("width", "depth", "mlp_dim", "num_heads", "patch", "image_size"))
+        _check_positive_floats(self, ("eps",))
         if self.width % self.num_heads:
             raise ConfigError(f"SigLIP width {self.width} is not divisible by {self.num_heads} heads")
         if self.image_size % self.patch:
@@ -125,11 +158,17 @@ class Pi0Config:
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        for name, cls in (("vision", SiglipSpec), ("vlm", GemmaSpec), ("expert", GemmaSpec)):
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"Pi0Config.{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         _check_shared_attention(self.vlm, self.expert)
         if self.vlm.vocab_size <= 0:
             raise ConfigError("the VLM needs a vocabulary (vlm.vocab_size > 0)")
-        if min(self.chunk_size, self.max_state_dim, self.max_action_dim, self.num_steps) <= 0:
-            raise ConfigError(f"chunk_size, max_state_dim, max_action_dim, num_steps must be > 0: {self}")
+        _check_sizes(self, ("chunk_size", "max_state_dim", "max_action_dim", "num_steps"))
+        _check_positive_floats(self, ("min_period", "max_period"))
+        if self.min_period >= self.max_period:
+            raise ConfigError(f"Pi0Config.min_period {self.min_period} must be below max_period "
+                              f"{self.max_period}")
         if self.expert.width % 2:
             raise ConfigError("the sinusoidal time embedding needs an even expert width")
 
@@ -186,17 +225,41 @@ def config_from_card(card: Mapping) -> Pi0Config:
     """`Pi0Config` from a parsed model card (models/pi0-*.toml): ``variant``, ``[sizes.vision|vlm|expert]``
     and ``[io]``. Other top-level tables (source, preprocess, ...) are not read here. Unknown keys inside
     the tables read here are a ConfigError."""
-    sizes = card.get("sizes", {})
+    if not isinstance(card, Mapping):
+        raise ConfigError(f"model card: expected a table, got {type(card).__name__}")
+    sizes, io = _card_table(card, "sizes"), _card_table(card, "io")
     unknown = sorted(set(sizes) - {"vision", "vlm", "expert"})
-    unknown += sorted(f"io.{k}" for k in set(card.get("io", {})) - set(CARD_IO_KEYS))
+    unknown += sorted(f"io.{k}" for k in set(io) - set(CARD_IO_KEYS))
     if unknown:
         raise ConfigError(f"model card: unknown keys {unknown}")
+    specs = {name: _card_spec(sizes, name, cls) for name, cls in
+             (("vision", SiglipSpec), ("vlm", GemmaSpec), ("expert", GemmaSpec))}
+    return Pi0Config(variant=card.get("variant", "pi0"), **specs, **io)
+
+
+def _card_table(card: Mapping, name: str) -> Mapping:
+    table = card.get(name, {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"model card [{name}]: expected a table, got {table!r}")
+    return table
+
+
+def _card_spec(sizes: Mapping, name: str, cls: type) -> GemmaSpec | SiglipSpec:
+    if name not in sizes:
+        raise ConfigError(f"model card [sizes.{name}]: missing")
+    table = sizes[name]
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"model card [sizes.{name}]: expected a table, got {table!r}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ConfigError(f"model card [sizes.{name}]: unknown keys {unknown}; known: {sorted(known)}")
     try:
-        specs = dict(vision=SiglipSpec(**sizes["vision"]), vlm=GemmaSpec(**sizes["vlm"]),
-                     expert=GemmaSpec(**sizes["expert"]))
-    except (KeyError, TypeError) as exc:
-        raise ConfigError(f"model card [sizes]: {exc}") from None
-    return Pi0Config(variant=card.get("variant", "pi0"), **specs, **card.get("io", {}))
+        return cls(**table)
+    except TypeError as exc:  # a required size absent
+        raise ConfigError(f"model card [sizes.{name}]: {exc}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"model card [sizes.{name}]: {exc}") from None
 
 
 # ------------------------------------------------------------------------- sizes from tensor shapes
@@ -249,22 +312,30 @@ def config_from_state_dict_shapes(
     vision = _siglip_from_shapes(flat, vlm.head_dim)
     derived = dict(variant=variant, vision=vision, vlm=vlm, expert=expert)
     derived.update(_io_dims(flat, variant, expert.width))
+    unknown = sorted(set(overrides) - {f.name for f in fields(Pi0Config)})
+    if unknown:
+        raise ConfigError(f"unknown Pi0Config override(s) {unknown}")
     derived.update(overrides)
     try:
         return Pi0Config(**derived)
     except ConfigError as exc:
-        raise CheckpointError(f"checkpoint shapes do not form a valid Pi0 config: {exc}") from None
+        raise CheckpointError(f"checkpoint shapes and config do not form a valid Pi0 config: {exc}") from None
 
 
 def _strip_model_prefix(shapes: Shapes) -> dict[str, tuple[int, ...]]:
     return {k.removeprefix("model."): tuple(v) for k, v in shapes.items()}
 
 
-def _need(flat: Mapping[str, tuple[int, ...]], key: str) -> tuple[int, ...]:
+def _need(flat: Mapping[str, tuple[int, ...]], key: str, ndim: int = 2) -> tuple[int, ...]:
+    """The shape of ``key``, which must have ``ndim`` dimensions, none of them empty."""
     if key not in flat:
         raise CheckpointError(f"checkpoint has no tensor {key!r} (nor with a 'model.' prefix); "
                               "is this a Pi0/Pi0.5 checkpoint in the lerobot or openpi layout?")
-    return flat[key]
+    shape = flat[key]
+    if len(shape) != ndim or 0 in shape:
+        raise CheckpointError(f"checkpoint tensor {key!r} has shape {tuple(shape)}; a Pi0 checkpoint has a "
+                              f"{ndim}-D tensor there with no empty dimension")
+    return shape
 
 
 def _depth(flat: Mapping[str, tuple[int, ...]], stem: str) -> int:
@@ -281,6 +352,8 @@ def _gemma_from_shapes(flat: Mapping[str, tuple[int, ...]], stem: str, embed: bo
                               f"{NUM_HEADS} heads")
     head_dim = q_rows // NUM_HEADS
     kv_rows = _need(flat, stem + "layers.0.self_attn.k_proj.weight")[0]
+    if kv_rows % head_dim:
+        raise CheckpointError(f"{stem}k_proj has {kv_rows} rows, not a multiple of head_dim {head_dim}")
     vocab = _vocab(flat, width) if embed else 0
     mlp = _need(flat, stem + "layers.0.mlp.gate_proj.weight")[0]
     try:
@@ -293,7 +366,7 @@ def _gemma_from_shapes(flat: Mapping[str, tuple[int, ...]], stem: str, embed: bo
 def _vocab(flat: Mapping[str, tuple[int, ...]], width: int) -> int:
     for key in (LLM + "embed_tokens.weight", PG + "lm_head.weight"):
         if key in flat:
-            vocab, w = flat[key]
+            vocab, w = _need(flat, key)
             if w != width:
                 raise CheckpointError(f"{key} has width {w}, but q_proj says {width}")
             return vocab
@@ -317,15 +390,18 @@ def _cross_check(label: str, name: str | None, got: GemmaSpec) -> None:
 
 
 def _siglip_from_shapes(flat: Mapping[str, tuple[int, ...]], gemma_head_dim: int) -> SiglipSpec:
-    width, _, patch, _ = _need(flat, VISION + "embeddings.patch_embedding.weight")
+    width, _, patch, _ = _need(flat, VISION + "embeddings.patch_embedding.weight", ndim=4)
     n_pos = _need(flat, VISION + "embeddings.position_embedding.weight")[0]
     side = math.isqrt(n_pos)
     if side * side != n_pos:
         raise CheckpointError(f"SigLIP position_embedding has {n_pos} rows, not a square patch grid")
     heads = _siglip_heads(width, gemma_head_dim)
     mlp = _need(flat, VISION + "encoder.layers.0.mlp.fc1.weight")[0]
-    return SiglipSpec(width=width, depth=_depth(flat, VISION + "encoder."), mlp_dim=mlp,
-                      num_heads=heads, patch=patch, image_size=side * patch)
+    try:
+        return SiglipSpec(width=width, depth=_depth(flat, VISION + "encoder."), mlp_dim=mlp,
+                          num_heads=heads, patch=patch, image_size=side * patch)
+    except ConfigError as exc:
+        raise CheckpointError(f"{VISION}: {exc}") from None
 
 
 def _siglip_heads(width: int, gemma_head_dim: int) -> int:
