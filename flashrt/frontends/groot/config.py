@@ -69,9 +69,11 @@ class HeadConfig:
     horizon: int
     num_embodiments: int
     max_seq_len: int
-    text_every: int
+    text_every: int  # AlternateVLDiT: cross blocks alternate text / image keys (N1.6, N1.7)
     num_steps: int
     timestep_buckets: int = 1000
+    future_tokens: int = 0  # N1.5: learned tokens between the state and the action tokens
+    alternate: bool = True  # False: every cross block sees every valid token (N1.5's plain DiT)
 
     def __post_init__(self) -> None:
         if self.dit_heads * self.dit_head_dim != self.inner:

@@ -72,6 +72,8 @@ class ActionHead(nn.Module):
         self.action_w3 = CategoryLinear(e, c.inner, c.inner)
         self.action_decoder = CategoryMLP(e, c.hidden, c.hidden, c.max_action_dim)
         self.position_embedding = nn.Embedding(c.max_seq_len, c.inner)
+        if c.future_tokens:
+            self.future_tokens = nn.Embedding(c.future_tokens, c.inner)
         self.time_1, self.time_2 = nn.Linear(256, c.inner), nn.Linear(c.inner, c.inner)
         self.blocks = nn.ModuleList(
             DiTBlock(
@@ -112,6 +114,45 @@ class ActionHead(nn.Module):
         x = torch.cat([x, time.to(x.dtype).expand_as(x)], dim=-1)
         x = F.silu(self.action_w2.apply(x, e))
         return self.action_w3.apply(x, e) + self.position_embedding.weight[: a.shape[1]]
+
+    def sample(
+        self,
+        features: torch.Tensor,
+        token_mask: torch.Tensor,
+        image_keys: torch.Tensor | None,
+        state: torch.Tensor,
+        noise: torch.Tensor,
+        out: torch.Tensor,
+        steps: dict[str, torch.Tensor],
+        e: int,
+    ) -> None:
+        """features (1, L, K) backbone output; token_mask (1, L); image_keys (1, 1, 1, L) or None (plain
+        DiT); state (1, 1, S); noise / out (1, T, A). Writes the normalized chunk into ``out``."""
+        c, dtype = self.config, self.time_1.weight.dtype
+        valid = token_mask[:, None, None, :]  # (1, 1, 1, L)
+        vl = self.vlln.forward(features)
+        for block in self.vl_blocks:
+            vl = block.forward(vl, mask=valid)
+        if c.alternate:  # cross block i: text keys when i % (2 * text_every) == 0, else image keys
+            masks = [
+                valid & ~image_keys if i % (2 * c.text_every) == 0 else valid & image_keys
+                for i in range(c.dit_layers)
+            ]
+        else:
+            masks = [valid] * c.dit_layers
+        kvs = {i: b.cross_kv(vl) for i, b in enumerate(self.blocks) if b.is_cross}
+        prefix = [self.state_encoder.run(state.to(dtype), e)]  # (1, 1, E)
+        if c.future_tokens:
+            prefix.append(self.future_tokens.weight[None])
+        out.copy_(noise)
+        for s in range(c.num_steps):
+            x = torch.cat([*prefix, self.encode_actions(out.to(dtype), steps["action_time"][s], e)], 1)
+            for i, block in enumerate(self.blocks):
+                x = block.forward(x, steps["mods"][s, i], kvs.get(i), masks[i] if block.is_cross else None)
+            mod = steps["out_mod"][s]
+            x = torch.addcmul(mod[1], F.layer_norm(x, x.shape[-1:], eps=1e-6), mod[0])
+            pred = self.action_decoder.run(F.linear(x, self.proj_out_2.weight, self.proj_out_2.bias), e)
+            out.add_(pred[:, -c.horizon :].to(out.dtype), alpha=1.0 / c.num_steps)
 
 
 @dataclass
@@ -204,24 +245,7 @@ class GrootN17Model(nn.Module):
         plan: Plan,
     ) -> None:
         """Writes the N-step flow-matching chunk (1, T, A) (normalized actions) into ``out``."""
-        head, c, e = self.head, self.config.head, plan.embodiment
-        valid = token_mask[:, None, None, :]  # (1, 1, 1, L)
-        vl = head.vlln.forward(self.backbone(pixels, tokens, plan))
-        for block in head.vl_blocks:
-            vl = block.forward(vl, mask=valid)
-        masks = {True: valid & ~plan.image_keys, False: valid & plan.image_keys}  # text / image keys
-        kvs = {i: b.cross_kv(vl) for i, b in enumerate(head.blocks) if b.is_cross}
-        state_feat = head.state_encoder.run(state.to(self.dtype), e)  # (1, 1, E)
-        steps = plan.steps
-        out.copy_(noise)
-        for s in range(c.num_steps):
-            x = torch.cat(
-                [state_feat, head.encode_actions(out.to(self.dtype), steps["action_time"][s], e)], 1
-            )
-            for i, block in enumerate(head.blocks):
-                text = i % (2 * c.text_every) == 0
-                x = block.forward(x, steps["mods"][s, i], kvs.get(i), masks[text] if block.is_cross else None)
-            mod = steps["out_mod"][s]
-            x = torch.addcmul(mod[1], F.layer_norm(x, x.shape[-1:], eps=1e-6), mod[0])
-            pred = head.action_decoder.run(F.linear(x, head.proj_out_2.weight, head.proj_out_2.bias), e)
-            out.add_(pred[:, -c.horizon :].to(out.dtype), alpha=1.0 / c.num_steps)
+        features = self.backbone(pixels, tokens, plan)
+        self.head.sample(
+            features, token_mask, plan.image_keys, state, noise, out, plan.steps, plan.embodiment
+        )

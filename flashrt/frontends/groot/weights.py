@@ -77,7 +77,7 @@ def _block_rules(src: str, dst: str, ada: bool) -> list[Rule]:
     return [*rules, Rule(src + "norm1.{p}", dst + "norm1.{p}"), Rule(src + "norm3.{p}", dst + "norm3.{p}")]
 
 
-def _head_rules() -> list[Rule]:
+def head_rules() -> list[Rule]:
     rules = [
         *_block_rules(DIT + "transformer_blocks.{i}.", "head.blocks.{i}.", ada=True),
         *_block_rules(HEAD + "vl_self_attention.transformer_blocks.{i}.", "head.vl_blocks.{i}.", ada=False),
@@ -100,7 +100,7 @@ def n17_weight_map(config: GrootN17Config, keys: list[str]) -> WeightMap:
         {k.split(".")[5] for k in keys if k.startswith(LM + "layers.") and int(k.split(".")[5]) >= kept}
     )
     ignore = [LM + "norm.weight", "backbone.model.lm_head.weight", *(LM + f"layers.{i}.*" for i in extra)]
-    wmap = WeightMap([*_vision_rules(), *_text_rules(), *_head_rules()], ignore=ignore)
+    wmap = WeightMap([*_vision_rules(), *_text_rules(), *head_rules()], ignore=ignore)
     return wmap.auto_prefix(keys, ("", "_groot_model."))
 
 
