@@ -245,3 +245,28 @@ def test_prior_map_is_strict():
     with pytest.raises(CheckpointError, match="enc_p.proj.bias"):
         load_weights(state, cfg)
     assert prior_weight_map(cfg).rules
+
+
+def test_deterministic_duration_predictor_voice():
+    """A voice trained without the SDP (use_sdp=False): its dp.conv_*/norm_*/proj map and run."""
+    from dataclasses import replace
+
+    cfg = replace(PRESETS["tiny"], use_sdp=False, dp_filter_channels=12)
+    gen = torch.Generator().manual_seed(3)
+    state = {k: torch.randn(t.shape, generator=gen) * 0.3 for k, t in VitsPrior(cfg).state_dict().items()}
+    state.update(
+        {
+            "dec." + k: torch.randn(t.shape, generator=gen) * 0.12
+            for k, t in HifiGan(cfg.decoder).state_dict().items()
+        }
+    )
+    prior, dec = load_weights(state, cfg, conv="direct")
+    assert torch.equal(prior.dp.conv_1.weight, state["dp.conv_1.weight"])
+    fe = VitsFrontend(cfg, prior, dec, phoneme_buckets=(16,), frame_buckets=(64, 256))
+    with torch.no_grad():
+        checked = fe.check([1, 4, 9, 2, 7], 0.0, 1.0, 0.0)
+        fe.replay(fe.write(checked))
+        plan = fe.expand(checked)
+        fe.flow(plan)
+        audio = fe.read(plan)
+    assert plan.frames == int(plan.durations.sum()) and audio.numel() == plan.frames * cfg.hop_length
