@@ -16,6 +16,8 @@ Scales: ``noise_scale``, ``length_scale``, ``noise_w`` default to the voice's ``
 model's raw output (no per-sentence peak normalization, which would need the whole sentence before the
 first sample); Piper's own ``normalize_audio`` default rescales each sentence to full range.
 
+A sentence longer than the largest phoneme bucket is cut at word boundaries into pieces that fit.
+
 Concurrency: a voice synthesizes one utterance at a time; a stream holds the voice for the sentence
 it is in (closing the generator releases it). A runner serializes requests.
 """
@@ -119,7 +121,8 @@ class VitsVoice:
         sentences = self.phonemizer.sentences(check_text(text, MAX_TEXT))
         if not sentences:
             raise InputError("text: nothing to say (no phonemes)")
-        return [self.phoneme_map(s) for s in sentences]
+        limit = (self.frontend.phoneme_buckets[-1] - 3) // 2  # ids = 2 per phoneme + ^ _ $
+        return [self.phoneme_map(part) for s in sentences for part in split_long(s, limit)]
 
     def _scales(self, speed: float, overrides: Mapping[str, float | None]) -> dict[str, float]:
         if not (isinstance(speed, (int, float)) and 0.25 <= float(speed) <= 4.0):
@@ -217,6 +220,19 @@ class VitsVoice:
             "defaults": dict(self.defaults),
             **self.frontend.describe(),
         }
+
+
+def split_long(phonemes: list[str], limit: int) -> list[list[str]]:
+    """A sentence longer than `limit` phonemes cut at word boundaries (spaces) into pieces of at most
+    `limit` (a word longer than that is cut anywhere). Shorter sentences are returned whole."""
+    if len(phonemes) <= limit:
+        return [phonemes]
+    pieces: list[list[str]] = []
+    while len(phonemes) > limit:
+        cut = max((i for i in range(1, limit + 1) if phonemes[i - 1] == " "), default=limit)
+        pieces.append(phonemes[:cut])
+        phonemes = phonemes[cut:]
+    return [*pieces, phonemes] if phonemes else pieces
 
 
 def _sentence_seed(seed: int | None, index: int) -> int | None:

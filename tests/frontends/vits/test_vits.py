@@ -270,3 +270,13 @@ def test_deterministic_duration_predictor_voice():
         fe.flow(plan)
         audio = fe.read(plan)
     assert plan.frames == int(plan.durations.sum()) and audio.numel() == plan.frames * cfg.hop_length
+
+
+def test_overlong_sentences_are_cut_at_word_boundaries():
+    from flashrt.frontends.vits.voice import split_long
+
+    words = list("ab cd efg h ijkl")
+    pieces = split_long(words, 6)
+    assert ["".join(p) for p in pieces] == ["ab cd ", "efg h ", "ijkl"]
+    assert split_long(list("abcdefgh"), 3) == [list("abc"), list("def"), list("gh")]
+    assert split_long(words, 100) == [words]
