@@ -200,3 +200,11 @@ def test_cuda_graphs_end_to_end(name):
         out = graphs.infer(case.obs(i), noise=noise)
         assert _max_err(out, case, i) <= 1e-3, (name, i)
         assert np.allclose(out["actions"], eager.infer(case.obs(i), noise=noise)["actions"], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["pi0_rel", "pi05_rel"])
+def test_relative_actions_mask_follows_the_checkpoint(name):
+    """lerobot's use_relative_actions checkpoints (in the parity table above, which pins the sum and its
+    sign): every dim relative for pi0_rel; pi05_rel keeps its "gripper" dim absolute, by name."""
+    mask = policy(name).checkpoint.relative_mask
+    assert mask == ((True,) * 5 if name == "pi0_rel" else (True,) * 4 + (False, True))

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 ROOT = Path(__file__).resolve().parents[1] / "fixtures" / "pi0_e2e"
 TOKENIZER = ROOT / "tokenizer.model"
-CASES = ("pi0_cam1", "pi0_cam2", "pi0_cam3", "pi05_cam1", "pi05_cam2", "pi05_cam3")
+CASES = ("pi0_cam1", "pi0_cam2", "pi0_cam3", "pi05_cam1", "pi05_cam2", "pi05_cam3", "pi0_rel", "pi05_rel")
 
 
 @dataclass(frozen=True)
