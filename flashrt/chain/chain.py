@@ -38,6 +38,7 @@ import itertools
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -233,6 +234,7 @@ class Chain:
     def _start_workers(self) -> None:
         if self._threads:
             return
+        weakref.finalize(self, _stop_workers, self._jobs[0], self._threads)  # at exit or when collected
         for k, stage in enumerate(self.stages):
             t = threading.Thread(target=self._work, args=(k,), name=f"flashrt-chain-{stage.name}",
                                  daemon=True)
@@ -285,10 +287,7 @@ class Chain:
             pending = list(self._pending)
         for request in pending:
             request.cancel()
-        if self._threads:
-            self._jobs[0].put((float("-inf"), -1, None))
-            for t in self._threads:
-                t.join(timeout=5)
+        _stop_workers(self._jobs[0], self._threads)
 
     def __enter__(self) -> Chain:
         return self
@@ -305,6 +304,14 @@ class Chain:
                 "total_ms": LatencyStats.from_samples(self._totals).to_dict(),
                 "outcomes": dict(self._outcomes), "pending": len(self._pending),
                 "queue_bound": self.queue_size}
+
+
+def _stop_workers(first: queue.Queue, threads: list[threading.Thread]) -> None:
+    """Send the stop sentinel down the stages once and join the workers (idempotent)."""
+    if threads and any(t.is_alive() for t in threads):
+        first.put((float("-inf"), -1, None))
+        for t in threads:
+            t.join(timeout=5)
 
 
 class _Input:

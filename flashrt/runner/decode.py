@@ -28,6 +28,10 @@ vocabulary, G max new tokens):
     seed (1,) int64 input; penalty (1,) float32 input; token (B, 1) int64 state; position, step (1,)
     int64 state; seen (B, V) bool state; logits (B, V) float32 scratch; out (B, G) int64 output.
 
+A ``constraint`` (optional) runs inside both graphs before the pick: ``constraint(logits, step) ->
+logits`` with ``step`` the (1,) index of the token being picked, e.g. a mask allowing only the codes
+valid at that place of an audio frame (`flashrt.runner.orpheus.frame_constraint`).
+
 One request at a time per Decoder: a second concurrent `generate` raises ConfigError (the chain runs
 each stage in one worker, so it never happens there).
 """
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -137,8 +141,10 @@ class Decoder:
     """Captured prefill buckets and decode steps over one `DecodeModel` (module docstring)."""
 
     def __init__(self, model: DecodeModel, buckets: Iterable[int] = DEFAULT_BUCKETS,
-                 max_new_tokens: int = 256, backend: str | None = None, strict: bool = True) -> None:
-        self.model = model
+                 max_new_tokens: int = 256, backend: str | None = None, strict: bool = True,
+                 constraint: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 candidates: int = 1024) -> None:
+        self.model, self.constraint, self.candidates = model, constraint, int(candidates)
         fits = sorted({int(b) for b in buckets if int(b) < model.cache_len})
         self.buckets = tuple(fits) or (model.cache_len - 1,)
         self.max_new_tokens = int(max_new_tokens)
@@ -193,9 +199,12 @@ class Decoder:
         """Penalize, choose, record: token (feeds the next step), out[:, step], seen; step += 1."""
         io = self.io
         logits = penalize(io.logits, io.seen, io.penalty)
+        if self.constraint is not None:
+            logits = self.constraint(logits, io.step)
         chosen = greedy_token(logits)
         if not greedy:
-            drawn = sample_token(logits, io.temperature, io.top_k, io.top_p, io.seed, io.step)
+            drawn = sample_token(logits, io.temperature, io.top_k, io.top_p, io.seed, io.step,
+                                 self.candidates)
             chosen = torch.where(io.temperature > 0, drawn, chosen)
         io.token.copy_(chosen)
         io.out.index_copy_(1, io.step.clamp(max=io.out.shape[1] - 1), chosen)

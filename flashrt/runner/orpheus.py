@@ -55,7 +55,8 @@ from flashrt.frontends.tts.orpheus import (
 )
 from flashrt.runner.decode import Decoder, Generation, Sampling
 
-__all__ = ["OrpheusTTS", "load_orpheus", "detect", "FAMILY", "ORPHEUS_SAMPLING", "to_pcm16"]
+__all__ = ["OrpheusTTS", "load_orpheus", "detect", "FAMILY", "ORPHEUS_SAMPLING", "to_pcm16",
+           "frame_constraint"]
 
 ORPHEUS_SAMPLING = Sampling(temperature=0.6, top_p=0.8, repetition_penalty=1.3)  # the engine's defaults
 FORMATS = ("float32", "pcm16")
@@ -195,6 +196,18 @@ class OrpheusTTS:
         self.chain.close()
 
 
+def frame_constraint(layout: OrpheusLayout):
+    """A `Decoder` constraint: the k-th generated token may only be a code of place k % 7 (no stop
+    token, so an utterance runs to ``max_new_tokens``). Off by default (the reference samples freely);
+    it makes random-weight models speak in valid frames, for benchmarks."""
+    def constrain(logits: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        ids = torch.arange(logits.shape[-1], device=logits.device)
+        lo = layout.audio_base + (step % 7) * layout.codebook_size
+        allowed = (ids >= lo) & (ids < lo + layout.codebook_size)
+        return torch.where(allowed, logits, torch.full((), -torch.inf, device=logits.device))
+    return constrain
+
+
 def to_pcm16(audio: np.ndarray) -> np.ndarray:
     """float32 audio in [-1, 1] -> int16 PCM samples (clipped, rounded to nearest)."""
     return np.round(np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0) * 32767.0).astype(np.int16)
@@ -251,14 +264,16 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                  precision: str = "fp32", backend: str | None = None, max_new_tokens: int = 1200,
                  cache_len: int = 2048, prompt_buckets: tuple[int, ...] = (32, 64, 128, 256),
                  stream_chunk: int = 4, frames_per_chunk: int = 1, queue_size: int = 8,
-                 sampling: Sampling = ORPHEUS_SAMPLING) -> OrpheusTTS:
+                 sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False) -> OrpheusTTS:
     """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain."""
     folder = Path(folder)
     snac_dir = _snac_folder(folder, snac)
     codebook, rate = _snac_codebook(snac_dir)
     layout = _layout(folder, codebook)
     lm = load_lm(folder, device=device, precision=precision, cache_len=cache_len)
-    decoder = Decoder(lm, prompt_buckets, max_new_tokens=max_new_tokens, backend=backend).capture()
+    constraint = frame_constraint(layout) if constrain_frames else None
+    decoder = Decoder(lm, prompt_buckets, max_new_tokens=max_new_tokens, backend=backend,
+                      constraint=constraint).capture()
     vocoder = flashrt.load_vocoder(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk)
     return OrpheusTTS(decoder, vocoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
                       frames_per_chunk=frames_per_chunk, queue_size=queue_size,
@@ -268,5 +283,5 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
 FAMILY = TtsFamily(
     name="orpheus", detect=detect, load=load_orpheus,
     options=("snac", "max_new_tokens", "cache_len", "prompt_buckets", "stream_chunk", "frames_per_chunk",
-             "queue_size", "sampling"),
+             "queue_size", "sampling", "constrain_frames"),
     doc="Orpheus-style LM (Llama/Qwen) emitting SNAC 24 kHz codes, streamed through the SNAC decoder")

@@ -13,6 +13,7 @@ Semantics (as transformers' logits processors, in this order): repetition penalt
 in the prompt and output (divide positive logits, multiply negative ones); temperature; top-k (k <= 0:
 off); top-p (keep the smallest set of top tokens whose probability reaches p, always the first); then
 Gumbel-max sampling over what is kept. Temperature 0 is greedy (`greedy_token`, its own graph).
+Sampling ranks only the top ``candidates`` tokens (default 1024; see `sample_token`).
 
 Shapes: B batch, V vocabulary.
 """
@@ -38,7 +39,7 @@ def hashed_uniform(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tens
     key = _mix32((seed & _M32) ^ _mix32((step + 0x3C6EF372) & _M32))
     cols = torch.arange(n, device=seed.device, dtype=torch.int64)
     h = _mix32(key[:, None] ^ _mix32(cols)[None, :])
-    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))  # 23 bits: exact in float32, never 0 or 1
 
 
 def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
@@ -53,13 +54,20 @@ def greedy_token(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                 seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """(B, V) -> (B, 1) int64 drawn after temperature, top-k and top-p (module docstring)."""
-    scaled, order = (logits / temperature).sort(dim=-1, descending=True)
-    ranks = torch.arange(logits.shape[-1], device=logits.device)
+                 seed: torch.Tensor, step: torch.Tensor, candidates: int = 1024) -> torch.Tensor:
+    """(B, V) -> (B, 1) int64 drawn after temperature, top-k and top-p (module docstring).
+
+    Only the ``candidates`` most likely tokens are ranked (`torch.topk`, not a sort of the vocabulary:
+    about 10x cheaper on the CPU at V = 157k); probabilities still use the full distribution's
+    normalizer, so top-p is exact whenever the nucleus fits in the candidates (top-k is capped there)."""
+    scaled = logits / temperature
+    values, order = scaled.topk(min(candidates, logits.shape[-1]), dim=-1)  # descending
+    ranks = torch.arange(values.shape[-1], device=logits.device)
     minus_inf = torch.full((), -torch.inf, device=logits.device)
-    top = torch.where((ranks < top_k) | (top_k <= 0), scaled, minus_inf)
-    probs = top.softmax(-1)  # top-p over what top-k kept, renormalized (as the reference chains them)
+    top = torch.where((ranks < top_k) | (top_k <= 0), values, minus_inf)
+    # top-p over what top-k kept, renormalized (as the reference chains them); else over everything
+    norm = torch.where(top_k > 0, top.logsumexp(-1, keepdim=True), scaled.logsumexp(-1, keepdim=True))
+    probs = (top - norm).exp()
     masked = torch.where((probs.cumsum(-1) - probs) < top_p, top, minus_inf)
-    gumbel = -torch.log(-torch.log(hashed_uniform(seed, step, logits.shape[-1])))
+    gumbel = -torch.log(-torch.log(hashed_uniform(seed, step, values.shape[-1])))
     return order.gather(-1, (masked + gumbel).argmax(-1, keepdim=True))
