@@ -17,8 +17,9 @@ exact_stream=False, conv=None)``:
 * backend: "eager" (CPU default: every call runs at its own length, see
   `flashrt.frontends.vocoders.frontend`), "trace", "cuda" (CUDA default), any registered graph backend,
   built for ``device`` (a frontend on cuda:1 captures on cuda:1).
-* buckets: frame counts (the card's ``[runtime] buckets``, else the family's); the stream window
-  ``L + stream_chunk + R`` is added. stream_chunk: frames per stream window (card, else family).
+* buckets: frame counts (the card's ``[runtime] buckets``, else the family's, as a geometric ladder on a
+  graph backend: `flashrt.frontends.vocoders.frontend.ladder`); the stream window ``L + stream_chunk +
+  R`` is added. stream_chunk: frames per stream window (card, else family).
 * exact_stream: one-shot calls decode through the stream's windows, so ``stream()`` equals them bit
   for bit (see `flashrt.runner.stream`: summation order).
 """
@@ -67,8 +68,7 @@ class Vocoder(StreamRunner):
             raise ConfigError(f"stream_chunk ({chunk}) must be positive")
         window = sum(family.signature(config).context) + chunk
         fe = frontend(family, config, module, device=device, backend=backend, batch=batch, strict=strict,
-                      dtype=dtype, buckets=(*(buckets or family.default_buckets), window),
-                      exact_length=exact_length)
+                      dtype=dtype, buckets=buckets, extra_buckets=(window,), exact_length=exact_length)
         super().__init__(fe, chunk, exact_stream=exact_stream)
 
     def capture(self) -> Vocoder:

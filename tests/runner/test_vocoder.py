@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import flashrt
 from flashrt.errors import ConfigError, InputError
@@ -130,3 +132,51 @@ def test_the_runner_is_over_the_frontend_and_flashrt_points_here():
     assert isinstance(voc, Vocoder) and isinstance(voc.frontend, VocoderFrontend)
     assert isinstance(voc.frontend, StreamFrontend)
     assert "vocos vocoder" in voc.describe() and voc.frontend.describe()["exact_length"] is True
+
+
+class _Largest(TorchDispatchMode):
+    """The largest tensor any op allocates (views of existing storage are not allocations)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and not t._is_view():
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+def _largest(fn) -> int:
+    with _Largest() as mode:
+        fn()
+    return mode.numel
+
+
+def test_eager_call_allocates_nothing_bucket_sized():
+    """20 frames with buckets (64, 256): the eager call allocates no tensor larger than the module itself
+    allocates on exactly those 20 frames; the same call through the padded bucket (exact_length=False,
+    the graph path run eagerly) allocates bucket-sized tensors (the counter can fail)."""
+    voc = load_vocoder(FIXTURES / "hifigan_v1_tiny", buckets=(64, 256), stream_chunk=4)
+    mel = torch.randn(1, 16, 20)
+    voc(mel)
+    own = _largest(lambda: voc.module(mel))
+    assert _largest(lambda: voc(mel)) <= own
+    padded = Vocoder(voc.family, voc.config, voc.module, buckets=(64, 256), stream_chunk=4,
+                     exact_length=False).capture()
+    assert torch.equal(padded(mel), voc(mel)) or (padded(mel) - voc(mel)).abs().max() <= TOL
+    bucket = padded.frontend.bucket(20)                   # the stream window (23), else 64
+    assert bucket > 20 and _largest(lambda: padded(mel)) >= own * bucket // 20
+
+
+def test_graph_backends_capture_a_ladder():
+    """No buckets given: the eager backend keeps the family's (they only bound the buffers), a graph
+    backend captures their range as a geometric ladder, so a call between buckets pads at most 25 %."""
+    eager = load_vocoder(FIXTURES / "hifigan_v1_tiny", stream_chunk=4, capture=False)
+    traced = load_vocoder(FIXTURES / "hifigan_v1_tiny", stream_chunk=4, backend="trace", capture=False)
+    assert set(eager.family.default_buckets) <= set(eager.buckets) and len(eager.buckets) <= 4
+    rungs = [b for b in traced.buckets if b >= 64]                # and the stream window below them
+    assert rungs[0] == 64 and rungs[-1] == 1024 and max(b / a for a, b in zip(rungs, rungs[1:])) <= 1.25
+    assert traced.stream_window in traced.buckets

@@ -26,7 +26,10 @@ costs its own length, never its bucket's. Buckets then only bound the buffers (t
 Bucketed (the graph backends: trace, cuda, ...): one graph per bucket reads ``length``; a window is
 written into the first T*rate steps, the rest of its bucket zeroed in place (no padded host copy,
 no work proportional to the largest bucket), and the module's `ValidLength` fixes up what the padding
-would change.
+would change. Padding costs compute, so without explicit buckets a graph backend captures the family's
+bucket range as a geometric ladder (`ladder`: each bucket at most `LADDER_RATIO` times the one below,
+so a call computes at most 25 % more frames than its own); the buffers stay sized for the largest
+bucket, the graphs of one set share one memory pool on CUDA, and capture time grows with the count.
 """
 
 from __future__ import annotations
@@ -47,12 +50,28 @@ from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.frontend import Window
 from flashrt.runtime.graphs import backend_for_device
 
-__all__ = ["VocoderFrontend"]
+__all__ = ["VocoderFrontend", "ladder", "LADDER_RATIO"]
+
+LADDER_RATIO = 1.25
+
+
+def ladder(buckets: Sequence[int], ratio: float = LADDER_RATIO) -> tuple[int, ...]:
+    """The range of `buckets` (smallest to largest) as a geometric ladder: each bucket at most `ratio`
+    times the one below."""
+    lo, hi = min(buckets), max(buckets)
+    sizes = {lo, hi}
+    size = lo
+    while size < hi:
+        size = min(hi, max(size + 1, int(size * ratio)))
+        sizes.add(size)
+    return tuple(sorted(sizes))
 
 
 class VocoderFrontend:
     """One loaded vocoder (see the module docstring). The constructor only stores; `capture()` allocates
-    the buffers and captures the graphs. ``exact_length`` None: on for the eager backend only."""
+    the buffers and captures the graphs. ``exact_length`` None: on for the eager backend only.
+    ``buckets`` None: the family's (a `ladder` over their range on a graph backend); ``extra_buckets``
+    are added either way (the stream window)."""
 
     def __init__(
         self,
@@ -67,14 +86,16 @@ class VocoderFrontend:
         strict: bool = False,
         dtype: torch.dtype = torch.float32,
         exact_length: bool | None = None,
+        extra_buckets: Sequence[int] = (),
     ) -> None:
         self.family, self.config, self.module = family, config, module
         self.device = torch.device(device)
         self.backend_name = backend or ("cuda" if self.device.type == "cuda" else "eager")
         self.signature = family.signature(config)
-        self.buckets = tuple(sorted({int(b) for b in (buckets or family.default_buckets)}))
         self.batch, self.strict, self.dtype = int(batch), strict, dtype
         self.exact_length = self.backend_name == "eager" if exact_length is None else bool(exact_length)
+        chosen = buckets or (family.default_buckets if self.exact_length else ladder(family.default_buckets))
+        self.buckets = tuple(sorted({int(b) for b in (*chosen, *extra_buckets)}))
         self.takes_offset = "offset" in inspect.signature(module.forward).parameters
         self.rates = tuple(s.rate for s in self.signature.inputs)
         self.context = self.signature.context
