@@ -96,6 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--pairs", type=int, default=7)
+    parser.add_argument("--only", choices=sorted(TEXTS), help="one text only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -106,6 +107,8 @@ def main() -> None:
     gate = _gate(tts, piper)
     rows = {}
     for name, text in TEXTS.items():
+        if args.only and name != args.only:
+            continue
         for _ in range(4):  # warm both sides' shapes
             _time_piper(piper, text, tts.sample_rate), _time_flashrt(tts, text)
         p, f = [], []

@@ -55,8 +55,8 @@ def ladder(*spans: tuple[int, int]) -> tuple[int, ...]:
     return tuple(out)
 
 
-PHONEME_BUCKETS = ladder((32, 512), (128, 1024))
-FRAME_BUCKETS = ladder((32, 512), (128, 2048), (512, 6144))
+PHONEME_BUCKETS = ladder((16, 256), (64, 1024))
+FRAME_BUCKETS = ladder((16, 256), (32, 512), (128, 2048), (512, 6144))
 
 
 @dataclass(frozen=True)
@@ -281,9 +281,9 @@ class VitsFrontend:
             )
         bucket = self.flow_graphs.bucket_for(frames)
         b = self.buffers
-        b["flow_index"].zero_()
+        b["flow_index"][:bucket].zero_()  # the graph reads [:bucket] only
         b["flow_index"][:frames].copy_(torch.from_numpy(index))
-        b["flow_noise"].zero_()
+        b["flow_noise"][..., :bucket].zero_()
         if checked.scales[0] > 0:
             noise = torch.randn(self.cfg.inter_channels, frames, generator=self._generator(seed, 1))
             b["flow_noise"][0, :, :frames].copy_(noise)
