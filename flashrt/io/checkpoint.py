@@ -256,6 +256,8 @@ def _read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str]]:
         raw = f.read(n)
     header = _parse_header_json(path, raw)
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (__metadata__ is not an object)")
     infos, end = _header_infos(path, header, base=8 + n)
     if end != size:
         what = "truncated" if size < end else "has trailing bytes"
@@ -281,8 +283,8 @@ def _header_infos(path: Path, header: dict[str, Any], base: int) -> tuple[dict[s
     for key, entry in header.items():
         try:
             dtype = _ST_DTYPES[entry["dtype"]]
-            shape = torch.Size(int(d) for d in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
+            shape = torch.Size(_header_ints(entry["shape"], "shape"))
+            begin, end = _header_ints(entry["data_offsets"], "data_offsets", length=2)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{path}: corrupt safetensors header entry {key!r}: {entry!r} "
                                   f"({type(exc).__name__}: {exc})") from None
@@ -292,6 +294,18 @@ def _header_infos(path: Path, header: dict[str, Any], base: int) -> tuple[dict[s
         infos[key] = TensorInfo(shape, dtype, path, (base + begin, base + end))
         spans.append((begin, end, key))
     return infos, base + _check_tiling(path, spans)
+
+
+_MAX_HEADER_INT = 1 << 62  # no tensor dimension or byte offset comes near this
+
+
+def _header_ints(values: Any, what: str, length: int | None = None) -> list[int]:
+    """A list of non-negative Python ints (not bools, floats or strings), as safetensors requires."""
+    if not isinstance(values, list) or (length is not None and len(values) != length):
+        raise ValueError(f"{what} must be a list" + (f" of {length}" if length else ""))
+    if not all(type(v) is int and 0 <= v < _MAX_HEADER_INT for v in values):
+        raise ValueError(f"{what} entries must be non-negative integers below 2**62")
+    return values
 
 
 def _check_tiling(path: Path, spans: list[tuple[int, int, str]]) -> int:
@@ -316,12 +330,12 @@ class _SafetensorsFiles:
         file = self._key_to_file[key]
         if self._closed:
             raise CheckpointError(f"{file}: checkpoint is closed; cannot read {key!r}")
-        handle = self._handles.get(file)
-        if handle is None:
-            from safetensors import safe_open
-
-            handle = self._handles[file] = safe_open(str(file), framework="pt", device="cpu")
         try:
+            handle = self._handles.get(file)
+            if handle is None:
+                from safetensors import safe_open
+
+                handle = self._handles[file] = safe_open(str(file), framework="pt", device="cpu")
             return handle.get_tensor(key)
         except Exception as exc:  # safetensors raises its own Rust-side error types
             raise CheckpointError(f"{file}: cannot read tensor {key!r}: {exc}") from exc

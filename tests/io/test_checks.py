@@ -266,3 +266,45 @@ def test_junk_weight_file_is_a_checkpoint_error(tmp_path, name, junk):
     path.write_bytes(JUNK[junk])
     with pytest.raises(CheckpointError, match=str(path)):
         open_checkpoint(path)
+
+
+HEADER_EDITS = {  # (key, field, value): every one is a CheckpointError at open or first read
+    "dtype unknown": ("w", "dtype", "F99"),
+    "dtype not a string": ("w", "dtype", 5),
+    "shape a string": ("w", "shape", "3,4"),
+    "shape float dims": ("w", "shape", [3.0, 4.0]),
+    "shape string dims": ("w", "shape", ["3", "4"]),
+    "shape bool dim": ("w", "shape", [True, 12]),
+    "shape negative dims": ("w", "shape", [-3, -4]),
+    "shape huge dim": ("w", "shape", [2**70, 1]),
+    "shape nested": ("w", "shape", [[3], 4]),
+    "offsets three": ("w", "data_offsets", [0, 48, 48]),
+    "offsets strings": ("w", "data_offsets", ["0", "48"]),
+    "offsets floats": ("w", "data_offsets", [0.0, 48.0]),
+    "offsets huge": ("w", "data_offsets", [0, 2**70]),
+    "offsets negative": ("w", "data_offsets", [-48, 0]),
+    "entry not an object": ("w", None, 5),
+    "metadata not an object": ("__metadata__", None, 5),
+    "metadata a list": ("__metadata__", None, [["a", "b"]]),
+}
+
+
+@pytest.mark.parametrize("case", HEADER_EDITS)
+def test_malformed_safetensors_header(tmp_path, case):
+    import json
+    import struct
+
+    key, field, value = HEADER_EDITS[case]
+    good = _save(tmp_path, "good.safetensors").read_bytes()
+    n = struct.unpack("<Q", good[:8])[0]
+    header = json.loads(good[8:8 + n])
+    if field is None:
+        header[key] = value
+    else:
+        header[key][field] = value
+    raw = json.dumps(header).encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + good[8 + n:])
+    with pytest.raises(CheckpointError, match=str(path)), open_checkpoint(path) as ckpt:
+        for k in ckpt:
+            ckpt[k]
