@@ -51,6 +51,15 @@ class Embodiment:
     cameras: tuple[str, ...]
     state: MinMax
     action: MinMax
+    horizon: int | None = None  # len(action delta_indices): the actions decoded per chunk
+
+    @property
+    def replan_period(self) -> int | None:
+        """lerobot's execution horizon: the decoded chunk, except 8 for ``libero_sim`` (NVIDIA's LIBERO
+        rollout wrapper replans after 8 of its 16 actions)."""
+        if self.horizon is None:
+            return None
+        return min(self.horizon, 8) if self.tag == "libero_sim" else self.horizon
 
     @property
     def state_dim(self) -> int:
@@ -102,9 +111,9 @@ class Sidecars:
                 f"processor_config.json: embodiment {tag!r} uses relative actions (not supported yet)"
             )
         cams = tuple(cfg.get("video", {}).get("modality_keys", []))
-        return Embodiment(
-            tag, self.ids[tag], cams, self._minmax(tag, "state", cfg), self._minmax(tag, "action", cfg)
-        )
+        horizon = len(cfg.get("action", {}).get("delta_indices") or []) or None
+        state, action = self._minmax(tag, "state", cfg), self._minmax(tag, "action", cfg)
+        return Embodiment(tag, self.ids[tag], cams, state, action, horizon)
 
     def _minmax(self, tag: str, modality: str, cfg: dict[str, Any]) -> MinMax:
         pct = bool(self.kwargs.get("use_percentiles", False))

@@ -19,6 +19,8 @@ from flashrt.runtime.device import resolve_device
 from flashrt.runtime.frontend import PolicyFamily
 from flashrt.runtime.graphs import backend_for_device
 
+DEFAULT_TARGET, DEFAULT_CROP = (256, 256), (230, 230)  # lerobot's N1_7_DEFAULT_IMAGE_{TARGET,CROP}_SIZE
+
 
 def _tokenizer_path(folder: Path, backbone_dir: Path | None, tokenizer: str | Path | None) -> Path:
     if tokenizer is not None:
@@ -55,6 +57,14 @@ def load(
         raise ConfigError("no cameras: the checkpoint names none for this embodiment; pass cameras=(...)")
     kw = side.kwargs
     v = config.vision
+    if kw.get("image_target_size") is None:  # lerobot's fallback: the geometry N1.7 was trained on
+        kw = {
+            **kw,
+            "image_target_size": DEFAULT_TARGET,
+            "image_crop_size": DEFAULT_CROP,
+            "shortest_image_edge": None,
+            "crop_fraction": None,
+        }
     image = ImageSpec.from_kwargs(
         kw.get("image_target_size"),
         kw.get("image_crop_size"),

@@ -103,11 +103,11 @@ class GrootFrontend:
         self.options = options
         self.device = model.embed.weight.device
         head = self.config.head
-        self.chunk_size, self.action_dim, self.n_action_steps = (
-            head.horizon,
-            embodiment.action_dim,
-            head.horizon,
-        )
+        # lerobot returns min(horizon, len(action delta_indices)) actions and replans after the
+        # embodiment's execution horizon
+        self.chunk_size = min(head.horizon, embodiment.horizon or head.horizon)
+        self.n_action_steps = min(self.chunk_size, embodiment.replan_period or self.chunk_size)
+        self.action_dim = embodiment.action_dim
         per_image = model.tokens_per_image(image.target)
         self.header = tokenizer.header(len(self.cameras), per_image)
         self.header_ids = tokenizer.encode(self.header)
@@ -285,5 +285,5 @@ class GrootFrontend:
         self.graphs.replay(bucket)
 
     def read(self, checked: Checked) -> np.ndarray:
-        norm = self.buffers["expert_actions"][0, :, : self.action_dim].to("cpu", copy=True).numpy()
-        return self.embodiment.action.unnormalize(norm)
+        norm = self.buffers["expert_actions"][0, : self.chunk_size, : self.action_dim]
+        return self.embodiment.action.unnormalize(norm.to("cpu", copy=True).numpy())

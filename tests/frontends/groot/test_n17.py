@@ -162,3 +162,33 @@ def test_float_images_accepted_like_lerobot(fronts):
     assert np.array_equal(
         _infer(f, as_float, seed=0), _infer(f, dict(obs, images={"front": lerobot_u8}), seed=0)
     )
+
+
+def _edited_checkpoint(tmp_path: Path, edit) -> Path:
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(CKPT, folder)
+    cfg = json.loads((folder / "processor_config.json").read_text())
+    edit(cfg["processor_kwargs"])
+    (folder / "processor_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def test_chunk_is_the_decoded_horizon(tmp_path, one_thread):
+    """lerobot returns len(action delta_indices) actions of the model's horizon."""
+    folder = _edited_checkpoint(
+        tmp_path, lambda kw: kw["modality_configs"]["tag_a"]["action"].update(delta_indices=[0, 1, 2, 3, 4])
+    )
+    f = family.load(folder, embodiment="tag_a", cameras=["front"])
+    assert f.chunk_size == 5 and f.n_action_steps == 5
+    actions = _infer(f, _obs("one_cam"), noise=IO["one_cam/noise"])
+    assert np.abs(actions - IO["one_cam/actions"].numpy()[:5]).max() <= TOL
+
+
+def test_default_image_geometry_when_the_checkpoint_has_none(tmp_path, one_thread):
+    """No image_target_size in processor_config.json: lerobot's N1.7 default 256 x 256, crop 230."""
+    folder = _edited_checkpoint(tmp_path, lambda kw: [kw.pop("image_target_size"), kw.pop("image_crop_size")])
+    f = family.load(folder, embodiment="tag_a", cameras=["front"])
+    assert f.describe()["image_size"] == [256, 256]
+    assert f.image.edge == 256 and abs(f.image.crop_fraction - 230 / 256) < 1e-12
