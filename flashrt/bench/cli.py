@@ -4,7 +4,9 @@ Plain Typer command functions (mounted by `flashrt.cli`: `app.command()(bench)` 
 inside the functions so `flashrt --help` does not load torch. Each command prints tables for people
 on stderr, writes a results JSON (and a PNG) under `--out`, and prints one JSON line LAST on stdout.
 
-Exit codes: 0 ok, 1 gated out / leak flagged, 2 configuration error, 3 profile refused on this device.
+Exit codes: 0 ok, 1 gated out / leak flagged, 2 configuration error, 3 profile refused on this device,
+4 the `--vs` side failed (unavailable, failed to build or run, or gated out; its one-line reason is
+printed on stderr; flashrt's own figures are still written).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-EXIT = {"ok": 0, "gated-out": 1, "leak": 1, "error": 2, "refused": 3}
+EXIT = {"ok": 0, "gated-out": 1, "leak": 1, "error": 2, "refused": 3, "vs-failed": 4}
 
 ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="profile name (profiles/) or a .toml path")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="output folder [bench/results/<kind>-<name>-...]")]
@@ -95,10 +97,15 @@ def bench(
     plot: Annotated[bool, typer.Option(help="write latency.png")] = True,
     progress: Annotated[bool, typer.Option(help="progress bar on stderr")] = True,
     list_all: Annotated[bool, typer.Option("--list", help="list benchmarks and profiles")] = False,
+    sweep: Annotated[str | None, typer.Option(help="length sweep against --vs instead (vocoders): 'auto' "
+                                              "or frame counts '50,200,333'")] = None,
+    pairs: Annotated[int, typer.Option(help="interleaved timed pairs per sweep length")] = 5,
 ) -> None:
     """Benchmark a registered frontend: quality gate, per-stage latency, cold start, memory, roofline."""
     if list_all:
         return _list()
+    if sweep is not None:
+        return _sweep(name, profile, _sweep_options(checkpoint, vs, backend, progress), sweep, pairs, out)
     from flashrt.bench.harness import BenchOptions, render, run_benchmark, write_outputs
     from flashrt.bench.profiles import load_profile
     from flashrt.errors import FlashRTError
@@ -111,8 +118,36 @@ def bench(
         return _finish(_failure("bench", name, profile, exc), folder)
     write_outputs(result, folder, plot=plot, save_trace=save_trace)
     render(result)
-    typer.echo(f"results: {result.files.get('json')}  figure: {result.files.get('png', '-')}", err=True)
-    _finish({"line": result.summary_line(), "status": result.status}, None)
+    figure = result.files.get("png") or f"none ({result.files.get('png_skipped', 'plots off')})"
+    typer.echo(f"results: {result.files.get('json')}  samples: {result.files.get('samples', '-')}  "
+               f"figure: {figure}", err=True)
+    status = result.status
+    if status == "ok" and result.vs and result.vs.get("status") != "ok":
+        typer.echo(f"bench {name}: --vs {vs} {result.vs['status']}: {result.vs.get('reason')}", err=True)
+        status = "vs-failed"
+    _finish({"line": result.summary_line(), "status": status}, None)
+
+
+def _sweep_options(checkpoint: str | None, vs: str | None, backend: str | None, progress: bool) -> Any:
+    from flashrt.bench.harness import BenchOptions
+
+    return BenchOptions(checkpoint, vs, None, None, backend, None, progress)
+
+
+def _sweep(name: str, profile: str, options: Any, lengths: str, pairs: int, out: Path | None) -> None:
+    """`bench NAME --sweep`: flashrt against --vs at every length (`flashrt.bench.sweep`)."""
+    from flashrt.bench.profiles import load_profile
+    from flashrt.bench.sweep import parse_lengths, plot_sweep, render_sweep, run_sweep
+    from flashrt.errors import FlashRTError
+
+    folder = _out_dir(out, "sweep", name, profile)
+    try:
+        record = run_sweep(name, load_profile(profile), options, parse_lengths(lengths), pairs)
+    except (FlashRTError, ImportError) as exc:
+        return _finish(_failure("sweep", name, profile, exc), folder)
+    render_sweep(record)
+    files = {"png": str(plot_sweep(folder / "sweep.png", record))}
+    _finish(record, folder, files)
 
 
 def loop(

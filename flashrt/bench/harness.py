@@ -197,7 +197,7 @@ def gate_check(impl: Any, trace: FrozenTrace, golden: list[Any], atol: float, rt
 def _error_verdict(i: int, exc: Exception) -> Any:
     from flashrt.bench.gate import GateResult
 
-    return GateResult(False, where=f"input {i}", reason=f"raised {type(exc).__name__}: {exc}")
+    return GateResult(False, where=f"input {i}", reason=f"raised {one_line(exc)}")
 
 
 def _progress(total: int, enabled: bool, label: str) -> Any:
@@ -255,15 +255,23 @@ class _Run:
         try:
             impl = self.adapter.reference(name)
         except (ReferenceUnavailable, ImportError) as exc:
-            self.result.vs |= {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"}
+            self.result.vs |= {"status": "unavailable", "reason": one_line(exc)}
+            return None
+        except Exception as exc:  # a side that fails to build ends the comparison, never the whole run
+            self.result.vs |= {"status": "error", "reason": one_line(exc)}
             return None
         self.cold["vs_build"] = _ms_since(start)
         q, start = self.profile.quality, time.perf_counter()
-        gate = gate_check(impl, self.trace, self.golden, q.atol, q.rtol)
+        try:
+            gate = gate_check(impl, self.trace, self.golden, q.atol, q.rtol)
+        except Exception as exc:  # e.g. torch.compile failing on its first pass
+            self.result.vs |= {"status": "error", "reason": one_line(exc)}
+            return None
         self.cold["vs_first_pass"] = _ms_since(start)  # includes compilation for lazy references
         self.result.gate["vs"] = gate
         if not gate["passed"]:
-            self.result.vs |= {"status": "gated-out", "reason": f"{gate['where']}: {gate['reason']}"}
+            status = "error" if str(gate["reason"]).startswith("raised ") else "gated-out"
+            self.result.vs |= {"status": status, "reason": f"{gate['where']}: {gate['reason']}"}
             return None
         return impl
 
@@ -315,6 +323,13 @@ class _Run:
             closer()
 
 
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """`Type: first line of the message`, at most `limit` characters (for tables and exit messages)."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    text = f"{type(exc).__name__}: {first.strip()}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _plot_data(sides: list[Side], rate_hz: float) -> dict[str, Any]:
     a = sides[0]
     per_call = a.per_call()
@@ -349,18 +364,33 @@ def write_outputs(result: BenchResult, out_dir: str | Path, plot: bool = True,
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if plot and result.plot_data.get("stages", {}).get("total"):
-        from flashrt.profile.plots import plot_latency
-
-        d = result.plot_data
-        title = f"{result.benchmark} · {d['title']} · profile {result.profile.get('name')}"
-        result.files["png"] = str(plot_latency(out / "latency.png", d["stages"], d["per_call"], title,
-                                               d["deadline_ms"], d["compare"]))
     if save_trace and result.frozen_trace is not None:
         result.files["trace"] = str(result.frozen_trace.save(out / "trace.pt"))
+    d = result.plot_data
+    if d.get("stages", {}).get("total"):  # raw per-call samples: any percentile can be recomputed
+        result.files["samples"] = str(out / "samples.json")
+        write_json(out / "samples.json", {"per_call_ms": d["per_call"], "total_ms": d["stages"]["total"],
+                                          **{f"vs_{k}": v for k, v in d["compare"].items()}})
     result.files["json"] = str(out / "results.json")
-    write_json(out / "results.json", result.to_dict())
+    write_json(out / "results.json", result.to_dict())  # results first: a failing plot never loses them
+    if plot and d.get("stages", {}).get("total"):
+        result.files.update(_plot(result, out))
+        write_json(out / "results.json", result.to_dict())
     return dict(result.files)
+
+
+def _plot(result: BenchResult, out: Path) -> dict[str, str]:
+    """latency.png, or a note saying why there is none (matplotlib missing or failing)."""
+    d = result.plot_data
+    title = f"{result.benchmark} · {d['title']} · profile {result.profile.get('name')}"
+    try:
+        from flashrt.profile.plots import plot_latency
+
+        png = plot_latency(out / "latency.png", d["stages"], d["per_call"], title, d["deadline_ms"],
+                           d["compare"])
+    except Exception as exc:  # plotting is a convenience: the results are already on disk
+        return {"png_skipped": one_line(exc)}
+    return {"png": str(png)}
 
 
 def render(result: BenchResult, console: Any = None) -> None:
@@ -377,11 +407,26 @@ def render(result: BenchResult, console: Any = None) -> None:
             tables.append(stats_table({**vs["stages"], "total": vs["total"]}, f"vs {vs['name']} (ms)"))
         tables.append(kv_table({k: v for k, v in vs.items() if k not in ("stages", "total", "errors")},
                                "side by side (speedup = B ms / A ms)"))
+    if result.gate:
+        tables.append(kv_table(gate_summary(result.gate), "quality gate"))
     tables.append(kv_table(result.cold_start_ms, "cold start (ms)"))
     tables.append(kv_table({k: _mib(v) for k, v in _flat(result.memory).items()}, "memory"))
     if result.roofline:
         tables.append(kv_table({k: v for k, v in _flat(result.roofline).items()}, "roofline"))
     print_tables(*tables, console=console)
+
+
+def gate_summary(gate: dict[str, Any]) -> dict[str, Any]:
+    """The gate's verdict for the console: passed, max |Δ| vs the reference, tolerances, where."""
+    out = {"reference": gate.get("reference"), "verdict": "passed" if gate.get("passed") else "FAILED",
+           "max_abs": gate.get("max_abs"), "atol / rtol": f"{gate.get('atol')} / {gate.get('rtol')}"}
+    if not gate.get("passed"):
+        out["where"] = f"{gate.get('where')}: {gate.get('reason')}"
+    vs = gate.get("vs")
+    if vs:
+        out["vs verdict"] = "passed" if vs.get("passed") else "FAILED"
+        out["vs max_abs"] = vs.get("max_abs")
+    return out
 
 
 def _mib(value: Any) -> Any:

@@ -79,3 +79,14 @@ def test_loop_and_soak_commands(app, tmp_path, profile_file, fake_name):
     line = _last_json(res.stdout)
     assert line["kind"] == "soak" and line["steps"] == 200 and not line["leak"]
     assert json.loads((tmp_path / "s" / "results.json").read_text())["soak"]["steps"] == 200
+
+
+@pytest.mark.parametrize("vs", ["lerobot", "off"])
+def test_a_failing_vs_side_exits_non_zero_with_one_line(app, tmp_path, profile_file, fake_name, vs):
+    from .fakes import FakeImpl
+
+    register_fake(fake_name, refs={"off": FakeImpl(name="off", offset=1.0)})
+    res = CliRunner().invoke(app, ["bench", fake_name, "-p", profile_file, "--vs", vs, "--out",
+                                   str(tmp_path / "run"), "--no-progress", "--no-plot"])
+    assert res.exit_code == 4, res.output
+    assert f"--vs {vs}" in res.stderr and (tmp_path / "run" / "results.json").is_file()

@@ -107,3 +107,45 @@ def test_vs_gated_out_and_missing_reference_are_reported(tiny_profile, fake_name
 def test_failed_result_keeps_the_schema():
     data = BenchResult("x", "refused", "no gpu").to_dict()
     assert list(data) == RESULT_KEYS and json.dumps(data, allow_nan=False)
+
+
+class _Broken(FakeImpl):
+    def run(self, inputs, timer):
+        raise RuntimeError("compile failed\n" + "trace line\n" * 270)
+
+
+def test_vs_side_that_raises_is_an_error_with_one_line(tiny_profile, fake_name):
+    register_fake(fake_name, refs={"broken": _Broken(name="broken")})
+    result = _run(fake_name, tiny_profile(), vs="broken")
+    assert result.status == "ok" and result.vs["status"] == "error"
+    assert result.vs["reason"] == "input 0: raised RuntimeError: compile failed"
+    assert result.steady["total"].count == 12
+
+
+def test_results_and_raw_samples_are_written_before_plotting(tmp_path, tiny_profile, fake_name, monkeypatch):
+    import flashrt.profile.plots as plots
+
+    def no_matplotlib(*args, **kwargs):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(plots, "plot_latency", no_matplotlib)
+    register_fake(fake_name)
+    result = _run(fake_name, tiny_profile(), vs="eager")
+    files = write_outputs(result, tmp_path, plot=True)
+    assert "png" not in files and "matplotlib" in files["png_skipped"]
+    data = json.loads((tmp_path / "results.json").read_text())
+    samples = json.loads((tmp_path / "samples.json").read_text())
+    assert data["files"]["samples"] == str(tmp_path / "samples.json")
+    again = LatencyStats.from_samples(samples["total_ms"])
+    assert again.p50 == data["steady"]["total"]["p50"] and again.max == data["steady"]["total"]["max"]
+    assert len(samples["per_call_ms"]) == 12 and len(samples["vs_total eager"]) == 12
+
+
+def test_console_shows_the_gate_verdict(tiny_profile, fake_name):
+    from rich.console import Console
+
+    register_fake(fake_name)
+    console = Console(record=True, width=120)
+    render(_run(fake_name, tiny_profile()), console=console)
+    text = console.export_text()
+    assert "quality gate" in text and "passed" in text and "max_abs" in text

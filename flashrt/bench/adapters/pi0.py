@@ -59,7 +59,7 @@ from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
 from flashrt.frontends.pi0.frontend import Pi0Frontend
-from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step
+from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step, mlp_kernels
 from flashrt.frontends.pi0.synthetic import TINY, SyntheticSizes, SyntheticSpec, write_checkpoint
 from flashrt.profile.timers import StageTimer
 
@@ -154,10 +154,17 @@ class PolicyRunner:
 
 class CompiledStepFrontend(Pi0Frontend):
     """A `Pi0Frontend` whose per-bucket step runs under torch.compile (eager backend: nothing captured;
-    each bucket compiles on its first replay)."""
+    each bucket compiles on its first replay) with the kernel choices compile can trace: the plain ATen
+    MLPs (oneDNN's fused pointwise ops are opaque to it), switched on the shared model only while the
+    compiled step runs."""
 
     def _build(self, bucket: int) -> Any:
-        return torch.compile(super()._build(bucket), dynamic=False)
+        compiled = torch.compile(super()._build(bucket), dynamic=False)
+
+        def step() -> None:
+            with mlp_kernels(self.model, "aten"):
+                compiled()
+        return step
 
 
 def sibling_policy(policy: Any, backend: str = "eager", frontend_cls: type = Pi0Frontend,

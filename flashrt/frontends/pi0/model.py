@@ -61,8 +61,9 @@ restores it; the parity tests run both).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -308,6 +309,23 @@ def use_mlp_kernels(model: Pi0Model, kernel: str) -> None:
         layer.mlp_kernel = kernel if _row_major_f32(layer.gate_up) else "aten"
     for layer in model.vision.layers:
         layer.fc1_kernel = kernel if _row_major_f32(layer.fc1) else "aten"
+
+
+@contextlib.contextmanager
+def mlp_kernels(model: Pi0Model, kernel: str) -> Iterator[None]:
+    """Run with ``kernel`` inside the block (e.g. "aten" for code torch.compile traces: it cannot trace
+    oneDNN's fused pointwise ops); every layer's previous choice is restored after."""
+    layers = [*model.vlm.layers, *model.vision.layers]
+    saved = [(getattr(x, "mlp_kernel", None), getattr(x, "fc1_kernel", None)) for x in layers]
+    use_mlp_kernels(model, kernel)
+    try:
+        yield
+    finally:
+        for layer, (mlp, fc1) in zip(layers, saved):
+            if mlp is not None:
+                layer.mlp_kernel = mlp
+            if fc1 is not None:
+                layer.fc1_kernel = fc1
 
 
 def _row_major_f32(linear: nn.Linear) -> bool:
