@@ -66,6 +66,8 @@ from flashrt.quant.precision import compute_dtype
 from flashrt.runner.vocoder import Vocoder, load_vocoder
 
 TARGET_SAMPLES = {"tiny": 2048, "small": 51_200, "full": 51_200, "expert": 51_200}
+SWEEP_FRAMES = {"mel": (50, 83, 128, 200, 256, 300, 333, 400, 512, 640, 800, 1000),
+                "snac": (6, 10, 16, 24, 32, 38, 41, 50, 64, 80, 100, 125)}
 _MODEL_KEYS = ("seed",)
 
 
@@ -312,15 +314,37 @@ class VocoderBenchmark:
         """Per input of the signature: features N(0, 1) (1, C, T*rate) float32, or codes uniform in the
         codebook (1, T*rate) int64."""
         g = torch.Generator().manual_seed(trace_seed)
-        out = []
-        for _ in range(self.profile.bench.trace_len):
-            item = {}
-            for s in self.voc.signature.inputs:
-                steps = self.frames * s.rate
-                item[s.name] = (torch.randint(0, s.high + 1, (1, steps), generator=g) if s.is_codes
-                                else torch.randn(1, s.channels, steps, generator=g))
-            out.append(item)
-        return out
+        return [self._draw(self.frames, g) for _ in range(self.profile.bench.trace_len)]
+
+    def _draw(self, frames: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+        item = {}
+        for s in self.voc.signature.inputs:
+            steps = frames * s.rate
+            item[s.name] = (torch.randint(0, s.high + 1, (1, steps), generator=g) if s.is_codes
+                            else torch.randn(1, s.channels, steps, generator=g))
+        return item
+
+    # -------------------------------------------------------------------------------- length sweep
+    @property
+    def default_sweep_reference(self) -> str:
+        return self.spec.package
+
+    def sweep_lengths(self) -> list[int]:
+        """About 0.6-12 s of audio in 12 steps, bucket edges of the old default ladder and just past
+        them included (mel frames at hop 256; SNAC frames of its coarsest codes)."""
+        return list(SWEEP_FRAMES["snac" if self.spec.family == "snac" else "mel"])
+
+    def sweep_ready(self, lengths: list[int]) -> None:
+        """Buffers for the longest length (the eager backend runs every call at its own length)."""
+        if max(lengths) > self.voc.max_frames:
+            v = self.voc
+            self.voc = Vocoder(v.family, v.config, v.module, device=v.device, backend=v.backend_name,
+                               dtype=v.dtype, buckets=(*v.buckets, max(lengths))).capture()
+            self.impl = VocoderRunner(self.impl.name, self.voc)
+
+    def inputs_at(self, frames: int, seed: int) -> dict[str, torch.Tensor]:
+        """One input of `frames` frames, drawn as `make_inputs` draws them."""
+        return self._draw(frames, torch.Generator().manual_seed(seed))
 
     def run(self, inputs: Mapping[str, Any], timer: StageTimer) -> dict[str, torch.Tensor]:
         return self.impl.run(inputs, timer)

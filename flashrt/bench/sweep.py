@@ -1,0 +1,149 @@
+"""`flashrt bench NAME --sweep`: flashrt against a second implementation at every length of a sweep.
+
+Regime: one call per length (batch 1), the input of each length drawn once (seeded) and given to both
+sides. Per length: both outputs compared first (max |delta|, gated at the profile's ``quality.atol``),
+one warm-up call each, then ``pairs`` interleaved timed pairs (flashrt, reference, flashrt, ...; wall
+time of `run`); reported: each side's median ms and the median of the per-pair ratios
+reference / flashrt, so load on a shared machine hits both sides alike. A bucket boundary cannot hide:
+every length is a call a user makes.
+
+An adapter is sweepable when it answers `sweep_lengths() -> list[int]` (its default sweep),
+`sweep_ready(lengths)` (make every length decodable, e.g. buffers for the longest) and
+`inputs_at(length, seed) -> inputs` (what `run` takes). Output: a table on stderr, ``sweep.png`` (ms vs
+length, both sides) and ``results.json`` in the output folder, one JSON line last on stdout.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from flashrt.bench.harness import BenchOptions, build_adapter, torch_threads
+from flashrt.bench.profiles import Profile, check_device
+from flashrt.errors import ConfigError
+from flashrt.profile.timers import StageTimer
+
+__all__ = ["run_sweep", "parse_lengths", "plot_sweep"]
+
+SCHEMA = "flashrt.sweep.result/1"
+
+
+def parse_lengths(text: str | None) -> list[int] | None:
+    """"auto" / "" -> None (the adapter's default sweep); "50,100,200" -> [50, 100, 200]."""
+    if text is None or text.strip() in ("", "auto"):
+        return None
+    try:
+        lengths = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--sweep {text!r}: expected 'auto' or comma-separated frame counts") from None
+    if not lengths or lengths[0] <= 0:
+        raise ConfigError(f"--sweep {text!r}: frame counts must be positive")
+    return lengths
+
+
+def _max_delta(a: Any, b: Any) -> float:
+    import torch
+
+    a, b = (x["audio"] if isinstance(x, dict) else x for x in (a, b))
+    a, b = torch.as_tensor(a).flatten().float(), torch.as_tensor(b).flatten().float()
+    if a.shape != b.shape:
+        return float("inf")
+    return float((a - b).abs().max())
+
+
+def _timed(impl: Any, inputs: Any) -> tuple[float, Any]:
+    timer = StageTimer("cpu", nvtx=False)
+    start = time.perf_counter()
+    out = impl.run(inputs, timer)
+    return (time.perf_counter() - start) * 1e3, out
+
+
+def _point(adapter: Any, reference: Any, length: int, pairs: int, seed: int, atol: float) -> dict[str, Any]:
+    inputs = adapter.inputs_at(length, seed)
+    _, ours = _timed(adapter, inputs)
+    _, theirs = _timed(reference, inputs)
+    delta = _max_delta(ours, theirs)
+    row: dict[str, Any] = {"length": length, "max_abs_delta": delta, "gate": delta <= atol}
+    if not row["gate"]:
+        return row
+    a, b = [], []
+    for _ in range(pairs):
+        a.append(_timed(adapter, inputs)[0])
+        b.append(_timed(reference, inputs)[0])
+    row.update(flashrt_ms=statistics.median(a), reference_ms=statistics.median(b),
+               ratio=statistics.median(y / x for x, y in zip(a, b)),
+               ratio_range=(min(y / x for x, y in zip(a, b)), max(y / x for x, y in zip(a, b))))
+    return row
+
+
+def run_sweep(name: str, profile: Profile, options: BenchOptions, lengths: Sequence[int] | None = None,
+              pairs: int = 5) -> dict[str, Any]:
+    """The sweep record (module docstring); ConfigError when the adapter cannot sweep."""
+    if pairs <= 0:
+        raise ConfigError(f"--pairs {pairs}: must be positive")
+    device, cold = check_device(profile), {}
+    with torch_threads(profile.device.threads):
+        adapter = build_adapter(name, profile, options, device, cold)
+        try:
+            return _sweep(name, adapter, profile, options, lengths, pairs)
+        finally:
+            if hasattr(adapter, "close"):
+                adapter.close()
+
+
+def _sweep(name: str, adapter: Any, profile: Profile, options: BenchOptions, lengths: Sequence[int] | None,
+           pairs: int) -> dict[str, Any]:
+    if not all(hasattr(adapter, m) for m in ("sweep_lengths", "sweep_ready", "inputs_at")):
+        raise ConfigError(f"benchmark {name!r} has no length sweep (its adapter lacks inputs_at)")
+    lengths = list(lengths or adapter.sweep_lengths())
+    adapter.sweep_ready(lengths)
+    vs = options.vs or getattr(adapter, "default_sweep_reference", "eager")
+    reference = adapter.reference(vs)
+    rows = [_point(adapter, reference, n, pairs, profile.bench.seed, profile.quality.atol) for n in lengths]
+    timed = [r for r in rows if "ratio" in r]
+    status = "ok" if len(timed) == len(rows) else "gated-out"
+    worst = min((r["ratio"] for r in timed), default=None)
+    line = {"bench": "sweep", "benchmark": name, "vs": vs, "status": status, "lengths": lengths,
+            "ratios": [round(r.get("ratio", 0.0), 3) for r in rows], "min_ratio": worst}
+    profile_info = {"name": profile.name, "precision": profile.precision, "threads": profile.device.threads}
+    return {"schema": SCHEMA, "kind": "sweep", "benchmark": name, "status": status, "profile": profile_info,
+            "flashrt": adapter.name, "reference": getattr(reference, "name", vs), "pairs": pairs,
+            "rows": rows, "min_ratio": worst, "line": line}
+
+
+def render_sweep(record: dict[str, Any]) -> None:
+    """The sweep as a table on stderr."""
+    from flashrt.profile.report import kv_table, print_tables
+
+    rows = {str(r["length"]): (f"{r['flashrt_ms']:.1f} / {r['reference_ms']:.1f} ms  "
+                               f"x{r['ratio']:.2f} ({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f})  "
+                               f"|d| {r['max_abs_delta']:.1e}" if "ratio" in r else
+                               f"GATED OUT |d| {r['max_abs_delta']:.1e}") for r in record["rows"]}
+    print_tables(kv_table(rows, f"{record['benchmark']}: flashrt / {record['reference']} by length "
+                                f"(median of {record['pairs']} pairs)"))
+
+
+def plot_sweep(path: str | Path, record: dict[str, Any]) -> Path:
+    """ms vs length, both sides (and the ratio on a second axis)."""
+    from flashrt.profile.plots import _pyplot
+
+    plt = _pyplot()
+    rows = [r for r in record["rows"] if "ratio" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = [r["length"] for r in rows]
+    ax.plot(x, [r["flashrt_ms"] for r in rows], "o-", label=record["flashrt"])
+    ax.plot(x, [r["reference_ms"] for r in rows], "s-", label=record["reference"])
+    ax.set_xlabel("frames per call")
+    ax.set_ylabel("ms per call (median)")
+    ax.legend(loc="upper left")
+    twin = ax.twinx()
+    twin.plot(x, [r["ratio"] for r in rows], "k:", label="ratio")
+    twin.set_ylabel("reference / flashrt")
+    ax.set_title(f"{record['benchmark']}: latency by length")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
