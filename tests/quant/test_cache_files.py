@@ -70,3 +70,30 @@ _kept: list = []
 def _keep(value):
     _kept.append(value)
     return value
+
+
+def _flip(data: bytes, position: int) -> bytes:
+    return data[:position] + bytes([data[position] ^ 0xFF]) + data[position + 1:]
+
+
+@pytest.mark.parametrize("where", ["length prefix", "header start", "header middle", "header end",
+                                   "tensor data", "last byte", "truncated", "doubled", "empty"])
+def test_damaged_entry_is_a_miss_everywhere(tmp_path, where):
+    """Damage at any place of an entry: lookup misses (no exception), ls shows a problem or the stored
+    key, verify says BAD, and a fresh store repairs it."""
+    cache = CalibrationCache(tmp_path / "cal")
+    path = cache.store(make_key(), make_scales())
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    damaged = {"length prefix": lambda: _flip(data, 0), "header start": lambda: _flip(data, 8),
+               "header middle": lambda: _flip(data, 8 + n // 2), "header end": lambda: _flip(data, 8 + n - 2),
+               "tensor data": lambda: _flip(data, 8 + n + 1), "last byte": lambda: _flip(data, len(data) - 1),
+               "truncated": lambda: data[:len(data) // 2], "doubled": lambda: data + data,
+               "empty": lambda: b""}[where]()
+    path.write_bytes(damaged)
+    result = cache.lookup(make_key())
+    assert not result.hit and result.reason
+    assert len(cache.entries()) == 1
+    assert [ok for _, ok, _ in cache.verify()] == [False]
+    cache.store(make_key(), make_scales())
+    assert cache.lookup(make_key()).hit
