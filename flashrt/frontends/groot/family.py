@@ -55,6 +55,12 @@ def load(
     cams = tuple(cameras) if cameras is not None else emb.cameras
     if not cams:
         raise ConfigError("no cameras: the checkpoint names none for this embodiment; pass cameras=(...)")
+    unknown = [c for c in cams if emb.cameras and c not in emb.cameras]
+    if unknown or len(set(cams)) != len(cams):
+        raise ConfigError(
+            f"cameras {list(cams)}: {unknown or 'repeated'}; embodiment {emb.tag!r} was trained "
+            f"with {list(emb.cameras)} (in that order; a subset is allowed)"
+        )
     kw = side.kwargs
     v = config.vision
     if kw.get("image_target_size") is None:  # lerobot's fallback: the geometry N1.7 was trained on

@@ -138,6 +138,8 @@ def test_embodiment_and_detection_errors(tmp_path):
         family.load(CKPT, embodiment="nope")
     with pytest.raises(ConfigError, match="tag_b"):
         family.load(CKPT, embodiment=2)
+    with pytest.raises(ConfigError, match="front"):
+        family.load(CKPT, embodiment="tag_a", cameras=["top"])
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "pi0"}))
     with pytest.raises(CheckpointError, match="Gr00tN1d7"):
         family.FAMILY.detect(tmp_path)
