@@ -24,7 +24,8 @@ chunks, at most ``max_pending`` requests are held. A client that disconnects can
 (every stage stops within one chunk). Streamed WAV: a 44-byte header with unknown length (0xFFFFFFFF,
 as streaming encoders write), then 16-bit PCM; ``pcm`` is the raw 16-bit little-endian samples.
 ``model`` may be a voice name, ``flashrt`` or an OpenAI model name (tts-1, tts-1-hd, gpt-4o-mini-tts);
-``voice`` picks the loaded voice.
+``voice`` picks the loaded voice, or, when ``model`` names a loaded model that lists ``speakers``, one of
+those (passed to its ``stream(..., voice=speaker)``).
 """
 
 from __future__ import annotations
@@ -91,11 +92,12 @@ def wav_header(sample_rate: int) -> bytes:
 class Speech:
     """One validated request."""
 
-    voice: str
+    voice: str  # the loaded model that speaks
     text: str
     fmt: str
     speed: float
     seed: int | None
+    speaker: str | None = None  # a speaker of that model (models that list `speakers`)
 
 
 class SpeechServer:
@@ -118,7 +120,8 @@ class SpeechServer:
     def _stage(model: Any):
         def speak(items, request):
             job: Speech = next(iter(items))
-            yield from model.stream(job.text, seed=job.seed, speed=job.speed)
+            extra = {"voice": job.speaker} if job.speaker else {}
+            yield from model.stream(job.text, seed=job.seed, speed=job.speed, **extra)
 
         return speak
 
@@ -151,10 +154,14 @@ class SpeechServer:
                 "input",
                 "input_too_long",
             )
+        speaker = None
         if voice not in self.voices:
-            raise ApiError(
-                400, f"unknown voice {voice!r}; voices: {sorted(self.voices)}", "voice", "unknown_voice"
-            )
+            speakers = getattr(self.voices.get(model), "speakers", ())
+            if voice not in speakers:
+                raise ApiError(
+                    400, f"unknown voice {voice!r}; voices: {sorted(self.voices)}", "voice", "unknown_voice"
+                )
+            voice, speaker = model, data["voice"]
         if model not in self.voices and model not in OPENAI_MODELS:
             raise ApiError(
                 400,
@@ -177,7 +184,7 @@ class SpeechServer:
         speed = float(data.get("speed", 1.0))
         if not 0.25 <= speed <= 4.0:
             raise ApiError(422, f"speed {speed} is outside [0.25, 4.0]", "speed", "invalid_value")
-        return Speech(voice, text, fmt, speed, data.get("seed"))
+        return Speech(voice, text, fmt, speed, data.get("seed"), speaker)
 
     # ---------------------------------------------------------------------------------- serving
 

@@ -180,3 +180,20 @@ def test_full_queue_answers_503_with_retry_after(tts):
     finally:
         running.stop()
         speech.close()
+
+
+def test_speakers_of_a_loaded_model_are_voices():
+    class Multi:
+        sample_rate, speakers = 8000, ("tara", "leo")
+
+    speech = SpeechServer({"orpheus": Multi()})
+    try:
+        job = speech.parse(b'{"model": "orpheus", "voice": "leo", "input": "hi"}')
+        assert (job.voice, job.speaker) == ("orpheus", "leo")
+        from flashrt.serve.app import ApiError
+
+        with pytest.raises(ApiError) as err:
+            speech.parse(b'{"model": "tts-1", "voice": "leo", "input": "hi"}')
+        assert err.value.status == 400 and err.value.param == "voice"
+    finally:
+        speech.close()
