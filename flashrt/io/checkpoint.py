@@ -150,10 +150,16 @@ class Checkpoint(Mapping[str, torch.Tensor]):
 
 def open_checkpoint(path: str | os.PathLike[str], subkey: str | None = None) -> Checkpoint:
     """Open a weight file, a shard index or a directory holding one (see module docstring)."""
+    if not str(path):
+        raise CheckpointError("checkpoint path is empty; pass the weight file or its folder")
     path = Path(path)
-    if not path.exists():
+    try:
+        found, is_dir = path.exists(), path.is_dir()
+    except (OSError, ValueError) as exc:  # a NUL byte, a name too long for the filesystem
+        raise CheckpointError(f"checkpoint path {str(path)[:200]!r} is unusable: {exc}") from None
+    if not found:
         raise CheckpointError(f"checkpoint not found: {path}")
-    if path.is_dir():
+    if is_dir:
         path = _pick_in_directory(path)
     check_regular(path, "checkpoint file")
     opener = _opener_for(path)

@@ -82,6 +82,8 @@ def open_regular(path: str | os.PathLike[str], what: str, error: ErrorType = Che
         fd = os.open(path, os.O_RDONLY | _NONBLOCK | _CLOEXEC)
     except OSError as exc:
         raise _os_error(path, what, exc, error) from None
+    except ValueError:  # a NUL byte in the name
+        raise error(f"{what} {str(path)!r} is not a usable file name (it holds a NUL byte)") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

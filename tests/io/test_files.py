@@ -177,3 +177,16 @@ def test_bounded_call_catches_a_hang_and_releases_it(tmp_path):
     path = make_hostile(tmp_path / "w.bin", "fifo")
     with pytest.raises(AssertionError, match="did not finish"):
         bounded_call(lambda: open(path, "rb").close(), timeout_s=1.0, fifos=[path])
+
+
+BAD_NAMES = {"NUL byte": "a\0b.json", "too long": "x" * 5000, "empty": ""}
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_unusable_names_are_typed(name):
+    from flashrt.io import open_checkpoint
+
+    with pytest.raises(CheckpointError):
+        files.read_json(BAD_NAMES[name], "config")
+    with pytest.raises(CheckpointError):
+        open_checkpoint(BAD_NAMES[name])
