@@ -79,11 +79,28 @@ def _mount() -> None:
 _mount()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from flashrt import __version__
+
+        typer.echo(f"flashrt {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _options(
     debug: Annotated[bool, typer.Option("--debug", help="print the traceback of an error")] = False,
+    verbose: Annotated[int, typer.Option("--verbose", "-v", count=True,
+                                         help="log progress (-v: load, capture, calibration; -vv: all)")] = 0,
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="print flashrt's version and exit")] = False,
 ) -> None:
     """flashrt: set up once, replay forever."""  # --debug is taken off the command line by run_app
+    if verbose:
+        import logging
+
+        logging.basicConfig(level=logging.INFO if verbose == 1 else logging.DEBUG,
+                            format="flashrt %(levelname)s %(name)s: %(message)s")
 
 
 USER_ERROR_EXIT, BUG_EXIT = 2, 1

@@ -163,3 +163,22 @@ def test_bench_standalone_entry_uses_the_same_handler(capsys, monkeypatch, tmp_p
         bench_cli.main()
     assert exit_info.value.code == 2
     assert "flashrt-bench: error: --out" in capsys.readouterr().err
+
+
+def test_version_is_single_sourced(capsys):
+    import importlib.metadata
+
+    import flashrt
+
+    code, out, _ = _run(capsys, ["--version"])
+    assert code == 0 and out.strip() == f"flashrt {flashrt.__version__}"
+    assert importlib.metadata.version("flashrt") == flashrt.__version__
+
+
+def test_verbose_turns_on_logging(capsys, monkeypatch):
+    import logging
+
+    calls = []
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: calls.append(kw["level"]))
+    assert _run(capsys, ["-vv", "info", "--json"])[0] == 0
+    assert calls == [logging.DEBUG]

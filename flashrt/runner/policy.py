@@ -24,6 +24,7 @@ Guarantees (tested):
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -40,6 +41,8 @@ from flashrt.profile import StageTimer
 from flashrt.runtime.frontend import PolicyFamily, PolicyFrontend
 
 __all__ = ["Policy", "load_policy", "detect_family", "check_seed"]
+
+log = logging.getLogger(__name__)
 
 
 def check_seed(seed: Any) -> int | None:
@@ -196,6 +199,11 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
     if unknown:
         raise ConfigError(f"{fam.name} policies take no option(s) {unknown}; their options: "
                           f"{sorted(fam.options)}")
+    start = time.perf_counter()
+    log.info("loading %s as a %s policy (device %s, precision %s)", path, fam.name, device, precision)
     frontend = fam.load(Path(path), device=device, precision=precision, num_steps=num_steps,
                         backend=backend, buckets=buckets, **options)
+    captured = frontend.report().get("capture_s", {})
+    log.info("%s loaded in %.2f s (capture %.2f s over %d buckets)", path, time.perf_counter() - start,
+             sum(captured.values()) if isinstance(captured, dict) else 0.0, len(frontend.buckets))
     return Policy(frontend, n_action_steps)
