@@ -24,7 +24,7 @@ HEAD = "action_head."
 DIT = HEAD + "model."
 
 
-def _vision_rules() -> list[Rule]:
+def vision_rules() -> list[Rule]:
     blk, dst = VIS + "blocks.{i}.", "vision.blocks.{i}."
     rules = [
         Rule(VIS + "patch_embed.proj.{p}", "vision.patch_proj.{p}"),
@@ -52,7 +52,7 @@ def _vision_rules() -> list[Rule]:
     return rules
 
 
-def _text_rules() -> list[Rule]:
+def text_rules() -> list[Rule]:
     src, dst = LM + "layers.{i}.", "layers.{i}."
     rules = [Rule(LM + "embed_tokens.weight", "embed.weight")]
     rules += [Rule(src + f"self_attn.{n}_proj.weight", dst + f"{n}.weight") for n in "qkvo"]
@@ -100,7 +100,7 @@ def n17_weight_map(config: GrootN17Config, keys: list[str]) -> WeightMap:
         {k.split(".")[5] for k in keys if k.startswith(LM + "layers.") and int(k.split(".")[5]) >= kept}
     )
     ignore = [LM + "norm.weight", "backbone.model.lm_head.weight", *(LM + f"layers.{i}.*" for i in extra)]
-    wmap = WeightMap([*_vision_rules(), *_text_rules(), *head_rules()], ignore=ignore)
+    wmap = WeightMap([*vision_rules(), *text_rules(), *head_rules()], ignore=ignore)
     return wmap.auto_prefix(keys, ("", "_groot_model."))
 
 
