@@ -93,6 +93,8 @@ def bench(
     checkpoint: CheckpointOpt = None,
     trace: Annotated[str | None, typer.Option(help="replay a recorded trace file")] = None,
     save_trace: Annotated[bool, typer.Option(help="save the frozen trace as trace.pt in --out")] = False,
+    trace_out: Annotated[Path | None, typer.Option(help="write the timed calls' stages as a Chrome / "
+                                                   "Perfetto trace JSON (ui.perfetto.dev)")] = None,
     out: OutOpt = None,
     plot: Annotated[bool, typer.Option(help="write latency.png")] = True,
     progress: Annotated[bool, typer.Option(help="progress bar on stderr")] = True,
@@ -116,7 +118,7 @@ def bench(
         result = run_benchmark(name, load_profile(profile), options)
     except (FlashRTError, ImportError) as exc:
         return _finish(_failure("bench", name, profile, exc), folder)
-    write_outputs(result, folder, plot=plot, save_trace=save_trace)
+    write_outputs(result, folder, plot=plot, save_trace=save_trace, trace_out=trace_out)
     render(result)
     figure = result.files.get("png") or f"none ({result.files.get('png_skipped', 'plots off')})"
     typer.echo(f"results: {result.files.get('json')}  samples: {result.files.get('samples', '-')}  "

@@ -305,6 +305,8 @@ class _Run:
         self.result.roofline = self._roofline(a)
         self.result.cold_start_ms = self.cold
         self.result.plot_data = _plot_data(sides, rate)
+        self.result.plot_data["chrome"] = [e for i, side in enumerate(sides)
+                                           for e in side.timer.chrome_events(i + 1, side.name)]
         if a["failures"]:
             self.result.reason = f"{a['failures']} of {a['attempts']} timed attempts failed: {a['errors'][0]}"
 
@@ -357,7 +359,7 @@ def run_benchmark(name: str, profile: Profile, options: BenchOptions | None = No
 
 
 def write_outputs(result: BenchResult, out_dir: str | Path, plot: bool = True,
-                  save_trace: bool = False) -> dict[str, str]:
+                  save_trace: bool = False, trace_out: str | Path | None = None) -> dict[str, str]:
     """Write results.json (and latency.png when there are samples, trace.pt with `save_trace`) into
     `out_dir`; returns the paths. A saved trace replays with `flashrt bench --trace PATH`."""
     from flashrt.profile.report import write_json
@@ -371,6 +373,10 @@ def write_outputs(result: BenchResult, out_dir: str | Path, plot: bool = True,
         result.files["samples"] = str(out / "samples.json")
         write_json(out / "samples.json", {"per_call_ms": d["per_call"], "total_ms": d["stages"]["total"],
                                           **{f"vs_{k}": v for k, v in d["compare"].items()}})
+    if trace_out is not None and d.get("chrome"):
+        from flashrt.profile.timers import write_chrome_trace
+
+        result.files["chrome_trace"] = str(write_chrome_trace(trace_out, d["chrome"]))
     result.files["json"] = str(out / "results.json")
     write_json(out / "results.json", result.to_dict())  # results first: a failing plot never loses them
     if plot and d.get("stages", {}).get("total"):

@@ -119,6 +119,18 @@ class StageTimer:
         host = lambda ns: (ns - self._host_origin) / 1e6
         return StageRecord(call, name, since(start), since(end), host(host_start), host(host_end))
 
+    def chrome_events(self, pid: int = 1, process: str = "flashrt") -> list[dict[str, Any]]:
+        """The stages as Chrome / Perfetto trace events (complete events "X", microseconds on the
+        host clock, one thread lane per timer, the call index in args) plus the process-name record.
+        Open the file written by `write_chrome_trace` in ui.perfetto.dev or chrome://tracing."""
+        events: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                                         "args": {"name": process}}]
+        for r in self.records():
+            events.append({"name": r.stage, "cat": "stage", "ph": "X", "pid": pid, "tid": 0,
+                           "ts": r.host_start_ms * 1e3, "dur": (r.host_end_ms - r.host_start_ms) * 1e3,
+                           "args": {"call": r.call, "device_ms": r.ms}})
+        return events
+
     def samples(self) -> dict[str, list[float]]:
         """stage -> per-occurrence milliseconds, stages in first-seen order."""
         out: dict[str, list[float]] = {}
@@ -170,3 +182,13 @@ class Timer:
         if self._start is None or self._end is None:
             raise RuntimeError("Timer.ms read before the `with` block finished")
         return self._clock.elapsed_ms(self._start, self._end)
+
+
+def write_chrome_trace(path: Any, events: list[dict[str, Any]]) -> Any:
+    """Write Chrome trace JSON (``{"traceEvents": [...], "displayTimeUnit": "ms"}``) to `path`."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, allow_nan=False))
+    return path

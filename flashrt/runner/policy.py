@@ -102,7 +102,7 @@ class Policy:
         with self._lock:
             seed = check_seed(seed)
             start = time.perf_counter()
-            timer = timer if timer is not None else StageTimer(self.frontend.device, nvtx=False)
+            timer = timer if timer is not None else StageTimer(self.frontend.device)
             first = len(timer)
             with timer.stage("validate"):
                 bucket, checked = self.frontend.check(obs, noise)
@@ -133,7 +133,7 @@ class Policy:
             seed = check_seed(seed)
             bucket, checked = self.frontend.check(obs, noise)
             if not self._queue:
-                timer = StageTimer(self.frontend.device, nvtx=False)
+                timer = StageTimer(self.frontend.device)
                 chunk = self._run(bucket, checked, seed, timer)
                 self._queue.extend(chunk[: self.n_action_steps])
             return self._queue.popleft()

@@ -90,3 +90,19 @@ def test_a_failing_vs_side_exits_non_zero_with_one_line(app, tmp_path, profile_f
                                    str(tmp_path / "run"), "--no-progress", "--no-plot"])
     assert res.exit_code == 4, res.output
     assert f"--vs {vs}" in res.stderr and (tmp_path / "run" / "results.json").is_file()
+
+
+def test_trace_out_is_a_chrome_trace_of_the_stages(app, tmp_path, profile_file, fake_name):
+    register_fake(fake_name)
+    path = tmp_path / "trace.json"
+    res = CliRunner().invoke(app, ["bench", fake_name, "-p", profile_file, "--vs", "eager", "--out",
+                                   str(tmp_path / "run"), "--no-progress", "--no-plot",
+                                   "--trace-out", str(path)])
+    assert res.exit_code == 0, res.output
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["name"] for e in spans} == {"validate", "replay"}
+    assert all(isinstance(e["ts"], float) and e["dur"] >= 0 and e["pid"] in (1, 2) for e in spans)
+    assert sum(e["name"] == "replay" and e["pid"] == 1 for e in spans) == 5       # iters of the profile
+    names = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert len(names) == 2
