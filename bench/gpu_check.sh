@@ -38,5 +38,7 @@ step info 60 "$PY" -m flashrt.cli info --device cuda
 step cuda-tests 240 "$PY" -m pytest -q -m cuda -p no:cacheprovider tests
 [ -f bench/runtime_block.py ] && step bench-runtime-block 90 "$PY" bench/runtime_block.py --device cuda --out "$OUT/runtime-block"
 [ -f bench/pi0_gpu.py ] && step bench-pi0-gpu 200 "$PY" bench/pi0_gpu.py --out "$OUT"
+# Orpheus-style TTS chain at Orpheus-3B size, random weights, bf16, CUDA graphs: TTFA (stage "ttfa"), RTF
+step bench-tts-orpheus 150 "$PY" -m flashrt.cli bench tts-orpheus -p h200-bf16 --iters 5 --warmup 1 --no-progress --out "$OUT/tts-orpheus"
 echo "gpu_check: $([ $status -eq 0 ] && echo PASS || echo FAIL) (logs in $OUT)"
 exit $status

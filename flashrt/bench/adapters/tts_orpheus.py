@@ -76,17 +76,17 @@ SIZES: dict[str, tuple[LMConfig, str, OrpheusLayout]] = {
 
 def random_lm(cfg: LMConfig, seed: int, device: str, dtype: torch.dtype, cache_len: int) -> CausalLM:
     """A `CausalLM` with seeded random weights: gains 1, matrices N(0, 1/fan_in), embedding N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)  # drawn where they live (3B weights on a GPU)
     with torch.device("meta"):
         module = Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied)
     tensors = {}
     for name, p in module.state_dict().items():
         if p.dim() == 1:
-            tensors[name] = torch.ones(p.shape)
+            tensors[name] = torch.ones(p.shape, device=device, dtype=dtype)
         else:
             scale = 1.0 if name.startswith("embed") else p.shape[1] ** -0.5
-            tensors[name] = torch.randn(p.shape, generator=g) * scale
-    module.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, assign=True)
+            tensors[name] = (torch.randn(p.shape, generator=g, device=device) * scale).to(dtype)
+    module.load_state_dict(tensors, assign=True)
     return CausalLM(cfg, module.eval().requires_grad_(False), device=device, dtype=dtype, cache_len=cache_len)
 
 
