@@ -30,7 +30,7 @@ vocabulary, G max new tokens):
 
 A ``constraint`` (optional) runs inside both graphs before the pick: ``constraint(logits, step) ->
 logits`` with ``step`` the (1,) index of the token being picked, e.g. a mask allowing only the codes
-valid at that place of an audio frame (`flashrt.runner.orpheus.frame_constraint`).
+valid at that place of an audio frame (the Orpheus runner's `frame_constraint`).
 
 One request at a time per Decoder: a second concurrent `generate` raises ConfigError (the chain runs
 each stage in one worker, so it never happens there).
@@ -47,10 +47,10 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from flashrt.errors import ConfigError, InputError
-from flashrt.runner.sampling import greedy_token, penalize, sample_token
 from flashrt.runtime.buckets import GraphSet
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import backend_for_device
+from flashrt.runtime.sampling import greedy_token, penalize, sample_token
 
 __all__ = ["DecodeModel", "DecodeIO", "Sampling", "Decoder", "Generation"]
 
