@@ -9,8 +9,10 @@ every length is a call a user makes.
 
 An adapter is sweepable when it answers `sweep_lengths() -> list[int]` (its default sweep),
 `sweep_ready(lengths)` (make every length decodable, e.g. buffers for the longest) and
-`inputs_at(length, seed) -> inputs` (what `run` takes). Output: a table on stderr, ``sweep.png`` (ms vs
-length, both sides) and ``results.json`` in the output folder, one JSON line last on stdout.
+`inputs_at(length, seed) -> inputs` (what `run` takes); with `stream_delta(inputs) -> float` each row
+also says how far streaming the same input lies from its one-shot output. Output: a table on stderr,
+``sweep.png`` (ms vs length, both sides) and ``results.json`` in the output folder, one JSON line last
+on stdout.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def _point(adapter: Any, reference: Any, length: int, pairs: int, seed: int, ato
     _, theirs = _timed(reference, inputs)
     delta = _max_delta(ours, theirs)
     row: dict[str, Any] = {"length": length, "max_abs_delta": delta, "gate": delta <= atol}
+    if hasattr(adapter, "stream_delta"):                 # streaming of the same input vs its one-shot call
+        row["stream_max_abs_delta"] = adapter.stream_delta(inputs)
     if not row["gate"]:
         return row
     a, b = [], []
@@ -118,12 +122,19 @@ def render_sweep(record: dict[str, Any]) -> None:
     """The sweep as a table on stderr."""
     from flashrt.profile.report import kv_table, print_tables
 
-    rows = {str(r["length"]): (f"{r['flashrt_ms']:.1f} / {r['reference_ms']:.1f} ms  "
-                               f"x{r['ratio']:.2f} ({r['ratio_range'][0]:.2f}-{r['ratio_range'][1]:.2f})  "
-                               f"|d| {r['max_abs_delta']:.1e}" if "ratio" in r else
-                               f"GATED OUT |d| {r['max_abs_delta']:.1e}") for r in record["rows"]}
+    rows = {str(r["length"]): _row_text(r) for r in record["rows"]}
     print_tables(kv_table(rows, f"{record['benchmark']}: flashrt / {record['reference']} by length "
                                 f"(median of {record['pairs']} pairs)"))
+
+
+def _row_text(r: dict[str, Any]) -> str:
+    delta = f"|d| {r['max_abs_delta']:.1e}"
+    if "ratio" not in r:
+        return f"GATED OUT {delta}"
+    low, high = r["ratio_range"]
+    stream = f"  stream |d| {r['stream_max_abs_delta']:.1e}" if "stream_max_abs_delta" in r else ""
+    return (f"{r['flashrt_ms']:.1f} / {r['reference_ms']:.1f} ms  x{r['ratio']:.2f} ({low:.2f}-{high:.2f})  "
+            f"{delta}{stream}")
 
 
 def plot_sweep(path: str | Path, record: dict[str, Any]) -> Path:

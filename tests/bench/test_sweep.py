@@ -15,6 +15,7 @@ def test_sweep_against_the_eager_sibling(tiny_profile, tmp_path):
     assert record["status"] == "ok" and [r["length"] for r in record["rows"]] == [5, 17, 300]
     for row in record["rows"]:
         assert row["gate"] and row["max_abs_delta"] == 0.0 and row["flashrt_ms"] > 0 and row["ratio"] > 0
+        assert row["stream_max_abs_delta"] <= 1e-5
     assert record["line"]["min_ratio"] == record["min_ratio"] and record["reference"] == "eager"
     assert plot_sweep(tmp_path / "sweep.png", record).stat().st_size > 0
 

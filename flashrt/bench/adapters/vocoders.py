@@ -342,6 +342,16 @@ class VocoderBenchmark:
                                dtype=v.dtype, buckets=(*v.buckets, max(lengths))).capture()
             self.impl = VocoderRunner(self.impl.name, self.voc)
 
+    def stream_delta(self, inputs: dict[str, torch.Tensor], piece: int = 7) -> float:
+        """max |stream - one-shot| for `inputs` fed in pieces of `piece` frames (every input cut at its
+        own rate; the stream chunk is the family's)."""
+        specs = self.voc.signature.inputs
+        values = [inputs[s.name] for s in specs]
+        frames = values[0].shape[-1] // specs[0].rate
+        pieces = [tuple(v[..., f * s.rate:(f + piece) * s.rate] for v, s in zip(values, specs))
+                  for f in range(0, frames, piece)]
+        return float((torch.cat(list(self.voc.stream(pieces)), -1) - self.voc(*values)).abs().max())
+
     def inputs_at(self, frames: int, seed: int) -> dict[str, torch.Tensor]:
         """One input of `frames` frames, drawn as `make_inputs` draws them."""
         return self._draw(frames, torch.Generator().manual_seed(seed))
