@@ -1,0 +1,159 @@
+"""`groot-n17` benchmark: GR00T N1.7 end to end, raw observation in, un-normalized actions out (batch 1).
+
+One call = the groot frontend's verbs on one observation (uint8 camera frames, a raw state, a prompt),
+with the flow-matching noise taken from the trace so every implementation sees the same draw:
+
+    validate     observation checks, image resize / crop / normalize, tokenization, state normalization
+    h2d          pixels, tokens, state and noise into the static buffers
+    replay       the captured step of the prompt's bucket (vision, Qwen3 layers, VL self-attention, DiT)
+    postprocess  actions to the host, un-normalized
+
+RANDOM weights (`flashrt.frontends.groot.synthetic`, no checkpoint file): `profile.shapes.preset`
+tiny / small / full; `shapes.views` cameras (default 2), `shapes.steps` flow steps, `shapes.buckets`
+prompt buckets; `[model]` takes `seed` and `variant` ("n17", or "n16": no VL self-attention).
+
+References (`--vs`): "eager" / "trace" / "cuda" (the same weights behind that graph backend, own
+buffers). lerobot is compared by `bench/groot_vs_lerobot.py` (it needs the reference venv and builds
+its own checkpoint), not here.
+
+FLOPs per call: 2 x multiply-adds of every matmul (vision tokens through the vision tower and mergers,
+prompt tokens through the kept Qwen3 layers and the VL self-attention, cross-attention K/V once, the
+DiT's 1 + horizon tokens per step); bytes: the weights read once plus the static buffers.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flashrt.bench.profiles import Profile
+from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
+from flashrt.errors import ConfigError
+from flashrt.frontends.groot import synthetic
+from flashrt.frontends.groot.preprocess import PromptTokenizer
+from flashrt.profile.timers import StageTimer
+from flashrt.quant.precision import compute_dtype
+
+_MODEL_KEYS = ("seed", "variant")
+BACKENDS = ("eager", "trace", "cuda")
+
+
+class GrootImplementation:
+    """One frontend (backend) over the benchmark's model."""
+
+    def __init__(self, frontend: Any, name: str) -> None:
+        self.frontend, self.name = frontend, name
+
+    def run(self, inputs: dict[str, Any], timer: StageTimer) -> dict[str, np.ndarray]:
+        fe = self.frontend
+        with timer.stage("validate"):
+            bucket, checked = fe.check(inputs["obs"], inputs["noise"])
+        with timer.stage("h2d"):
+            fe.write(bucket, checked)
+        with timer.stage("replay"):
+            fe.replay(bucket)
+        with timer.stage("postprocess"):
+            actions = fe.read(checked)
+        return {"actions": actions}
+
+
+class GrootBenchmark(GrootImplementation):
+    def __init__(self, profile: Profile, checkpoint: str | None, device: str) -> None:
+        unknown = sorted(set(profile.model) - set(_MODEL_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"{profile.path or profile.name}: [model] keys {unknown} are not groot-n17 options "
+                f"{list(_MODEL_KEYS)}"
+            )
+        if checkpoint:
+            raise ConfigError(
+                "groot-n17 benchmarks random weights; time a checkpoint with bench/groot_vs_lerobot.py "
+                "or flashrt.load_policy"
+            )
+        self.profile, self.device, self.preset = profile, device, profile.shapes.preset
+        if self.preset not in synthetic.PRESETS:
+            raise ConfigError(f"groot-n17: preset {self.preset!r}; choose one of {sorted(synthetic.PRESETS)}")
+        self.n_cams = profile.shapes.views or 2
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tokenizer = PromptTokenizer(synthetic.write_tokenizer(Path(self._tmp.name)))
+        start = time.perf_counter()
+        self.model = synthetic.random_model(
+            self.preset,
+            self.tokenizer,
+            device,
+            compute_dtype(profile.precision),
+            int(profile.model.get("seed", 0)),
+            str(profile.model.get("variant", "n17")),
+            profile.shapes.steps or None,
+        )
+        loaded = time.perf_counter()
+        backend = profile.runtime.backend
+        super().__init__(self._frontend(backend), f"flashrt:{backend}")
+        self.cold_start_ms = {"load": (loaded - start) * 1e3, "capture": (time.perf_counter() - loaded) * 1e3}
+
+    def _frontend(self, backend: str | None) -> Any:
+        buckets = tuple(self.profile.shapes.buckets) or None
+        return synthetic.frontend(self.model, self.tokenizer, self.preset, self.n_cams, backend, buckets)
+
+    # -------------------------------------------------------------------------------- protocol
+    def make_inputs(self, trace_seed: int) -> list[dict[str, Any]]:
+        n = self.profile.bench.trace_len
+        obs = synthetic.observations(self.preset, self.n_cams, n, trace_seed)
+        noise_shape = self.frontend.buffers.spec("expert_noise").shape
+        rng = np.random.default_rng(trace_seed + 1)
+        return [{"obs": o, "noise": rng.standard_normal(noise_shape).astype(np.float32)} for o in obs]
+
+    def reference(self, name: str) -> GrootImplementation:
+        if name not in BACKENDS:
+            raise ReferenceUnavailable(
+                f"groot-n17 compares graph backends {list(BACKENDS)}; lerobot runs in "
+                "bench/groot_vs_lerobot.py (reference venv)"
+            )
+        return GrootImplementation(self._frontend(name), f"flashrt:{name}")
+
+    def flops_bytes(self) -> tuple[float, float]:
+        c, fe = self.model.config, self.frontend
+        v, t, h = c.vision, c.text, c.head
+        patches = self.n_cams * (fe.image.target[0] // v.patch) * (fe.image.target[1] // v.patch)
+        merged = patches // (v.merge * v.merge)
+        vis = patches * v.depth * (4 * v.width**2 + 2 * v.width * v.mlp_dim)
+        vis += merged * (1 + len(v.deepstack)) * (16 * v.width**2 + 4 * v.width * v.out_width)
+        qkv = t.width * t.head_dim * (t.heads * 2 + t.kv_heads * 2)
+        n = fe.max_len
+        text = n * t.layers * (qkv + 3 * t.width * t.mlp_dim)
+        vl = n * h.vl_layers * 12 * h.backbone_dim**2
+        cross = (h.dit_layers // 2) * n * 2 * h.backbone_dim * h.inner
+        tokens = 1 + h.horizon
+        dit = h.num_steps * tokens * h.dit_layers * 12 * h.inner**2
+        macs = vis + text + vl + cross + dit
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return 2.0 * macs, float(weights + fe.buffers.nbytes())
+
+    def memory(self) -> dict[str, int]:
+        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return {"buffers": self.frontend.buffers.nbytes(), "weights": weights}
+
+    def policy(self) -> Any:
+        from flashrt.runner.policy import Policy
+
+        return Policy(self.frontend)
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+def make_groot_benchmark(
+    profile: Profile, checkpoint: str | None = None, device: str = "cpu"
+) -> GrootBenchmark:
+    return GrootBenchmark(profile, checkpoint, device)
+
+
+register_benchmark(
+    "groot-n17",
+    make_groot_benchmark,
+    description="GR00T N1.7 policy (Qwen3-VL + AlternateVLDiT), one action chunk per call",
+)
