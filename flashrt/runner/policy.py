@@ -37,6 +37,7 @@ import torch
 
 from flashrt.errors import CheckpointError, ConfigError, InputError, NumericalError
 from flashrt.frontends.registry import policy_families
+from flashrt.io.hub import resolve_checkpoint
 from flashrt.profile import StageTimer
 from flashrt.runtime.frontend import PolicyFamily, PolicyFrontend
 
@@ -178,7 +179,8 @@ def detect_family(path: str | Path, families: Mapping[str, PolicyFamily] | None 
 def load_policy(path: str | Path, device: str | torch.device = "cpu",
                 precision: str | torch.dtype = "float32", num_steps: int | None = None,
                 backend: str | None = None, buckets: Sequence[int] | None = None,
-                n_action_steps: int | None = None, family: str | None = None, **options: Any) -> Policy:
+                n_action_steps: int | None = None, family: str | None = None, allow_download: bool = False,
+                **options: Any) -> Policy:
     """Load a policy checkpoint directory (the family is detected) and capture its graphs.
 
     device          "cpu", "cuda", "cuda:N" or "auto"
@@ -189,8 +191,11 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
     buckets         prompt-length buckets (default: the family's ladder up to the checkpoint's limit)
     n_action_steps  replan period of `step` (default: the checkpoint's)
     family          skip detection and load as this family
+    allow_download  a hub id (``owner/name``) not in the local Hugging Face cache may be downloaded
+                    (default: the local cache only; `flashrt.io.hub`)
     options         the family's own options (Pi0: tokenizer, asset_id; GROOT: embodiment, ...)
     """
+    path = resolve_checkpoint(path, allow_download)
     known = policy_families()
     if family is not None and family not in known:
         raise ConfigError(f"unknown policy family {family!r}; known: {sorted(known)}")

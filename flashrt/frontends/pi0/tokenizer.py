@@ -35,14 +35,18 @@ import torch
 
 from flashrt.errors import CheckpointError, InputError
 from flashrt.io.files import read_bytes_capped
+from flashrt.io.hub import hub_file
 
 TOKENIZER_FILE = "tokenizer.model"
 TOKENIZER_HELP = (
     "Pi0/Pi0.5 need PaliGemma's SentencePiece tokenizer `tokenizer.model` (from the Hugging Face repo "
     "google/paligemma-3b-pt-224, or openpi's gs://big_vision/paligemma_tokenizer.model). Checkpoints do "
-    "not include it: pass its path with tokenizer=..., or copy it into the checkpoint directory."
+    "not include it: pass its path with tokenizer=... (CLI: --tokenizer PATH), copy it into the checkpoint "
+    "directory, or download the repo into the Hugging Face cache (`hf download google/paligemma-3b-pt-224 "
+    "tokenizer.model`)."
 )
 STATE_BINS = 256
+PALIGEMMA_REPO = "google/paligemma-3b-pt-224"
 
 
 def find_tokenizer(explicit: str | Path | None, search_dirs: Sequence[Path]) -> Path:
@@ -57,7 +61,11 @@ def find_tokenizer(explicit: str | Path | None, search_dirs: Sequence[Path]) -> 
     for folder in search_dirs:
         if (folder / TOKENIZER_FILE).is_file():
             return folder / TOKENIZER_FILE
-    looked = ", ".join(str(d / TOKENIZER_FILE) for d in search_dirs)
+    cached = hub_file(PALIGEMMA_REPO, TOKENIZER_FILE)
+    if cached is not None:
+        return cached
+    places = [*(str(d / TOKENIZER_FILE) for d in search_dirs), f"the hub cache of {PALIGEMMA_REPO}"]
+    looked = ", ".join(places)
     raise CheckpointError(f"no tokenizer found (looked for {looked}). {TOKENIZER_HELP}")
 
 
