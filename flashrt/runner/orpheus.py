@@ -46,6 +46,7 @@ from flashrt.frontends.lm import load_lm
 from flashrt.frontends.lm.frontend import read_config
 from flashrt.frontends.registry import TtsFamily
 from flashrt.frontends.tts.orpheus import (
+    FRAME,
     FrameDecoder,
     OrpheusLayout,
     format_prompt,
@@ -143,8 +144,8 @@ class OrpheusTTS:
     # ------------------------------------------------------------------------------ stages
     def _lm(self, items: Iterator[_Job], request: Any) -> Iterator[int]:
         job = next(items)
-        stop = self.layout.stop_tokens
-        yield from self.decoder.generate(job.prompt, job.max_new_tokens, stop, job.sampling)
+        stop = self.layout.stop_tokens  # tokens read a frame (7) at a time: one host sync per frame
+        yield from self.decoder.generate(job.prompt, job.max_new_tokens, stop, job.sampling, sync_every=FRAME)
         job.generation = self.decoder.last
 
     def _frames(self, tokens: Iterator[int], request: Any) -> Iterator[tuple[torch.Tensor, ...]]:

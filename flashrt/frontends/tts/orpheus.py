@@ -44,7 +44,7 @@ import torch
 from flashrt.errors import CheckpointError, ConfigError, FlashRTError, InputError
 
 __all__ = ["OrpheusLayout", "AudioTokenError", "FrameDecoder", "ByteTokenizer", "load_text_tokenizer",
-           "read_layout", "format_prompt", "FRAME_PLACES", "VOICES"]
+           "read_layout", "format_prompt", "FRAME", "FRAME_PLACES", "VOICES"]
 
 FRAME = 7
 FRAME_PLACES = ((0,), (1, 4), (2, 3, 5, 6))  # SNAC level -> places in a 7-token frame
