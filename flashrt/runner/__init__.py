@@ -4,5 +4,6 @@ the TTS runner).
 `flashrt.runner.decode` prefill buckets + one decode step replayed per token; `flashrt.runner.sampling`
 token selection on the device; `flashrt.runner.stream` one-shot + streaming decode over a
 `StreamFrontend` (held partial frames, context windows); `flashrt.runner.vocoder` the vocoder families
-behind it (`load_vocoder`); `flashrt.runner.tts` text -> audio families (`load_tts`).
+behind it (`load_vocoder`); `flashrt.runner.orpheus` the Orpheus-style TTS chain (LM -> frames -> SNAC),
+a `load_tts` family (`flashrt.tts`, `flashrt.frontends.registry.TTS_FAMILIES`).
 """
