@@ -1,7 +1,7 @@
 """Reading untrusted files: regular files only, reads capped at the file's size, paths kept in their folder.
 
-Every file flashrt reads (weights, configs, statistics, tokenizers, calibration entries, profiles, traces)
-goes through here, so three promises hold in one place:
+Readers of files that come from outside (weights, configs, statistics, tokenizers, calibration entries,
+profiles, model cards, traces) use these functions, so three promises hold in one place:
 
 - Only regular files are read, after resolving links. A character device (``/dev/zero``, which would
   grow memory without bound), a FIFO (which would block ``open()`` until a writer comes, forever), a
