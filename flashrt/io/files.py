@@ -174,16 +174,28 @@ def resolve_inside(folder: str | os.PathLike[str], name: Any, field: str,
     """``folder / name`` resolved (links included), which must stay inside ``folder``.
 
     ``name`` comes from a file (``field`` says which key of which file), so it must be a non-empty
-    relative string without NUL; an absolute path, ``..`` leading out, or a symlink pointing out of
-    the folder is ``error`` naming the field. The returned path need not exist.
+    relative string without NUL that does not climb out with ``..``; and after links are resolved the
+    target must lie inside the folder. An absolute path, ``..`` leading out, or a symlink pointing out
+    is ``error`` naming the field. One exception, the Hugging Face cache: in a ``snapshots/<commit>``
+    folder every file is a link to ``../../blobs/<hash>``, so targets in that repository's ``blobs``
+    are inside too. The returned path need not exist.
     """
     if not isinstance(name, str) or not name or "\0" in name:
         raise error(f"{field}: expected a file name inside {folder}, got {name!r}")
     if os.path.isabs(name) or Path(name).is_absolute():
         raise error(f"{field}: {name!r} is an absolute path; it must name a file inside {folder}")
+    if os.path.normpath(name).split(os.sep)[0] == os.pardir:
+        raise error(f"{field}: {name!r} leads out of {folder} with '..'; it must name a file inside it")
     root = Path(os.path.realpath(folder))
     target = Path(os.path.realpath(root / name))
-    if target != root and root not in target.parents:
+    if not any(target == r or r in target.parents for r in _roots(root)):
         raise error(f"{field}: {name!r} resolves to {target}, outside {root}; a checkpoint may only "
                     "refer to files inside its own folder")
     return target
+
+
+def _roots(root: Path) -> tuple[Path, ...]:
+    """The folder, plus its repository's blob store when it is a Hugging Face cache snapshot."""
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        return root, root.parent.parent / "blobs"
+    return (root,)

@@ -190,3 +190,48 @@ def test_unusable_names_are_typed(name):
         files.read_json(BAD_NAMES[name], "config")
     with pytest.raises(CheckpointError):
         open_checkpoint(BAD_NAMES[name])
+
+
+@pytest.fixture
+def hub_snapshot(tmp_path):
+    """models--o--n/{blobs/<hash>, snapshots/<commit>/...} with every file a link into blobs, as
+    huggingface_hub writes its cache."""
+    repo = tmp_path / "hub" / "models--o--n"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / ("0" * 40)
+    (snapshot / "assets" / "robot").mkdir(parents=True)
+    for i, name in enumerate(["stats.safetensors", "assets/robot/norm_stats.json"]):
+        blob = repo / "blobs" / f"{i:064x}"
+        blob.write_text("{}")
+        (snapshot / name).symlink_to(os.path.relpath(blob, (snapshot / name).parent))
+    (tmp_path / "secret").write_text("x")
+    (snapshot / "leak").symlink_to(tmp_path / "secret")
+    return snapshot
+
+
+def test_hub_cache_links_into_blobs_are_inside(hub_snapshot):
+    for name in ["stats.safetensors", "assets/robot/norm_stats.json"]:
+        target = files.resolve_inside(hub_snapshot, name, "state_file")
+        assert target.parent.name == "blobs" and files.read_json(target, "stats") == {}
+
+
+@pytest.mark.parametrize("name", ["leak", "../../blobs/" + "0" * 64, "../" + "0" * 40 + "/stats.safetensors"])
+def test_hub_cache_still_refuses_other_escapes(hub_snapshot, name):
+    with pytest.raises(CheckpointError, match="state_file"):
+        files.resolve_inside(hub_snapshot, name, "state_file")
+
+
+def test_sharded_checkpoint_in_a_hub_cache(hub_snapshot):
+    import json
+
+    import torch
+
+    from flashrt.io import open_checkpoint, save_safetensors
+
+    blobs = hub_snapshot.parent.parent / "blobs"
+    save_safetensors({"w": torch.ones(2)}, blobs / "shard-blob")
+    (hub_snapshot / "s1.safetensors").symlink_to(os.path.relpath(blobs / "shard-blob", hub_snapshot))
+    (blobs / "index-blob").write_text(json.dumps({"weight_map": {"w": "s1.safetensors"}}))
+    (hub_snapshot / "model.safetensors.index.json").symlink_to(
+        os.path.relpath(blobs / "index-blob", hub_snapshot))
+    assert torch.equal(open_checkpoint(hub_snapshot)["w"], torch.ones(2))
