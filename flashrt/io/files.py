@@ -177,8 +177,8 @@ def resolve_inside(folder: str | os.PathLike[str], name: Any, field: str,
     relative string without NUL that does not climb out with ``..``; and after links are resolved the
     target must lie inside the folder. An absolute path, ``..`` leading out, or a symlink pointing out
     is ``error`` naming the field. One exception, the Hugging Face cache: in a ``snapshots/<commit>``
-    folder every file is a link to ``../../blobs/<hash>``, so targets in that repository's ``blobs``
-    are inside too. The returned path need not exist.
+    folder every file is a link into the repository's ``blobs``, so for a folder in or below a
+    snapshot, targets in that ``blobs`` are inside too. The returned path need not exist.
     """
     if not isinstance(name, str) or not name or "\0" in name:
         raise error(f"{field}: expected a file name inside {folder}, got {name!r}")
@@ -195,7 +195,8 @@ def resolve_inside(folder: str | os.PathLike[str], name: Any, field: str,
 
 
 def _roots(root: Path) -> tuple[Path, ...]:
-    """The folder, plus its repository's blob store when it is a Hugging Face cache snapshot."""
-    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
-        return root, root.parent.parent / "blobs"
+    """The folder, plus its repository's blob store when it is (inside) a Hugging Face cache snapshot."""
+    for snapshot in (root, *root.parents):
+        if snapshot.parent.name == "snapshots" and (snapshot.parent.parent / "blobs").is_dir():
+            return root, snapshot.parent.parent / "blobs"
     return (root,)

@@ -210,8 +210,9 @@ def hub_snapshot(tmp_path):
 
 
 def test_hub_cache_links_into_blobs_are_inside(hub_snapshot):
-    for name in ["stats.safetensors", "assets/robot/norm_stats.json"]:
-        target = files.resolve_inside(hub_snapshot, name, "state_file")
+    for folder, name in [(hub_snapshot, "stats.safetensors"), (hub_snapshot, "assets/robot/norm_stats.json"),
+                         (hub_snapshot / "assets", "robot/norm_stats.json")]:  # a folder below the snapshot
+        target = files.resolve_inside(folder, name, "state_file")
         assert target.parent.name == "blobs" and files.read_json(target, "stats") == {}
 
 
