@@ -19,8 +19,8 @@ Prints tables on stderr, then ONE JSON line on stdout. ``--threads`` sets the to
 sides; ``--plot DIR`` writes one latency PNG per case. bf16 variants of flashrt (same weights; oneDNN
 uses AMX where the CPU has it) are timed and reported apart (``bf16_*``: max |delta| and SNR against the
 fp32 reference): a different precision, not part of the fp32 ratio. Families register their cases in
-``CASES`` (vocoder-B adds vocos/snac entries with `register_case`). `randomize_` and `save_vocos` are
-defined in flashrt/frontends/vocoders/synthetic.py (with one checkpoint writer per family).
+``CASES`` (vocoder-B adds vocos/snac entries with `register_case`). Each case's weights come from the
+family's one synthetic writer (flashrt/frontends/vocoders/synthetic.py, also used by `flashrt bench`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from flashrt.frontends.vocoders.synthetic import randomize_, save_vocos
+from flashrt.frontends.vocoders.synthetic import WRITERS
 from flashrt.profile.report import json_line, kv_table, print_tables
 from flashrt.runner.vocoder import load_vocoder
 
@@ -70,23 +70,26 @@ def _mel(channels: int, frames: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(1, channels, frames, generator=torch.Generator().manual_seed(seed))
 
 
+def _package_model(family: str, preset: str, folder: Path, seed: int, **overrides: Any) -> Callable[..., Any]:
+    """The family's synthetic checkpoint (its one writer, `flashrt.frontends.vocoders.synthetic.WRITERS`)
+    at a preset's sizes in ``folder``, and the package's decode of that folder (the bench adapter's
+    loader): both sides read the same file."""
+    from flashrt.bench.adapters.vocoders import SPECS
+    from flashrt.frontends.vocoders import get_family
+
+    cfg = replace(get_family(family).presets[preset], **overrides)
+    _quiet(lambda: WRITERS[family](cfg, folder, seed))
+    return _quiet(lambda: SPECS[family].load(folder, cfg, "cpu"))
+
+
 @register_case("hifigan-v1")
 def hifigan_v1(args: argparse.Namespace, workdir: Path) -> Case:
-    from transformers import SpeechT5HifiGan, SpeechT5HifiGanConfig
-
-    cfg = SpeechT5HifiGanConfig(model_in_dim=80, upsample_initial_channel=512, upsample_rates=[8, 8, 2, 2],
-                                upsample_kernel_sizes=[16, 16, 4, 4], resblock_kernel_sizes=[3, 7, 11],
-                                resblock_dilation_sizes=[[1, 3, 5]] * 3, sampling_rate=22050,
-                                normalize_before=False)
-    ref = SpeechT5HifiGan(cfg).eval()
-    randomize_(ref, seed=0)
-    ref.save_pretrained(workdir / "hifigan-v1")
-    voc = load_vocoder(workdir / "hifigan-v1", buckets=(args.frames,), stream_chunk=args.chunk,
-                       conv=args.conv)
-    mel = _mel(80, args.frames)
-    return Case("hifigan-v1", voc, lambda m: ref(m.transpose(1, 2)), (mel,), 22050,
-                {"reference": "transformers SpeechT5HifiGan (V1 sizes)", "params_M": _params(ref)},
-                {**_direct(workdir / "hifigan-v1", args), **_bf16(workdir / "hifigan-v1", args)})
+    folder = workdir / "hifigan-v1"
+    ref = _package_model("hifigan", "v1", folder, seed=0)
+    voc = load_vocoder(folder, buckets=(args.frames,), stream_chunk=args.chunk, conv=args.conv)
+    return Case("hifigan-v1", voc, ref, (_mel(80, args.frames),), 22050,
+                {"reference": "transformers SpeechT5HifiGan (V1 sizes)", "params_M": _params(voc.module)},
+                {**_direct(folder, args), **_bf16(folder, args)})
 
 
 def _bf16(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -102,96 +105,55 @@ def _direct(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 @register_case("bigvgan-base")
 def bigvgan_base(args: argparse.Namespace, workdir: Path) -> Case:
-    from bigvgan.bigvgan import BigVGAN
-    from bigvgan.env import AttrDict
-
-    h = AttrDict(dict(num_mels=100, upsample_rates=[8, 8, 2, 2], upsample_kernel_sizes=[16, 16, 4, 4],
-                      upsample_initial_channel=512, resblock="1", resblock_kernel_sizes=[3, 7, 11],
-                      resblock_dilation_sizes=[[1, 3, 5]] * 3, activation="snakebeta", snake_logscale=True,
-                      sampling_rate=24000))
-    ref = BigVGAN(h, use_cuda_kernel=False).eval()
-    randomize_(ref, seed=1)
     folder = workdir / "bigvgan-base"
-    folder.mkdir()
-    ref._save_pretrained(folder)                    # {"generator": sd} with weight_g/weight_v + config.json
-    _quiet(ref.remove_weight_norm)
+    ref = _package_model("bigvgan", "base-24k-100band", folder, seed=1)   # weight norm removed on load
     voc = load_vocoder(folder, buckets=(args.frames,), stream_chunk=args.chunk, conv=args.conv)
-    mel = _mel(100, args.frames, seed=1)
-    return Case("bigvgan-base", voc, lambda m: ref(m), (mel,), 24000,
-                {"reference": "bigvgan 2.4.1 BigVGAN (base 24k 100-band sizes)", "params_M": _params(ref)},
+    notes = {"reference": "bigvgan 2.4.1 BigVGAN (base 24k 100-band sizes)", "params_M": _params(voc.module)}
+    return Case("bigvgan-base", voc, ref, (_mel(100, args.frames, seed=1),), 24000, notes,
                 _direct(folder, args))
     # no bf16 variant here: measured 3.4x SLOWER than the reference on this CPU (bf16 sin/pad/depthwise
     # filters run unvectorized), 35.6 dB SNR; the fp32 path is the fast one for BigVGAN.
 
 
 # ---------------------------------------------------------------------------------- vocoder-B entries
-# Vocos (mel 24 kHz and EnCodec 24 kHz sizes) vs the `vocos` package, SNAC 24 kHz vs the `snac` package.
-
-
-def _vocos_mel_config() -> dict:
-    return {"feature_extractor": {"class_path": "vocos.feature_extractors.MelSpectrogramFeatures",
-                                  "init_args": {"sample_rate": 24000, "n_fft": 1024, "hop_length": 256,
-                                                "n_mels": 100, "padding": "center"}},
-            "backbone": {"class_path": "vocos.models.VocosBackbone",
-                         "init_args": {"input_channels": 100, "dim": 512, "intermediate_dim": 1536,
-                                       "num_layers": 8}},
-            "head": {"class_path": "vocos.heads.ISTFTHead",
-                     "init_args": {"dim": 512, "n_fft": 1024, "hop_length": 256, "padding": "center"}}}
+# Vocos (mel 24 kHz sizes) vs the `vocos` package, SNAC 24 kHz vs the `snac` package.
 
 
 @register_case("vocos-mel-24khz")
 def vocos_mel(args: argparse.Namespace, workdir: Path) -> Case:
-    from vocos import Vocos
-
-    config = _vocos_mel_config()
     folder = workdir / "vocos-mel"
-    (workdir / "c.yaml").write_text(__import__("yaml").safe_dump(config))
-    torch.manual_seed(2)
-    ref = Vocos.from_hparams(str(workdir / "c.yaml")).eval()
-    randomize_(ref, seed=2)
-    save_vocos(ref, config, folder)
+    ref = _package_model("vocos", "mel-24khz", folder, seed=2)
     voc = load_vocoder(folder, buckets=(args.frames,), stream_chunk=args.chunk)  # reads config.yaml
-    mel = _mel(100, args.frames, seed=2)
-    return Case("vocos-mel-24khz", voc, lambda m: ref.decode(m), (mel,), 24000,
-                {"reference": "vocos 0.1.0 Vocos.decode (mel-24khz sizes)", "params_M": _params(ref)},
+    return Case("vocos-mel-24khz", voc, ref, (_mel(100, args.frames, seed=2),), 24000,
+                {"reference": "vocos 0.1.0 Vocos.decode (mel-24khz sizes)", "params_M": _params(voc.module)},
                 _bf16(folder, args))
 
 
 @register_case("snac-24khz")
 def snac_24khz(args: argparse.Namespace, workdir: Path) -> Case:
-    import json
     import math
 
-    from snac import SNAC
-
-    config = dict(sampling_rate=24000, encoder_dim=48, encoder_rates=[2, 4, 8, 8], decoder_dim=1024,
-                  decoder_rates=[8, 8, 4, 2], attn_window_size=None, codebook_size=4096, codebook_dim=8,
-                  vq_strides=[4, 2, 1], noise=False, depthwise=True)
-    torch.manual_seed(3)
-    ref = SNAC(**config).eval()          # noise off: the released config has noise=true (random draws)
     folder = workdir / "snac-24khz"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config))
-    torch.save(ref.state_dict(), folder / "pytorch_model.bin")
+    ref = _package_model("snac", "24khz", folder, seed=3, noise=False)   # the release has noise on (random)
     frames = math.ceil(args.frames * 256 / 2048)  # the same audio length as --frames mel frames at hop 256
     voc = load_vocoder(folder, buckets=(frames,), stream_chunk=max(1, args.chunk // 8))
     g = torch.Generator().manual_seed(3)
     codes = [torch.randint(0, 4096, (1, frames * s), generator=g) for s in (1, 2, 4)]
-    return Case("snac-24khz", voc, lambda *scales: ref.decode(list(scales)), tuple(codes), 24000,
+    return Case("snac-24khz", voc, ref, tuple(codes), 24000,
                 {"reference": "snac 1.2.1 SNAC.decode (snac_24khz sizes, noise off)",
-                 "params_M": _params(ref), "frames": frames})
+                 "params_M": _params(voc.module), "frames": frames})
 
 
 def _params(module: torch.nn.Module) -> float:
     return round(sum(p.numel() for p in module.parameters()) / 1e6, 2)
 
 
-def _quiet(fn: Callable[[], Any]) -> None:
+def _quiet(fn: Callable[[], Any]) -> Any:
     import contextlib
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):
-        fn()
+        return fn()
 
 
 # ------------------------------------------------------------------------------------------ measure
