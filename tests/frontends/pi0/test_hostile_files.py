@@ -102,3 +102,30 @@ def test_asset_id_stays_inside_the_folder(tmp_path, asset_id):
     (folder / "assets" / "link").symlink_to(outside)
     with pytest.raises(CheckpointError, match="asset_id"):
         load_checkpoint(folder, tokenizer=E2E.TOKENIZER, asset_id=asset_id)
+
+
+def _as_hub_snapshot(folder, root):
+    """The files of `folder` laid out as huggingface_hub caches them: each a link into blobs."""
+    import os
+
+    repo = root / "models--o--n"
+    blobs, snapshot = repo / "blobs", repo / "snapshots" / ("0" * 40)
+    blobs.mkdir(parents=True)
+    for i, src in enumerate(sorted(p for p in folder.rglob("*") if p.is_file())):
+        blob = blobs / f"{i:064x}"
+        blob.write_bytes(src.read_bytes())
+        link = snapshot / src.relative_to(folder)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    return snapshot
+
+
+def test_lerobot_dir_in_a_hub_cache_loads(tmp_path):
+    snapshot = _as_hub_snapshot(_lerobot(tmp_path), tmp_path / "hub")
+    assert load_checkpoint(snapshot, tokenizer=E2E.TOKENIZER).layout == "lerobot"
+
+
+def test_openpi_dir_in_a_hub_cache_loads(tmp_path):
+    folder = E2E.to_openpi(E2E.case("pi0_cam1"), tmp_path / "openpi")
+    snapshot = _as_hub_snapshot(folder, tmp_path / "hub")
+    assert load_checkpoint(snapshot, tokenizer=E2E.TOKENIZER, asset_id="robot").layout == "openpi"
