@@ -29,6 +29,7 @@ __all__ = ["POLICY_FAMILIES", "policy_families", "register_policy_family", "unre
 
 POLICY_FAMILIES: dict[str, str] = {
     "pi0": "flashrt.frontends.pi0.family:FAMILY",
+    "pi0_fast": "flashrt.frontends.pi0_fast.family:FAMILY",
     "groot": "flashrt.frontends.groot.family:FAMILY",
 }
 
@@ -52,71 +53,74 @@ class TtsFamily:
     doc: str = ""
 
 
-_LOADED: dict[str, PolicyFamily] = {}
-_LOADED_TTS: dict[str, TtsFamily] = {}
+class Registry:
+    """One kind of family (policies, TTS): the built-in table plus run-time registrations, each module
+    imported on first use and checked to hold an entry of `kind` under its own name."""
+
+    def __init__(self, what: str, table: dict[str, str], kind: type) -> None:
+        self.what, self.table, self.kind = what, table, kind
+        self._loaded: dict[str, Any] = {}
+
+    def families(self) -> dict[str, Any]:
+        """Every available family, by name, in table order (run-time registrations last)."""
+        for name, target in self.table.items():
+            if name not in self._loaded:
+                family = self._resolve(name, target)
+                if family is not None:
+                    self._loaded[name] = family
+        return dict(self._loaded)
+
+    def _resolve(self, name: str, target: str) -> Any:
+        module, attr = target.split(":")
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:  # a family not written (or not installed) yet is not available
+            if exc.name is not None and module.startswith(exc.name):
+                return None
+            raise
+        family = getattr(mod, attr)
+        if not isinstance(family, self.kind) or family.name != name:
+            raise ConfigError(f"{target} is not the {self.kind.__name__} {name!r}")
+        return family
+
+    def register(self, family: Any, replace: bool = False) -> Any:
+        """Add a family at run time (ConfigError if the name is taken, unless replace=True)."""
+        known = self.families()
+        if family.name in known and known[family.name] is not family and not replace:
+            raise ConfigError(f"{self.what} family {family.name!r} is already registered")
+        self._loaded[family.name] = family
+        return family
+
+    def unregister(self, name: str) -> None:
+        """Remove a family registered at run time (tests clean up with this)."""
+        if name in self.table:
+            raise ConfigError(f"{self.what} family {name!r} is built in; it cannot be removed")
+        self._loaded.pop(name, None)
 
 
-def _resolve(name: str, target: str, kind: type = PolicyFamily) -> Any:
-    module, attr = target.split(":")
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:  # a family not written (or not installed) yet is not available
-        if exc.name is not None and module.startswith(exc.name):
-            return None
-        raise
-    family = getattr(mod, attr)
-    if not isinstance(family, kind) or family.name != name:
-        raise ConfigError(f"{target} is not the {kind.__name__} {name!r}")
-    return family
+POLICIES = Registry("policy", POLICY_FAMILIES, PolicyFamily)
+TTS = Registry("tts", TTS_FAMILIES, TtsFamily)
 
 
 def policy_families() -> dict[str, PolicyFamily]:
-    """Every available policy family, by name, in registry order (run-time registrations last)."""
-    for name, target in POLICY_FAMILIES.items():
-        if name not in _LOADED:
-            family = _resolve(name, target)
-            if family is not None:
-                _LOADED[name] = family
-    return dict(_LOADED)
+    return POLICIES.families()
 
 
 def register_policy_family(family: PolicyFamily, replace: bool = False) -> PolicyFamily:
-    """Add a family at run time (ConfigError if the name is taken, unless replace=True)."""
-    known = policy_families()
-    if family.name in known and known[family.name] is not family and not replace:
-        raise ConfigError(f"policy family {family.name!r} is already registered")
-    _LOADED[family.name] = family
-    return family
+    return POLICIES.register(family, replace)
 
 
 def unregister_policy_family(name: str) -> None:
-    """Remove a family registered at run time (tests clean up with this)."""
-    if name in POLICY_FAMILIES:
-        raise ConfigError(f"policy family {name!r} is built in; it cannot be removed")
-    _LOADED.pop(name, None)
+    POLICIES.unregister(name)
 
 
 def tts_families() -> dict[str, TtsFamily]:
-    """Every available TTS family, by name, in registry order (run-time registrations last)."""
-    for name, target in TTS_FAMILIES.items():
-        if name not in _LOADED_TTS:
-            family = _resolve(name, target, TtsFamily)
-            if family is not None:
-                _LOADED_TTS[name] = family
-    return dict(_LOADED_TTS)
+    return TTS.families()
 
 
 def register_tts_family(family: TtsFamily, replace: bool = False) -> TtsFamily:
-    """Add a TTS family at run time (ConfigError if the name is taken, unless replace=True)."""
-    known = tts_families()
-    if family.name in known and known[family.name] is not family and not replace:
-        raise ConfigError(f"tts family {family.name!r} is already registered")
-    _LOADED_TTS[family.name] = family
-    return family
+    return TTS.register(family, replace)
 
 
 def unregister_tts_family(name: str) -> None:
-    """Remove a TTS family registered at run time (tests clean up with this)."""
-    if name in TTS_FAMILIES:
-        raise ConfigError(f"tts family {name!r} is built in; it cannot be removed")
-    _LOADED_TTS.pop(name, None)
+    TTS.unregister(name)
