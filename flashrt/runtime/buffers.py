@@ -52,7 +52,7 @@ class BufferSpec:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def _as_tensor(name: str, value: Any) -> torch.Tensor:
