@@ -449,6 +449,9 @@ def _select_state_dict(
         if subkey not in obj:
             raise CheckpointError(f"{path}: no subkey {subkey!r}; top-level keys: {_describe_top(obj)}")
         obj = obj[subkey]
+    keys = [k for k in obj if not isinstance(k, str)]
+    if keys:
+        raise CheckpointError(f"{path}: state dict keys must be strings, got {keys[:5]!r}")
     bad = [f"{k} ({type(v).__name__})" for k, v in obj.items() if not isinstance(v, torch.Tensor)]
     if bad:
         hint = "" if subkey else "; pass subkey= to pick a nested state dict"

@@ -308,3 +308,21 @@ def test_malformed_safetensors_header(tmp_path, case):
     with pytest.raises(CheckpointError, match=str(path)), open_checkpoint(path) as ckpt:
         for k in ckpt:
             ckpt[k]
+
+
+TORCH_OBJECTS = {
+    "a list": [torch.ones(2)],
+    "a tensor": torch.ones(2),
+    "int keys": {0: torch.ones(2), 1: torch.ones(2)},
+    "mixed keys": {"w": torch.ones(2), 3: torch.ones(2)},
+    "non-tensor values": {"w": torch.ones(2), "step": 3},
+    "nested without subkey": {"a": {"w": torch.ones(2)}, "b": {"w": torch.ones(2)}},
+}
+
+
+@pytest.mark.parametrize("case", TORCH_OBJECTS)
+def test_torch_file_that_is_not_a_state_dict(tmp_path, case):
+    path = tmp_path / "pytorch_model.bin"
+    torch.save(TORCH_OBJECTS[case], path)
+    with pytest.raises(CheckpointError, match=str(path)):
+        open_checkpoint(path)
