@@ -145,7 +145,7 @@ def _detect_lerobot(folder: Path) -> bool:
     config = folder / "config.json"
     if not config.is_file() or not (folder / "policy_preprocessor.json").is_file():
         return False
-    return "type" in _read_json(config)
+    return _read_json(config).get("type") in ("pi0", "pi05")
 
 
 def _feature_dim(features: Mapping[str, Any], key: str, where: str) -> int:
@@ -314,7 +314,10 @@ def detect_layout(path: str | Path) -> str:
         if layout.detect(folder):
             return layout.name
     config = folder / "config.json"
-    if config.is_file() and _read_json(config).get("type") in ("pi0", "pi05"):
+    kind = _read_json(config).get("type") if config.is_file() else None
+    if kind is not None and kind not in ("pi0", "pi05"):
+        raise CheckpointError(f"{config} is a lerobot {kind!r} policy, not pi0 / pi05")
+    if kind in ("pi0", "pi05"):
         raise CheckpointError(f"{folder} is a lerobot pi0/pi05 dir without policy_preprocessor.json: a "
                               "policy saved before lerobot 0.4 keeps its normalization inside "
                               "model.safetensors; convert it with lerobot's "

@@ -1,0 +1,178 @@
+"""Pi0-FAST network (`Pi0FastNet`) and its AR decode model (`Pi0FastDecodeModel`) over a static K/V cache.
+
+Shapes: B batch (1), C cameras, R image side, I = C * Nt image tokens, L prompt bucket (prompt ids +
+the trailing bos), S text slots (largest bucket + max_decoding_steps), T = I + S cache slots, W width,
+V vocabulary, N depth, KV kv heads, D head_dim.
+
+`Pi0FastDecodeModel` answers `flashrt.runtime.decode.DecodeModel`: the decode runner
+(`flashrt.runtime.decode.Decoder`) owns the prompt, length, token, position and logits buffers
+(`DecodeIO`), appends the greedy pick and captures
+
+    prefill(L, io)   images (`vision_images`, `vision_masks`) + prompt ids io.prompt[:, :L] (valid up to
+                     io.length) -> K/V slots [0, I + L); io.logits = logits of the last valid id (bos)
+    decode(io)       the token io.token at text slot io.position -> its K/V at cache slot I + position;
+                     io.logits of the next token
+
+Cache layout (owner: this model's `Buffers`, ``prefix_k``/``prefix_v`` (N, B, KV, T, D) plus
+``prefix_image_bias`` (B, I) and ``prefix_image_count`` (B, 1) written by each prefill; lifetime: one
+request, the next prefill overwrites them; reuse hazard: one request at a time, which the runner
+enforces): slots [0, I) hold the image tokens, slots I + j the j-th text slot. Text slots past the
+current position hold stale keys that the bias masks until the position reaches (and overwrites) them.
+
+Numerics follow lerobot 0.6.1 ``PI0FastPytorch.sample_actions_fast_kv_cache``, re-arranged exactly:
+
+* the prefix [images, prompt, bos] is bidirectional among its valid tokens (key-padding bias only; a
+  padded query row's output is never read), positions are ``cumsum(valid) - 1``;
+* lerobot pads the prompt to ``tokenizer_max_length`` and appends bos after the padding; here the
+  prompt is unpadded, bos follows its last id and the bucket's padding comes after: the same
+  positions, the same attended keys, so the same logits;
+* token embeddings are scaled by ``sqrt(W)`` (transformers' ``GemmaTextScaledWordEmbedding``), image
+  features are not; they go through ``/ 2048**0.5 * 2048**0.5`` as lerobot computes them;
+* the lm_head is its own matrix when the checkpoint stores one (lerobot's tiny builds), else the tied
+  embedding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from flashrt.frontends.pi0.model import use_mlp_kernels
+from flashrt.frontends.pi0_fast.config import IMAGE_FEATURE_NORM, Pi0FastConfig
+from flashrt.nn.attention import StaticKV, attend, key_padding_bias, mask_value
+from flashrt.nn.gemma import Gemma, GemmaLayer, onednn_available
+from flashrt.nn.rope import apply_rope, rope_cos_sin
+from flashrt.nn.siglip import Siglip
+from flashrt.runtime.buffers import Buffers, BufferSpec
+
+__all__ = ["Pi0FastNet", "Pi0FastDecodeModel"]
+
+
+class Pi0FastNet(nn.Module):
+    """SigLIP + projector + Gemma (with embedding) + lm_head. Load with `weights.load_pi0_fast`."""
+
+    def __init__(self, config: Pi0FastConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        v, g = c.vision, c.vlm
+        self.vision = Siglip(v.width, v.depth, v.mlp_dim, v.num_heads, v.patch, v.image_size, v.eps)
+        self.projector = nn.Linear(v.width, g.width)
+        self.vlm = Gemma(g.width, g.depth, g.mlp_dim, g.num_heads, g.num_kv_heads, g.head_dim,
+                         vocab_size=g.vocab_size, eps=g.eps)
+        self.lm_head = nn.Linear(g.width, g.vocab_size, bias=False)
+
+    def reset_derived(self) -> None:
+        """On the CPU, the Pi0 family's kernel choices for the vision tower and the VLM."""
+        if self.projector.weight.device.type == "cpu":
+            use_mlp_kernels(self, "onednn" if onednn_available() else "aten")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.vlm.layers[0].qkv.weight.dtype
+
+    def image_tokens(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, C, 3, R, R) in [-1, 1] -> (B, C * Nt, W) in the model dtype."""
+        b, n_cams = images.shape[:2]
+        feats = self.projector(self.vision(images.flatten(0, 1)))
+        feats = feats / IMAGE_FEATURE_NORM * IMAGE_FEATURE_NORM
+        return feats.unflatten(0, (b, n_cams)).flatten(1, 2).to(self.dtype)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L) int64 -> (B, L, W) ``embedding * sqrt(W)`` (transformers' scaled Gemma embedding)."""
+        return self.vlm.embed_tokens(tokens).to(self.dtype)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(..., W) final-normed -> (..., V) float32."""
+        return F.linear(h, self.lm_head.weight).float()
+
+    def decode_hidden(self, x: torch.Tensor, rope: tuple, kv: StaticKV, slot: torch.Tensor,
+                      bias: torch.Tensor) -> torch.Tensor:
+        """One token x (B, 1, W) at cache slot ``slot`` (1,) int64 -> final-normed (B, 1, W)."""
+        for i, layer in enumerate(self.vlm.layers):
+            x = _decode_layer(layer, x, rope, kv, i, slot, bias)
+        return self.vlm.norm(x)
+
+
+def _decode_layer(layer: GemmaLayer, x: torch.Tensor, rope: tuple, kv: StaticKV, index: int,
+                  slot: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`GemmaLayer.forward` for one token whose slot is a device tensor: K/V stored with index_copy_,
+    attention over every slot of the cache under ``bias`` (B, 1, 1, T)."""
+    heads, kv_heads, d = layer.shape
+    qkv = F.linear(layer.input_norm(x), layer.qkv.weight).unflatten(-1, (-1, d))  # (B, 1, H + 2KV, D)
+    cos, sin = rope
+    q = apply_rope(qkv[:, :, :heads], cos, sin)
+    k = apply_rope(qkv[:, :, heads:heads + kv_heads], cos, sin)
+    kv.k[index].index_copy_(2, slot, k.transpose(1, 2))
+    kv.v[index].index_copy_(2, slot, qkv[:, :, heads + kv_heads:].transpose(1, 2))
+    x = x + F.linear(attend(q, kv.k[index], kv.v[index], bias), layer.o.weight)
+    return x + layer.mlp(layer.post_norm(x))
+
+
+class Pi0FastDecodeModel:
+    """A loaded `Pi0FastNet` with its static buffers, answering the AR decode protocol (module docstring).
+
+    ``text_slots`` S = the largest prompt bucket + max_decoding_steps; the runner's ``cache_len`` is S
+    (it counts prompt and generated tokens; the image slots are this model's own)."""
+
+    def __init__(self, net: Pi0FastNet, n_cams: int, text_slots: int, device: torch.device) -> None:
+        c = net.config
+        self.net, self.device, self.batch = net, torch.device(device), 1
+        self.n_cams, self.vocab_size, self.cache_len = int(n_cams), c.vlm.vocab_size, int(text_slots)
+        self.image_slots = self.n_cams * c.vision.num_tokens
+        r, g = c.vision.image_size, c.vlm
+        kv_shape = (g.depth, 1, g.num_kv_heads, self.image_slots + self.cache_len, g.head_dim)
+        self.buffers = Buffers([
+            BufferSpec("vision_images", (1, self.n_cams, 3, r, r), torch.float32, low=-1.0, high=1.0,
+                       doc="camera images, pixels in [-1, 1]; a missing camera is -1"),
+            BufferSpec("vision_masks", (1, self.n_cams), torch.bool, doc="False for a missing camera"),
+            BufferSpec("prefix_k", kv_shape, net.dtype, "state", doc="keys per layer: images, then text"),
+            BufferSpec("prefix_v", kv_shape, net.dtype, "state", doc="values per layer"),
+            BufferSpec("prefix_image_bias", (1, self.image_slots), net.dtype, "state",
+                       doc="additive key bias of the image slots (0 valid, mask_value missing camera)"),
+            BufferSpec("prefix_image_count", (1, 1), torch.int64, "state",
+                       doc="valid image tokens: the RoPE position of text slot 0"),
+        ], self.device)
+        self.kv = StaticKV(self.buffers["prefix_k"], self.buffers["prefix_v"])
+        self.buffers["vision_masks"].fill_(True)
+
+    # ---------------------------------------------------------------------------- graph bodies
+    def prefill(self, bucket: int, io: Any) -> None:
+        """Graph body of a prompt bucket (module docstring)."""
+        net, bufs = self.net, self.buffers
+        img = net.image_tokens(bufs["vision_images"])
+        n_tok = img.shape[1] // self.n_cams
+        img_valid = bufs["vision_masks"][:, :, None].expand(1, self.n_cams, n_tok).reshape(1, -1)
+        text_valid = (torch.arange(bucket, device=self.device) < io.length)[None]
+        valid = torch.cat([img_valid, text_valid], dim=1)  # (B, I + L)
+        positions = torch.cumsum(valid, dim=1) - 1
+        rope = rope_cos_sin(positions, net.config.vlm.head_dim, net.config.vlm.rope_theta, net.dtype)
+        bias = key_padding_bias(valid, net.dtype)
+        h = net.vlm(torch.cat([img, net.embed(io.prompt[:, :bucket])], dim=1), rope, self.kv, 0, bias)
+        last = h.index_select(1, self.image_slots + io.length - 1)  # (B, 1, W): the bos row
+        io.logits.copy_(net.logits(last)[:, 0])
+        bufs["prefix_image_bias"].copy_(bias[:, 0, 0, : self.image_slots])
+        bufs["prefix_image_count"].copy_(img_valid.sum(dim=1, keepdim=True))
+
+    def decode(self, io: Any) -> None:
+        """Graph body of one decode step (module docstring)."""
+        net, bufs = self.net, self.buffers
+        g = net.config.vlm
+        positions = bufs["prefix_image_count"] + io.position  # (B, 1) RoPE position
+        rope = rope_cos_sin(positions, g.head_dim, g.rope_theta, net.dtype)
+        text = torch.arange(self.cache_len, device=self.device)
+        zero = torch.zeros((), dtype=net.dtype, device=self.device)
+        masked = torch.full((), mask_value(net.dtype), dtype=net.dtype, device=self.device)
+        text_bias = torch.where(text <= io.position, zero, masked)[None]
+        bias = torch.cat([bufs["prefix_image_bias"], text_bias], dim=1)[:, None, None, :]
+        h = net.decode_hidden(net.embed(io.token), rope, self.kv, self.image_slots + io.position, bias)
+        io.logits.copy_(net.logits(h)[:, 0])
+
+    def describe(self) -> dict[str, Any]:
+        c = self.net.config
+        return {"family": "pi0_fast", "width": c.vlm.width, "depth": c.vlm.depth, "vocab": c.vlm.vocab_size,
+                "vision": {"width": c.vision.width, "depth": c.vision.depth, "image": c.vision.image_size},
+                "cameras": self.n_cams, "image_slots": self.image_slots, "text_slots": self.cache_len,
+                "dtype": str(self.net.dtype).removeprefix("torch."), "cache_bytes": self.buffers.nbytes()}
