@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from flashrt.errors import CheckpointError, ConfigError
+from flashrt.frontends.groot.actions import ActionDecoder, build_decoder
 from flashrt.frontends.groot.preprocess import MinMax
 from flashrt.io.files import read_json as read_checked_json
 
@@ -50,7 +51,7 @@ class Embodiment:
     id: int
     cameras: tuple[str, ...]
     state: MinMax
-    action: MinMax
+    actions: ActionDecoder
     horizon: int | None = None  # len(action delta_indices): the actions decoded per chunk
 
     @property
@@ -67,7 +68,7 @@ class Embodiment:
 
     @property
     def action_dim(self) -> int:
-        return int(self.action.low.shape[0])
+        return self.actions.dim
 
 
 @dataclass(frozen=True)
@@ -104,16 +105,27 @@ class Sidecars:
 
     def _build(self, tag: str) -> Embodiment:
         cfg = self.kwargs["modality_configs"][tag]
-        if self.kwargs.get("use_relative_action") or any(
-            (c or {}).get("rep") == "relative" for c in cfg.get("action", {}).get("action_configs", [])
-        ):
-            raise CheckpointError(
-                f"processor_config.json: embodiment {tag!r} uses relative actions (not supported yet)"
-            )
         cams = tuple(cfg.get("video", {}).get("modality_keys", []))
         horizon = len(cfg.get("action", {}).get("delta_indices") or []) or None
-        state, action = self._minmax(tag, "state", cfg), self._minmax(tag, "action", cfg)
-        return Embodiment(tag, self.ids[tag], cams, state, action, horizon)
+        decoder = build_decoder(
+            tag,
+            self.stats[tag],
+            cfg,
+            self._state_slices(tag, cfg),
+            bool(self.kwargs.get("use_percentiles", False)),
+            bool(self.kwargs.get("use_relative_action", False)),
+        )
+        return Embodiment(tag, self.ids[tag], cams, self._minmax(tag, "state", cfg), decoder, horizon)
+
+    def _state_slices(self, tag: str, cfg: dict[str, Any]) -> dict[str, tuple[int, int]]:
+        """Raw-state columns of each state group (widths from its statistics, as lerobot splits them)."""
+        out, start = {}, 0
+        for key in cfg.get("state", {}).get("modality_keys", []):
+            entry = self.stats[tag].get("state", {}).get(key) or {}
+            width = len(entry.get("mean") or entry.get("min") or entry.get("q01") or [])
+            out[key] = (start, start + width)
+            start += width
+        return out
 
     def _minmax(self, tag: str, modality: str, cfg: dict[str, Any]) -> MinMax:
         pct = bool(self.kwargs.get("use_percentiles", False))

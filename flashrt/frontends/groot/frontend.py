@@ -50,6 +50,7 @@ class Checked:
     pixels: torch.Tensor  # (I, 3, R, Q)
     tokens: list[int]
     state: np.ndarray  # (S,) normalized, padded
+    raw_state: np.ndarray  # (state_dim,) as given: the reference of relative actions
     noise: torch.Tensor | None  # (1, T, A)
 
 
@@ -207,7 +208,9 @@ class GrootFrontend:
         if not isinstance(obs, Mapping):
             raise InputError(f"observation: expected a mapping, got {type(obs).__name__}")
         pixels = torch.stack([self._image(obs, cam) for cam in self.cameras])
-        state = self._state(obs)
+        raw_state = self._state(obs)
+        state = np.zeros(self.config.head.max_state_dim, np.float32)
+        state[: raw_state.shape[0]] = self.embodiment.state.normalize(raw_state, self.options.clip_outliers)
         ids = self.tokenizer.prompt_ids(self.header, self.header_ids, self._prompt(obs))
         bucket = self.graphs.select(len(ids))
         if bucket is None:
@@ -215,7 +218,7 @@ class GrootFrontend:
                 f"prompt: {len(ids)} tokens with the image header exceed the largest bucket "
                 f"{self.max_len}; buckets: {list(self.buckets)}"
             )
-        return bucket, Checked(pixels, ids, state, None if noise is None else self._noise(noise))
+        return bucket, Checked(pixels, ids, state, raw_state, None if noise is None else self._noise(noise))
 
     def _image(self, obs: Mapping[str, Any], cam: str) -> torch.Tensor:
         images = obs.get("images") if isinstance(obs.get("images"), Mapping) else {}
@@ -226,6 +229,7 @@ class GrootFrontend:
         return normalize_pixels(transform_image(img, self.image))
 
     def _state(self, obs: Mapping[str, Any]) -> np.ndarray:
+        """The raw state (state_dim,) float32, checked."""
         value = next((obs[k] for k in STATE_KEYS if k in obs), None)
         if value is None:
             raise InputError(f"state: missing (one of {list(STATE_KEYS)})")
@@ -240,9 +244,7 @@ class GrootFrontend:
         arr = arr.reshape(dim).astype(np.float32)
         if not np.isfinite(arr).all():
             raise InputError("state: contains NaN or inf")
-        out = np.zeros(self.config.head.max_state_dim, np.float32)
-        out[:dim] = self.embodiment.state.normalize(arr, self.options.clip_outliers)
-        return out
+        return arr
 
     def _prompt(self, obs: Mapping[str, Any]) -> str:
         value = next((obs[k] for k in PROMPT_KEYS if k in obs), "")
@@ -285,5 +287,5 @@ class GrootFrontend:
         self.graphs.replay(bucket)
 
     def read(self, checked: Checked) -> np.ndarray:
-        norm = self.buffers["expert_actions"][0, : self.chunk_size, : self.action_dim]
-        return self.embodiment.action.unnormalize(norm.to("cpu", copy=True).numpy())
+        norm = self.buffers["expert_actions"][0, : self.chunk_size].to("cpu", copy=True).numpy()
+        return self.embodiment.actions.decode(norm, checked.raw_state)

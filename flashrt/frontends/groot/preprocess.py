@@ -14,7 +14,7 @@ As lerobot 0.6.1's N1.7 processor does it (``processor_groot.py``), for one obse
   prompt + ``<|im_end|>\\n``, tokenized with the backbone's ``tokenizer.json``.
 * State: min/max from the checkpoint statistics → ``2 (x - min) / (max - min) - 1`` (0 where max ==
   min), clipped to [-1, 1] when ``clip_outliers``, zero-padded to max_state_dim.
-* Actions: the first action_dim columns, clipped to [-1, 1], ``(a + 1) / 2 (max - min) + min``.
+* Actions: group by group in `flashrt.frontends.groot.actions` (absolute or relative to the state).
 """
 
 from __future__ import annotations
@@ -158,6 +158,3 @@ class MinMax:
         safe = np.where(span != 0, span, np.float32(1.0))
         y = np.where(span != 0, np.float32(2.0) * (x - self.low) / safe - np.float32(1.0), np.float32(0.0))
         return (np.clip(y, -1.0, 1.0) if clip else y).astype(np.float32)
-
-    def unnormalize(self, a: np.ndarray) -> np.ndarray:
-        return ((np.clip(a, -1.0, 1.0) + 1.0) * 0.5 * (self.high - self.low) + self.low).astype(np.float32)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from flashrt.errors import ConfigError
+from flashrt.frontends.groot.actions import ActionDecoder, ActionGroup
 from flashrt.frontends.groot.checkpoint import Embodiment
 from flashrt.frontends.groot.config import (
     COSMOS_REASON2_2B,
@@ -234,9 +235,8 @@ def random_model(
 
 def embodiment(n_cams: int) -> Embodiment:
     lo_s, lo_a = np.full(STATE_DIM, -1.0, np.float32), np.full(ACTION_DIM, -1.0, np.float32)
-    return Embodiment(
-        "synthetic", 0, tuple(f"cam{i}" for i in range(n_cams)), MinMax(lo_s, -lo_s), MinMax(lo_a, -lo_a)
-    )
+    actions = ActionDecoder((ActionGroup("joints", 0, ACTION_DIM, lo_a, -lo_a),))
+    return Embodiment("synthetic", 0, tuple(f"cam{i}" for i in range(n_cams)), MinMax(lo_s, -lo_s), actions)
 
 
 def frontend(
