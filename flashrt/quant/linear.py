@@ -1,0 +1,469 @@
+"""Quantized GEMM weights that every ``F.linear`` call site picks up: W8A8 int8 and fp8 E4M3.
+
+A `QuantWeight` replaces an ``nn.Linear``'s ``weight`` (`install`); model code stays as written. It
+looks like the float weight it replaces (shape (out, in), the compute dtype), and:
+
+* ``F.linear(x, w, b)`` runs the quantized GEMM (`QuantWeight.linear`);
+* ``w[rows]`` / ``w[:, cols]`` give a sliced `QuantWeight` (per-channel scales follow the rows), so
+  code that runs a slice of a fused projection (q|k|v, gate|up) stays quantized;
+* anything else (``torch.ops.mkldnn._linear_pointwise``, arithmetic, ``repr``) sees the dequantized
+  float weight, is correct, and is counted in `FALLBACKS` (tests pin zero on the hot path).
+
+Schemes (symmetric, zero point 0; ``q`` integers, ``s`` float32 scales):
+
+    int8   w_q = round(w / s_w), s_w = amax(row) / 127, per output channel, at load
+           x_q = clamp(round(x / s_x), ±qa): static s_x = amax / qa from the calibration cache
+           ("static"), or one s_x per row computed per call ("per_token")
+           y   = float(Σ x_q w_q) * (s_x s_w) + b        Σ exact in int32
+    fp8    w8  = e4m3(w / s_w), x8 = e4m3(clamp(x / s_x, ±448)), s_w per tensor, s_x static
+           y   = (Σ x8 w8) * (s_x s_w) + b               Σ in float32 (exact products)
+
+``qa``, the activation range, is a property of the machine (`activation_qmax`): 127 where the int8 dot
+product accumulates without saturating (CUDA; CPUs with VNNI/AMX), 63 on CPUs without (AVX2's
+``vpmaddubsw`` adds pairs of u8 x s8 products in int16: 255 x 127 x 2 overflows it, 127 x 127 x 2 does
+not). Every int8 kernel on one machine therefore computes the same integers, whichever is chosen.
+
+Kernels (`INT8_KERNELS`, `FP8_KERNELS`), chosen per (device, M, K, N) by measurement (`tuning`,
+`KernelTable`): ``onednn`` (oneDNN's u8 x s8 -> int32 GEMM, scales and bias in its epilogue),
+``int_mm`` (``torch._int_mm``), ``float`` (the same integers in a float32 GEMM: exact while
+K * qa * 127 < 2**24, i.e. K <= 2080 at qa = 63; the documented fallback where no int8 GEMM is faster),
+``scaled_mm`` (CUDA fp8, ``torch._scaled_mm``) and ``emulate`` (fp8 quantize -> dequantize, float32
+GEMM: the exact CPU emulation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+FALLBACKS: Counter = Counter()  # op name -> calls that saw a dequantized weight (not the quantized GEMM)
+FP8_MAX = 448.0
+W_QMAX = 127
+MODES = ("static", "per_token")
+
+
+def activation_qmax(device: torch.device | str = "cpu") -> int:
+    """The int8 activation range this machine's int8 GEMMs accumulate exactly (module docstring)."""
+    if torch.device(device).type == "cuda":
+        return 127
+    vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    return 127 if (vnni or amx) else 63
+
+
+def onednn_int8_available() -> bool:
+    """Whether torch ships oneDNN's int8 linear (``onednn::qlinear_pointwise``)."""
+    try:
+        return torch.ops.onednn.qlinear_pointwise.default is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+# ------------------------------------------------------------------------------------ per-site stats
+@dataclass
+class SiteStats:
+    """What the quality gate reports per GEMM site (`audit` mode): output error against the float
+    GEMM on the same input, the fraction of inputs clipped, the largest input seen."""
+
+    amax: float = 0.0
+    clipped: float = 0.0
+    err_sq: float = 0.0
+    ref_sq: float = 0.0
+    calls: int = 0
+
+    def add(self, x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor, limit: float) -> None:
+        self.amax = max(self.amax, float(x.abs().max()))
+        self.clipped = max(self.clipped, float((x.abs() > limit).float().mean()))
+        self.err_sq += float((y.double() - ref.double()).square().sum())
+        self.ref_sq += float(ref.double().square().sum())
+        self.calls += 1
+
+    @property
+    def rel_error(self) -> float:
+        return (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"rel_error": self.rel_error, "clipped": self.clipped, "amax": self.amax, "calls": self.calls}
+
+
+# ----------------------------------------------------------------------------------------- the weight
+class QuantWeight(torch.Tensor):
+    """A quantized (out, in) GEMM weight standing in for a float one (module docstring)."""
+
+    kind: str  # "int8" | "fp8"
+    q: torch.Tensor  # (out, in) int8 or float8_e4m3fn
+    w_scale: torch.Tensor  # (out,) int8 per channel, () fp8 per tensor; float32
+    x_amax: torch.Tensor | None  # () static calibrated activation amax; None with per_token
+    qa: float  # activation range (activation_qmax for int8, 448 for fp8)
+    mode: str
+    site: str
+    forms: dict
+    audit: SiteStats | None
+    reference: torch.Tensor | None  # the float weight while auditing
+
+    @staticmethod
+    def __new__(cls, q: torch.Tensor, w_scale: torch.Tensor, x_amax: torch.Tensor | None, *, kind: str,
+                qa: float, mode: str = "static", dtype: torch.dtype = torch.float32, site: str = ""):
+        self = torch.Tensor._make_wrapper_subclass(cls, q.shape, dtype=dtype, device=q.device)
+        self.kind, self.q, self.w_scale, self.x_amax = kind, q, w_scale.float(), x_amax
+        self.qa, self.mode, self.site = float(qa), mode, site
+        self.forms, self.audit, self.reference = {}, None, None
+        return self
+
+    def __repr__(self) -> str:  # noqa: D105
+        return (f"QuantWeight({self.kind}, {tuple(self.shape)}, mode={self.mode}, site={self.site!r}, "
+                f"forms={sorted(k for k in self.forms if isinstance(k, str))})")
+
+    # -------------------------------------------------------------------- torch function protocol
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            return args[1].linear(args[0], bias)
+        if func is torch.Tensor.__getitem__ and isinstance(args[0], QuantWeight):
+            return args[0].sliced(args[1])
+        if getattr(func, "__name__", "") == "__get__" or func in _METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        FALLBACKS[getattr(func, "__name__", str(func))] += 1
+        return func(*_dequantized(args), **dict(zip(kwargs, _dequantized(kwargs.values()))))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        FALLBACKS[str(func)] += 1
+        return func(*_dequantized(args), **dict(zip(kwargs or {}, _dequantized((kwargs or {}).values()))))
+
+    # ----------------------------------------------------------------------------------- values
+    def dequantize(self) -> torch.Tensor:
+        """The float (out, in) weight the quantized one stands for, in its reported dtype."""
+        s = self.w_scale if self.w_scale.dim() == 0 else self.w_scale[:, None]
+        return (self.q.float() * s).to(self.dtype)
+
+    def x_scale(self) -> torch.Tensor:
+        """The static activation scale amax / qa (float32, 1 for a zero amax)."""
+        a = self.x_amax.float()
+        return torch.where(a > 0, a / self.qa, torch.ones_like(a))
+
+    def sliced(self, index) -> QuantWeight:
+        """``w[index]`` for row / column slices; the scales and the audit follow the rows."""
+        rows, cols = (index, slice(None)) if not isinstance(index, tuple) else (*index, slice(None))[:2]
+        if not (isinstance(rows, slice) and isinstance(cols, slice)):
+            raise TypeError(f"QuantWeight supports slices only, got {index!r}")
+        scale = self.w_scale if self.w_scale.dim() == 0 else self.w_scale[rows]
+        out = QuantWeight(self.q[rows, cols], scale, self.x_amax, kind=self.kind, qa=self.qa, mode=self.mode,
+                          dtype=self.dtype, site=self.site)
+        out.audit = self.audit
+        out.reference = None if self.reference is None else self.reference[rows, cols]
+        if cols == slice(None) and rows == slice(None):
+            out.forms = self.forms
+        else:
+            key = ("slice", _slice_key(rows), _slice_key(cols))
+            out.forms = self.forms.setdefault(key, {})  # slices of the same view share prepared forms
+        return out
+
+    # ------------------------------------------------------------------------------------- GEMM
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``F.linear(x, w, bias)`` as the quantized GEMM: x (..., in) -> (..., out) in x's dtype."""
+        x2 = x.reshape(-1, x.shape[-1])
+        kernel = TABLE.choose(self, x2)
+        y = KERNELS[self.kind][kernel].run(self, x2, None if bias is None else bias.float())
+        if self.audit is not None:
+            ref = F.linear(x2.float(), self.reference.float(), None if bias is None else bias.float())
+            limit = float(self.x_scale()) * self.qa if self.x_amax is not None else float("inf")
+            self.audit.add(x2, y, ref, limit)
+        return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
+
+
+_METADATA = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.stride, torch.Tensor.is_contiguous,
+             torch.Tensor.numel, torch.Tensor.element_size, torch.Tensor.__len__}
+
+
+def _slice_key(s: slice) -> tuple:
+    return s.start, s.stop, s.step
+
+
+def _dequantized(values) -> list:
+    return [v.dequantize() if isinstance(v, QuantWeight) else v for v in values]
+
+
+# -------------------------------------------------------------------------------------- activations
+def quantize_rows(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (M, K) float -> (integer-valued float32 (M, K) in [-qa, qa], its scale: () static or (M, 1))."""
+    if w.mode == "static":
+        scale = _form(w, "x_scale", w.x_scale)
+    else:
+        a = x.detach().abs().amax(dim=1, keepdim=True).float()
+        scale = torch.where(a > 0, a / w.qa, torch.ones_like(a))
+    return torch.round(x.float() / scale).clamp_(-w.qa, w.qa), scale
+
+
+def _epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None):
+    """float32 acc (M, N) -> acc * (s_x s_w) + bias (scales combined in float32)."""
+    alpha = x_scale * w.w_scale if x_scale.dim() == 0 else x_scale * w.w_scale[None, :]
+    y = acc.mul_(alpha)
+    return y if bias is None else y.add_(bias)
+
+
+# ------------------------------------------------------------------------------------- int8 kernels
+@dataclass(frozen=True)
+class Kernel:
+    """One way to run a quantized GEMM: ``applies(w, device)``, ``run(w, x2d, bias) -> y2d float32``."""
+
+    name: str
+    run: Callable[[QuantWeight, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    applies: Callable[[QuantWeight, torch.Tensor], bool]
+    doc: str = ""
+
+
+def _form(w: QuantWeight, name: str, make: Callable[[], object]):
+    if name not in w.forms:
+        w.forms[name] = make()
+    return w.forms[name]
+
+
+def _int8_float(w: QuantWeight, x: torch.Tensor, bias):
+    xq, scale = quantize_rows(x, w)
+    wf = _form(w, "float", lambda: w.q.float().t().contiguous())  # (K, N) integer values
+    return _epilogue(xq @ wf, scale, w, bias)
+
+
+def _int8_int_mm(w: QuantWeight, x: torch.Tensor, bias):
+    xq, scale = quantize_rows(x, w)
+    wt = _form(w, "int_mm", lambda: w.q.t().contiguous())  # (K, N) int8
+    return _epilogue(torch._int_mm(xq.to(torch.int8), wt).float(), scale, w, bias)
+
+
+def _onednn_zero_point(w: QuantWeight) -> int:
+    return int(w.qa) + 1  # u8 = x_q + zp lies in [1, 2 qa + 1]
+
+
+def _int8_onednn(w: QuantWeight, x: torch.Tensor, bias):
+    xq, scale = quantize_rows(x, w)
+    packed = _form(w, "onednn", lambda: torch.ops.onednn.qlinear_prepack(w.q.contiguous(), None))
+    zp = _onednn_zero_point(w)
+    u8 = xq.add_(zp).to(torch.uint8)
+    n = w.q.shape[0]
+    zeros = _form(w, "onednn_zeros", lambda: torch.zeros(n, dtype=torch.long, device=w.q.device))
+    if w.mode == "static":
+        w_scales = _form(w, "onednn_scales", lambda: w.w_scale.expand(n).contiguous())
+        x_scale = _form(w, "x_scale_float", lambda: float(scale))  # once, at the first call
+        return torch.ops.onednn.qlinear_pointwise(u8, x_scale, zp, packed, w_scales, zeros, bias, 1.0,
+                                                  0, torch.float32, "none", [], "")
+    ones = _form(w, "onednn_ones", lambda: torch.ones(n, device=w.q.device))
+    acc = torch.ops.onednn.qlinear_pointwise(u8, 1.0, zp, packed, ones, zeros, None, 1.0, 0, torch.float32,
+                                             "none", [], "")
+    return _epilogue(acc, scale, w, bias)
+
+
+def _on_cpu(w: QuantWeight, x: torch.Tensor) -> bool:
+    return x.device.type == "cpu"
+
+
+def _int_mm_ok(w: QuantWeight, x: torch.Tensor) -> bool:
+    m, k = x.shape
+    return m > 16 and k % 8 == 0 and w.q.shape[0] % 8 == 0
+
+
+def _float_exact(w: QuantWeight, x: torch.Tensor) -> bool:
+    return x.shape[1] * w.qa * W_QMAX < 2**24
+
+
+INT8_KERNELS: dict[str, Kernel] = {
+    "onednn": Kernel("onednn", _int8_onednn, lambda w, x: _on_cpu(w, x) and onednn_int8_available(),
+                     "oneDNN u8 x s8 GEMM, int32 accumulation, scales + bias in the epilogue"),
+    "int_mm": Kernel("int_mm", _int8_int_mm, _int_mm_ok, "torch._int_mm, int32 accumulation"),
+    "float": Kernel("float", _int8_float, _float_exact,
+                    "the same integers in a float32 GEMM (exact while K * qa * 127 < 2**24)"),
+}
+
+
+# -------------------------------------------------------------------------------------- fp8 kernels
+def _fp8_quantize(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    return (x.float() / _form(w, "x_scale", w.x_scale)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def _fp8_emulate(w: QuantWeight, x: torch.Tensor, bias):
+    x8 = _fp8_quantize(x, w).float()
+    wf = _form(w, "emulate", lambda: w.q.float().t().contiguous())  # (K, N) the e4m3 values
+    return _epilogue(x8 @ wf, _form(w, "x_scale", w.x_scale), w, bias)
+
+
+def _fp8_scaled_mm(w: QuantWeight, x: torch.Tensor, bias):
+    x8 = _fp8_quantize(x, w)
+    wt = _form(w, "scaled_mm", lambda: w.q.contiguous().t())  # (K, N) column-major, as _scaled_mm wants
+    scale_a = _form(w, "scale_a", lambda: w.x_scale().reshape(()).to(x.device))
+    scale_b = _form(w, "scale_b", lambda: w.w_scale.reshape(()).to(x.device))
+    y = torch._scaled_mm(x8, wt, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+    y = y.float()
+    return y if bias is None else y.add_(bias)
+
+
+def _scaled_mm_ok(w: QuantWeight, x: torch.Tensor) -> bool:
+    k, n = x.shape[1], w.q.shape[0]
+    return x.device.type == "cuda" and k % 16 == 0 and n % 16 == 0 and w.w_scale.dim() == 0
+
+
+FP8_KERNELS: dict[str, Kernel] = {
+    "scaled_mm": Kernel("scaled_mm", _fp8_scaled_mm, _scaled_mm_ok, "CUDA fp8 GEMM, torch._scaled_mm"),
+    "emulate": Kernel("emulate", _fp8_emulate, lambda w, x: True,
+                      "e4m3 quantize -> dequantize, float32 GEMM (the exact CPU emulation)"),
+}
+KERNELS = {"int8": INT8_KERNELS, "fp8": FP8_KERNELS}
+
+
+# ------------------------------------------------------------------------------------- kernel table
+@dataclass
+class KernelTable:
+    """Which kernel runs each GEMM shape, decided by measurement (like the CPU conv policies).
+
+    Inside `tuning()` (at load), the first call of each (device, kind, mode, M, K, N) times every
+    applicable kernel and keeps the fastest (`measured` holds the microseconds). Outside, a known
+    shape uses its choice; an unknown M takes the choice of the nearest measured M of the same
+    (K, N); a shape never measured is measured then (counted in `late`)."""
+
+    choice: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)
+    late: int = 0
+    tuning: bool = False
+    reps: int = 3
+
+    def choose(self, w: QuantWeight, x: torch.Tensor) -> str:
+        key = (x.device.type, w.kind, w.mode, x.shape[0], x.shape[1], w.q.shape[0])
+        if key in self.choice:
+            return self.choice[key]
+        if not self.tuning:
+            near = self._nearest(key)
+            if near is not None:
+                return near
+            self.late += 1
+        return self._measure(key, w, x)
+
+    def _nearest(self, key: tuple) -> str | None:
+        same = [(abs(k[3] - key[3]), name) for k, name in self.choice.items() if k[:3] == key[:3]
+                and k[4:] == key[4:]]
+        return min(same)[1] if same else None
+
+    def _measure(self, key: tuple, w: QuantWeight, x: torch.Tensor) -> str:
+        times = {}
+        for name, kernel in KERNELS[w.kind].items():
+            if kernel.applies(w, x):
+                times[name] = _time(kernel, w, x, self.reps, min(times.values(), default=None))
+        if not times:
+            raise RuntimeError(f"no {w.kind} kernel applies to {tuple(x.shape)} x {tuple(w.q.shape)}")
+        best = min(times, key=times.get)
+        self.choice[key], self.measured[key] = best, {k: round(v * 1e6, 1) for k, v in times.items()}
+        return best
+
+    def report(self) -> list[dict]:
+        return [{"device": k[0], "kind": k[1], "mode": k[2], "M": k[3], "K": k[4], "N": k[5],
+                 "kernel": self.choice[k], "us": self.measured.get(k, {})} for k in sorted(self.choice)]
+
+
+def _time(kernel: Kernel, w: QuantWeight, x: torch.Tensor, reps: int, best: float | None) -> float:
+    """Seconds per call (min over reps after one warm-up); stops early when 3x slower than `best`."""
+    sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+    kernel.run(w, x, None)
+    out = float("inf")
+    for _ in range(reps):
+        sync()
+        start = time.perf_counter()
+        kernel.run(w, x, None)
+        sync()
+        out = min(out, time.perf_counter() - start)
+        if best is not None and out > 3 * best:
+            break
+    return out
+
+
+TABLE = KernelTable()
+
+
+@contextlib.contextmanager
+def tuning(table: KernelTable | None = None) -> Iterator[KernelTable]:
+    """Measure the kernel of every new GEMM shape run inside the block (at load, eager)."""
+    table = table or TABLE
+    before, table.tuning = table.tuning, True
+    try:
+        yield table
+    finally:
+        table.tuning = before
+
+
+# ------------------------------------------------------------------------------- making and installing
+def quantize_weight(w: torch.Tensor, kind: str, x_amax: torch.Tensor | None, *, mode: str = "static",
+                    qa: float | None = None, site: str = "") -> QuantWeight:
+    """A float (out, in) weight -> `QuantWeight` (int8 per channel; fp8 per tensor)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown activation mode {mode!r}; use one of {list(MODES)}")
+    if kind == "fp8" and mode != "static":
+        raise ValueError("fp8 activations use static calibrated scales only")
+    if mode == "static" and x_amax is None:
+        raise ValueError(f"{site or 'weight'}: static activations need a calibrated amax")
+    wf = w.detach().float()
+    if kind == "int8":
+        a = wf.abs().amax(dim=1)
+        s = torch.where(a > 0, a / W_QMAX, torch.ones_like(a))
+        q = torch.round(wf / s[:, None]).clamp_(-W_QMAX, W_QMAX).to(torch.int8)
+        qa = qa if qa is not None else activation_qmax(w.device)
+    elif kind == "fp8":
+        a = wf.abs().amax()
+        s = torch.where(a > 0, a / FP8_MAX, torch.ones_like(a))
+        q = (wf / s).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        qa = FP8_MAX
+    else:
+        raise ValueError(f"unknown quantized kind {kind!r}; use 'int8' or 'fp8'")
+    amax = None if x_amax is None else torch.as_tensor(x_amax, dtype=torch.float32, device=w.device)
+    return QuantWeight(q, s, amax, kind=kind, qa=qa, mode=mode, dtype=w.dtype, site=site)
+
+
+def swap_weight(linear: nn.Linear, weight: torch.Tensor) -> torch.Tensor:
+    """Put ``weight`` (a QuantWeight, an observing weight, or the original Parameter back) in ``linear``;
+    returns what was there."""
+    old = linear._parameters.pop("weight", None)
+    if old is None:
+        old = linear.__dict__.pop("weight")
+    if isinstance(weight, nn.Parameter):
+        linear._parameters["weight"] = weight
+    else:
+        object.__setattr__(linear, "weight", weight)
+    return old
+
+
+def install(model: nn.Module, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Swap the weights of the named ``nn.Linear`` modules; returns the previous ones (for `install`
+    again to undo)."""
+    modules = dict(model.named_modules())
+    return {name: swap_weight(modules[name], w) for name, w in weights.items()}
+
+
+# ------------------------------------------------------------------------------------- observation
+class ObservedWeight(torch.Tensor):
+    """A float weight that records max |x| of every ``F.linear`` input (calibration; slices share it)."""
+
+    site: str
+    record: Callable[[str, torch.Tensor], None]
+
+    @staticmethod
+    def __new__(cls, w: torch.Tensor, site: str, record: Callable[[str, torch.Tensor], None]):
+        self = w.detach().as_subclass(cls)
+        self.site, self.record = site, record
+        return self
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear and isinstance(args[1], ObservedWeight):
+            args[1].record(args[1].site, args[0])
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if func is torch.Tensor.__getitem__ and isinstance(args[0], ObservedWeight):
+            return ObservedWeight(out, args[0].site, args[0].record)
+        return out
