@@ -11,7 +11,10 @@ from pathlib import Path
 
 
 def user_cache_dir(*parts: str) -> Path:
-    """`<user cache dir>/flashrt[/parts...]`, e.g. user_cache_dir("calibration")."""
-    from platformdirs import user_cache_dir as platform_cache_dir
-
+    """`<user cache dir>/flashrt[/parts...]`, e.g. user_cache_dir("calibration"). Without platformdirs
+    (a bare GPU box) the plain POSIX default `~/.cache/flashrt` is used."""
+    try:
+        from platformdirs import user_cache_dir as platform_cache_dir
+    except ImportError:
+        return Path.home().joinpath(".cache", "flashrt", *parts)
     return Path(platform_cache_dir("flashrt")).joinpath(*parts)
