@@ -19,6 +19,13 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     max_pending: Annotated[int, typer.Option(help="requests held at once; more get 503")] = 16,
     queue_size: Annotated[int, typer.Option(help="audio chunks buffered per request link")] = 4,
+    warmup: Annotated[
+        bool,
+        typer.Option(
+            help="speak one short text per voice before serving (the first "
+            "call of each shape pays its kernel setup)"
+        ),
+    ] = True,
 ) -> None:
     """Serve POST /v1/audio/speech, GET /v1/models and GET /health (OpenAI-compatible)."""
     import uvicorn
@@ -30,6 +37,9 @@ def serve(
     for source in voice or ["en_US-joe-medium"]:
         model = load_tts(source, device=device)
         voices[getattr(model, "name", "") or source] = model
+        if warmup:
+            for _ in model.stream("Ready."):
+                pass
     server = SpeechServer(voices, ServerLimits(max_pending=max_pending, queue_size=queue_size))
     typer.echo(f"flashrt serve: voices {sorted(voices)} on http://{host}:{port}")
     try:
