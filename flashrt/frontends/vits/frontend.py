@@ -2,8 +2,9 @@
 
 Hot path of one utterance (phoneme ids in, audio out), every stage a replay of a captured bucket:
 
-    checked = fe.check(ids, scales)                  ids and scales validated; NO buffer touched
-    p = fe.write(checked, seed)                      phoneme bucket p: ids, mask, scales, duration noise
+    p, checked = fe.check(ids, scales)               ids and scales validated, phoneme bucket p; NO buffer
+                                                     touched
+    fe.write(p, checked, seed)                       ids, mask, scales, duration noise (padded to p)
     fe.replay(p)                                     stage 1: encoder + duration predictor
     plan = fe.expand(checked, seed)                  HOST STEP: durations -> frames, frame bucket, index,
                                                      flow noise (the only device->host read in the middle)
@@ -226,8 +227,9 @@ class VitsFrontend:
 
     def check(
         self, ids: Any, noise_scale: float = 0.667, length_scale: float = 1.0, noise_w: float = 0.8
-    ) -> Checked:
-        """Validate phoneme ids (1-D ints in the vocabulary, 1..max bucket long) and the three scales."""
+    ) -> tuple[int, Checked]:
+        """Validate phoneme ids (1-D ints in the vocabulary, 1..max bucket long) and the three scales;
+        (phoneme bucket, checked). Nothing is written."""
         t = torch.as_tensor(np.asarray(ids))
         if t.ndim != 1 or t.numel() == 0 or t.dtype.is_floating_point or t.dtype == torch.bool:
             raise InputError(
@@ -247,13 +249,13 @@ class VitsFrontend:
             raise InputError(
                 f"scales: noise_scale >= 0, 0.05 <= length_scale <= 20, noise_w >= 0; got {scales}"
             )
-        return Checked(t.to(torch.int64), torch.tensor(scales, dtype=torch.float32))
+        bucket = self.encode_graphs.select(t.numel())
+        return bucket, Checked(t.to(torch.int64), torch.tensor(scales, dtype=torch.float32))
 
-    def write(self, checked: Checked, seed: int | None = None) -> int:
-        """Stage-1 inputs (padded to the phoneme bucket); returns the bucket. The duration noise is drawn
-        from `seed` (same seed, same noise) over the real phonemes only, so it does not depend on buckets."""
+    def write(self, bucket: int, checked: Checked, seed: int | None = None) -> None:
+        """Stage-1 inputs (padded to the phoneme bucket). The duration noise is drawn from `seed` (same
+        seed, same noise) over the real phonemes only, so it does not depend on buckets."""
         n = checked.phonemes
-        bucket = self.encode_graphs.bucket_for(n)
         b = self.buffers
         b["enc_ids"].zero_()
         b["enc_ids"][0, :n].copy_(checked.ids)
@@ -263,7 +265,6 @@ class VitsFrontend:
         b["enc_noise"].zero_()
         if checked.scales[2] > 0:
             b["enc_noise"][0, :, :n].copy_(torch.randn(2, n, generator=self._generator(seed, 0)))
-        return bucket
 
     def replay(self, bucket: int) -> None:
         self.encode_graphs.replay(bucket)

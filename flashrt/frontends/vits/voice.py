@@ -143,8 +143,9 @@ class VitsVoice:
 
     def _plan(self, ids: list[int], scales: Mapping[str, float], seed: int | None) -> Plan:
         fe = self.frontend
-        checked = fe.check(ids, **scales)
-        fe.replay(fe.write(checked, seed))
+        bucket, checked = fe.check(ids, **scales)
+        fe.write(bucket, checked, seed)
+        fe.replay(bucket)
         return fe.expand(checked, seed)
 
     def synthesize_ids(

@@ -211,8 +211,10 @@ def test_padded_buckets_equal_the_unpadded_run():
     scales = torch.tensor([0.0, 1.0, 0.0])
     with torch.no_grad():
         want = _tiny_eager(prior, dec, ids, torch.zeros(1, 2, len(ids)), scales)
-        checked = fe.check(ids, 0.0, 1.0, 0.0)
-        fe.replay(fe.write(checked))
+        bucket, checked = fe.check(ids, 0.0, 1.0, 0.0)
+        assert bucket == 16
+        fe.write(bucket, checked)
+        fe.replay(bucket)
         plan = fe.expand(checked)
         assert fe.flow(plan, upto=5) == 5 + fe.flow_reach < plan.frames  # a prefix: the first window's z
         prefix = fe.buffers["flow_z"][..., :5].clone()
@@ -264,8 +266,9 @@ def test_deterministic_duration_predictor_voice():
     assert torch.equal(prior.dp.conv_1.weight, state["dp.conv_1.weight"])
     fe = VitsFrontend(cfg, prior, dec, phoneme_buckets=(16,), frame_buckets=(64, 256))
     with torch.no_grad():
-        checked = fe.check([1, 4, 9, 2, 7], 0.0, 1.0, 0.0)
-        fe.replay(fe.write(checked))
+        bucket, checked = fe.check([1, 4, 9, 2, 7], 0.0, 1.0, 0.0)
+        fe.write(bucket, checked)
+        fe.replay(bucket)
         plan = fe.expand(checked)
         fe.flow(plan)
         audio = fe.read(plan)
