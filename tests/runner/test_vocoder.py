@@ -180,3 +180,17 @@ def test_graph_backends_capture_a_ladder():
     rungs = [b for b in traced.buckets if b >= 64]                # and the stream window below them
     assert rungs[0] == 64 and rungs[-1] == 1024 and max(b / a for a, b in zip(rungs, rungs[1:])) <= 1.25
     assert traced.stream_window in traced.buckets
+
+
+def test_a_bare_frontend_drives_any_stream_runner():
+    """`load_vocoder_frontend` gives the frontend alone (what a TTS path feeds codes into); a runner built
+    over it decodes what `load_vocoder` decodes."""
+    from flashrt.frontends.vocoders import load_vocoder_frontend
+    from flashrt.runner.stream import StreamRunner
+
+    fe = load_vocoder_frontend(FIXTURES / "snac_32khz_tiny", buckets=(32,))
+    runner = StreamRunner(fe, chunk=2)
+    codes = _inputs(load_vocoder(FIXTURES / "snac_32khz_tiny", buckets=(32,)), 9, seed=4)
+    want = load_vocoder(FIXTURES / "snac_32khz_tiny", buckets=(32,), stream_chunk=2)(*codes)
+    assert torch.equal(runner(*codes), want)
+    assert (torch.cat(list(runner.stream(_uneven(codes, 2))), -1) - want).abs().max() <= TOL
