@@ -137,9 +137,9 @@ def test_frame_decoder_interleaves_levels_1_2_4():
     for place, code in enumerate([1, 2, 3, 4, 5, 6, 7]):
         frame = dec.push(110 + place * 10 + code)
     assert frame == [[1], [2, 5], [3, 4, 6, 7]]
-    with pytest.raises(AudioTokenError, match="place 1"):
-        dec.push(110 + 1)  # place 0's range, but position 7 is place 0 -> valid; next one is place 1
-        dec.push(110 + 0)
+    assert dec.push(110 + 3) is None  # position 7 starts the next frame: place 0, code 3
+    with pytest.raises(AudioTokenError, match="position 8 .* place 1"):
+        dec.push(110 + 4)  # a place-0 code where place 1 (ids 120..129) must come
 
 
 def test_load_tts_names_every_family_it_tried(tmp_path):
@@ -161,3 +161,18 @@ def test_say_writes_the_wav_and_prints_ttfa_rtf_and_stages(tmp_path, io):
     assert "TTFA" in result.output and "RTF" in result.output and "snac" in result.output
     with wave.open(str(out)) as w:
         assert w.getframerate() == 24000 and w.getnframes() == io["audio.0"].shape[-1]
+
+
+def test_a_tokenizer_json_is_read_with_its_bos_post_processor(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from flashrt.frontends.tts.orpheus import format_prompt, load_text_tokenizer
+
+    vocab = {"<bos>": 128000, "tara": 5, ":": 6, "hi": 7, "[UNK]": 8}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Whitespace()])
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 128000)])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    layout = OrpheusLayout()  # the released ids
+    ids = format_prompt(layout, load_text_tokenizer(tmp_path, layout), "hi", "tara")
+    assert ids == [128259, 128000, 5, 6, 7, 128009, 128260, 128261, 128257]

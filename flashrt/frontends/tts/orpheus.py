@@ -147,7 +147,7 @@ class JSONTokenizer:
             from tokenizers import Tokenizer
         except ImportError:
             raise ConfigError(f"{path}: reading tokenizer.json needs the 'tokenizers' package "
-                              "(pip install 'flashrt[tts]')") from None
+                              "(pip install tokenizers)") from None
         self.tokenizer = Tokenizer.from_file(str(path))
 
     def encode(self, text: str) -> list[int]:
