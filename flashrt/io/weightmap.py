@@ -359,7 +359,7 @@ def _check_expected(
             plan.deferred.append(prod)
         else:
             _note_shape(plan, prod, out.shape, _slot_shape(expected[prod.target]))
-            _note_kind(plan, prod, out.dtype, expected)
+            _note_kind(plan, prod, out.dtype, expected, checkpoint)
 
 
 def _missing_slot(slot: str, rules: Sequence[Rule]) -> str:
@@ -372,11 +372,19 @@ def _missing_slot(slot: str, rules: Sequence[Rule]) -> str:
     return f"{slot} (no rule produced it)"
 
 
-def _note_kind(plan: MapPlan, prod: Production, got: torch.dtype, expected: Expected | None) -> None:
-    """An implicit cast (no Rule.dtype) must not change the dtype kind (see flashrt.io.checks)."""
+def _note_kind(plan: MapPlan, prod: Production, got: torch.dtype, expected: Expected | None,
+               checkpoint: Any) -> None:
+    """No implicit change of dtype kind (see flashrt.io.checks): neither the produced tensor nor any of
+    its sources (a transform such as a weight-norm fold would turn an integer source into floats) may
+    differ in kind from the slot, unless the rule says ``dtype=``."""
     slot = None if expected is None else expected.get(prod.target)
     if prod.rule.dtype is not None or not isinstance(slot, torch.Tensor):
         return
+    for source in prod.sources:
+        problem = kind_problem(_source_dtype(checkpoint, source), slot.dtype)
+        if problem:
+            plan.wrong_dtype.append(f"{source} -> {prod.target}: {problem}")
+            return
     problem = kind_problem(got, slot.dtype)
     if problem:
         plan.wrong_dtype.append(f"{', '.join(prod.sources)} -> {prod.target}: {problem}")
@@ -443,7 +451,7 @@ def _materialize(
             continue
         if id(prod) in deferred:
             _note_shape(plan, prod, result.shape, _slot_shape(expected[prod.target]))
-            _note_kind(plan, prod, result.dtype, expected)
+            _note_kind(plan, prod, result.dtype, expected, checkpoint)
         result = _cast(result, prod.rule.dtype, expected, prod.target).contiguous()
         _note_finite(plan, prod, result)
         out[prod.target] = result if device is None else _move(result, device, moved)

@@ -326,3 +326,20 @@ def test_torch_file_that_is_not_a_state_dict(tmp_path, case):
     torch.save(TORCH_OBJECTS[case], path)
     with pytest.raises(CheckpointError, match=str(path)):
         open_checkpoint(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float8_e4m3fn])
+@pytest.mark.parametrize("which", ["g", "v"])
+def test_a_transform_does_not_launder_a_wrong_source_kind(which, dtype):
+    from flashrt.io import transforms
+
+    class Conv(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(2, 3, 1, bias=False)
+
+    wmap = WeightMap([Rule(("g", "v"), "conv.weight", transforms.weight_norm(0))])
+    tensors = {"g": torch.ones(3, 1, 1), "v": torch.ones(3, 2, 1)}
+    tensors[which] = tensors[which].to(dtype)  # the fold's float32 math would turn it into floats
+    with pytest.raises(CheckpointError, match=f"wrong dtype.*\n  {which} -> conv.weight"):
+        load_module(Conv, Checkpoint.from_tensors(tensors), wmap)
