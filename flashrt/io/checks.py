@@ -11,7 +11,8 @@ produces, and reports failures with the other mapping problems in one Checkpoint
 - Dtype kinds. The loader casts each tensor to its slot's dtype; a cast that changes the *kind* (bool,
   integer, 8-bit float, float, complex) is refused unless the weight-map rule asks for it with
   ``Rule(dtype=...)``: an integer or bool tensor in a float slot is a wrong file, not a weight, and an
-  fp8 tensor cast to a float slot without its scales silently drops the scale.
+  fp8 tensor cast to a float slot without its scales silently drops the scale. The kind of every
+  source is checked as well as the produced tensor's (a transform's float math launders kinds).
 """
 
 from __future__ import annotations
