@@ -18,6 +18,7 @@ A `Recipe` (calibration/*.toml) names the method, percentile, sample count, seed
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import os
 import re
@@ -76,9 +77,21 @@ class Recipe:
     samples: int = 8
     seed: int = 0
     data: str = "synthetic"
+    # which GEMMs are quantized (quantized models: `flashrt.quant.flow`): nn.Linear names matching an
+    # `include` glob and no `exclude` glob; everything else (norms, embeddings, convs) stays float
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    activations: str = "static"  # "static" (calibrated per-tensor scales) | "per_token" (dynamic)
+    scale_factor: float = 1.0  # multiplies every calibrated activation amax (< 1 clips harder)
+    holdout: int = 2  # held-out samples the quality gate runs after calibrating (0: no gate)
+    min_cosine: float = 0.995  # quality gate: per-sample cosine of the outputs against float
+    max_abs_delta: float = 0.05  # quality gate: max |quantized - float| output element
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "include", _globs(self, "include"))
+        object.__setattr__(self, "exclude", _globs(self, "exclude"))
         _check_types(self)
+        _check_quantization(self)
         if self.method not in REDUCTIONS:
             raise ConfigError(f"recipe {self.name!r}: unknown method {self.method!r}; "
                               f"known: {sorted(REDUCTIONS)}")
@@ -102,11 +115,41 @@ class Recipe:
     def key_fields(self, data_digest: str) -> dict[str, Any]:
         """The recipe part of a calibration cache key, bound to the digest of the samples actually used."""
         return {"method": self.method, "percentile": float(self.percentile), "samples": self.samples,
-                "seed": self.seed, "data": self.data, "data_digest": data_digest}
+                "seed": self.seed, "data": self.data, "data_digest": data_digest,
+                "include": list(self.include), "exclude": list(self.exclude), "activations": self.activations,
+                "scale_factor": float(self.scale_factor), "holdout": self.holdout,
+                "min_cosine": float(self.min_cosine), "max_abs_delta": float(self.max_abs_delta)}
+
+    def quantizes(self, name: str) -> bool:
+        """Whether the GEMM module ``name`` is quantized under this recipe (include and not exclude)."""
+        return (any(fnmatch.fnmatchcase(name, g) for g in self.include)
+                and not any(fnmatch.fnmatchcase(name, g) for g in self.exclude))
 
 
 _FIELD_TYPES = {"name": (str,), "description": (str,), "method": (str,), "percentile": (int, float),
-                "samples": (int,), "seed": (int,), "data": (str,)}
+                "samples": (int,), "seed": (int,), "data": (str,), "activations": (str,),
+                "scale_factor": (int, float), "holdout": (int,), "min_cosine": (int, float),
+                "max_abs_delta": (int, float)}
+ACTIVATION_MODES = ("static", "per_token")
+
+
+def _globs(recipe: Recipe, name: str) -> tuple[str, ...]:
+    value = getattr(recipe, name)
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
+            not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"recipe {recipe.name!r}: {name} must be a list of glob strings, got {value!r}")
+    return tuple(value)
+
+
+def _check_quantization(recipe: Recipe) -> None:
+    where = f"recipe {recipe.name!r}"
+    if recipe.activations not in ACTIVATION_MODES:
+        raise ConfigError(f"{where}: activations must be one of {list(ACTIVATION_MODES)}, "
+                          f"got {recipe.activations!r}")
+    if not recipe.scale_factor > 0 or recipe.holdout < 0:
+        raise ConfigError(f"{where}: scale_factor must be > 0 and holdout >= 0")
+    if not 0.0 < recipe.min_cosine <= 1.0 or not recipe.max_abs_delta > 0:
+        raise ConfigError(f"{where}: min_cosine must be in (0, 1] and max_abs_delta > 0")
 
 
 def _check_types(recipe: Recipe) -> None:

@@ -29,7 +29,7 @@ from flashrt.frontends.pi0.frontend import Pi0Frontend, default_buckets
 from flashrt.frontends.pi0.observation import check_state, split_observation
 from flashrt.frontends.pi0.preprocess import CheckedImage, ImagePreprocessor
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
-from flashrt.quant.precision import compute_dtype
+from flashrt.quant.precision import compute_dtype, dtype_info
 from flashrt.runtime.device import resolve_device
 from flashrt.runtime.frontend import PolicyFamily
 
@@ -57,6 +57,7 @@ class Pi0PolicyFrontend:
         self.state_dim, self.action_dim = checkpoint.state_dim, checkpoint.action_dim
         self.chunk_size = self.config.chunk_size
         self.n_action_steps = checkpoint.n_action_steps
+        self.quantization: dict[str, Any] | None = None  # what flashrt.quant.flow did (int8 / fp8 loads)
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -106,7 +107,8 @@ class Pi0PolicyFrontend:
     def describe(self) -> dict[str, Any]:
         dtype = str(self.frontend.model.dtype).removeprefix("torch.")
         return {"family": "pi0", **self.checkpoint.summary(), "device": str(self.device), "dtype": dtype,
-                "buckets": list(self.buckets), "backend": self.frontend.graphs.report().get("backend")}
+                "buckets": list(self.buckets), "backend": self.frontend.graphs.report().get("backend"),
+                "quantization": self.quantization}
 
     def report(self) -> dict[str, Any]:
         return self.frontend.report()
@@ -137,12 +139,20 @@ def _check_sizes(ck: Pi0Checkpoint, tokenizer: PaliGemmaTokenizer) -> None:
 
 def load(path: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "float32",
          num_steps: int | None = None, backend: str | None = None, buckets: Sequence[int] | None = None,
-         tokenizer: str | Path | None = None, asset_id: str | None = None) -> Pi0PolicyFrontend:
-    """Load a Pi0 / Pi0.5 checkpoint dir (lerobot 0.6.1 or openpi PyTorch) and capture its graphs."""
+         tokenizer: str | Path | None = None, asset_id: str | None = None,
+         calibration: Any = None) -> Pi0PolicyFrontend:
+    """Load a Pi0 / Pi0.5 checkpoint dir (lerobot 0.6.1 or openpi PyTorch) and capture its graphs.
+
+    ``precision="int8"`` / ``"fp8"``: the recipe's GEMMs quantized with scales from the calibration
+    cache, calibrated and gated on a miss (``calibration``: a recipe name, path, dict or
+    `flashrt.quant.flow.Calibration`; `flashrt.frontends.pi0.quantize`)."""
     from flashrt.frontends.pi0.weights import load_pi0
 
     dev = resolve_device(device)
-    dtype = compute_dtype(precision)
+    dtype = compute_dtype(precision, quantized=QUANTIZED)
+    kind = _quantized_kind(precision)
+    if kind is None and calibration is not None:
+        raise ConfigError(f"calibration= applies to precision 'int8' or 'fp8', not {precision!r}")
     ck = load_checkpoint(path, tokenizer=tokenizer, asset_id=asset_id)
     if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, int)
                                   or num_steps <= 0):
@@ -152,9 +162,29 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     _check_sizes(ck, tok)
     model = load_pi0(config, ck.weights, device=dev, dtype=dtype)
     sizes = tuple(buckets) if buckets else default_buckets(ck.max_prompt_len)
+    quantization = None
+    if kind is not None:
+        from flashrt.frontends.pi0.quantize import calibration_frontend, quantize
+
+        calib = calibration_frontend(model, len(ck.cameras), sizes)
+        eager = Pi0PolicyFrontend(ck, calib, PromptTokenizer(tok, ck.prompt_format, calib.max_len))
+        quantization = quantize(eager, kind, calibration, path)
     frontend = Pi0Frontend(model, len(ck.cameras), sizes, backend)
     frontend.capture()
-    return Pi0PolicyFrontend(ck, frontend, PromptTokenizer(tok, ck.prompt_format, frontend.max_len))
+    policy = Pi0PolicyFrontend(ck, frontend, PromptTokenizer(tok, ck.prompt_format, frontend.max_len))
+    policy.quantization = quantization
+    return policy
+
+
+QUANTIZED = ("int8", "fp8_e4m3")
+
+
+def _quantized_kind(precision: str | torch.dtype) -> str | None:
+    """"int8" / "fp8" for a quantized precision name, None for a float one (already validated)."""
+    if isinstance(precision, torch.dtype):
+        return None
+    info = dtype_info(precision)
+    return {"int8": "int8", "fp8_e4m3": "fp8"}.get(info.name)
 
 
 def detect(path: Path) -> None:
@@ -164,5 +194,5 @@ def detect(path: Path) -> None:
 
 
 FAMILY = PolicyFamily(
-    name="pi0", detect=detect, load=load, options=("tokenizer", "asset_id"),
+    name="pi0", detect=detect, load=load, options=("tokenizer", "asset_id", "calibration"),
     doc="Pi0 / Pi0.5 (lerobot 0.6.1 policy dirs, openpi PyTorch dirs): PaliGemma + flow-matching expert")
