@@ -118,7 +118,7 @@ class GrootBenchmark(GrootImplementation):
     def flops_bytes(self) -> tuple[float, float]:
         c, fe = self.model.config, self.frontend
         v, t, h = c.vision, c.text, c.head
-        patches = self.n_cams * (fe.image.target[0] // v.patch) * (fe.image.target[1] // v.patch)
+        patches = self.n_cams * (fe.image_size[0] // v.patch) * (fe.image_size[1] // v.patch)
         merged = patches // (v.merge * v.merge)
         vis = patches * v.depth * (4 * v.width**2 + 2 * v.width * v.mlp_dim)
         vis += merged * (1 + len(v.deepstack)) * (16 * v.width**2 + 4 * v.width * v.out_width)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,6 +21,48 @@ from flashrt.runtime.frontend import PolicyFamily
 from flashrt.runtime.graphs import backend_for_device
 
 DEFAULT_TARGET, DEFAULT_CROP = (256, 256), (230, 230)  # lerobot's N1_7_DEFAULT_IMAGE_{TARGET,CROP}_SIZE
+
+
+def _processor_sizes(bb_dir: Path | None) -> dict[str, Any]:
+    """min/max pixels and mean/std of the backbone's image processor (its preprocessor_config.json when
+    the backbone is a local folder; Qwen3-VL's defaults otherwise)."""
+    path = bb_dir / "preprocessor_config.json" if bb_dir is not None else None
+    if path is None or not path.is_file():
+        return {}
+    cfg = ck.read_json(path)
+    size = cfg.get("size") or {}
+    out = {
+        "min_pixels": cfg.get("min_pixels", size.get("shortest_edge")),
+        "max_pixels": cfg.get("max_pixels", size.get("longest_edge")),
+        "mean": tuple(cfg["image_mean"]) if cfg.get("image_mean") else None,
+        "std": tuple(cfg["image_std"]) if cfg.get("image_std") else None,
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def image_spec(kw: dict[str, Any], factor: int, bb_dir: Path | None) -> ImageSpec:
+    """The camera transform the checkpoint's processor_config.json asks for (lerobot's fallback geometry,
+    256 px with a 230 px crop, when it names none)."""
+    if kw.get("letter_box_transform"):
+        raise CheckpointError("processor_config.json: the letter-box image transform is not supported yet")
+    if kw.get("image_target_size") is None:
+        kw = {
+            **kw,
+            "image_target_size": DEFAULT_TARGET,
+            "image_crop_size": DEFAULT_CROP,
+            "shortest_image_edge": None,
+            "crop_fraction": None,
+        }
+    mode = "albumentations" if kw.get("use_albumentations") else "torch"
+    return ImageSpec.from_kwargs(
+        kw.get("image_target_size"),
+        kw.get("image_crop_size"),
+        kw.get("shortest_image_edge"),
+        kw.get("crop_fraction"),
+        factor,
+        mode=mode,
+        **_processor_sizes(bb_dir),
+    )
 
 
 def _tokenizer_path(folder: Path, backbone_dir: Path | None, tokenizer: str | Path | None) -> Path:
@@ -45,8 +88,12 @@ def load(
     embodiment: str | int | None = None,
     cameras: Sequence[str] | None = None,
     tokenizer: str | Path | None = None,
+    frame_size: Sequence[int] | None = None,
 ) -> GrootFrontend:
-    """A captured GR00T N1.7 frontend for ``folder`` (see `flashrt.frontends.groot.checkpoint`)."""
+    """A captured GR00T N1.7 frontend for ``folder`` (see `flashrt.frontends.groot.checkpoint`).
+
+    ``frame_size`` (rows, cols) of the cameras matters only for checkpoints whose image transform keeps
+    the aspect ratio (``use_albumentations``): it fixes the token layout (default: square frames)."""
     folder = Path(folder)
     ck.detect(folder)
     config, bb_dir = n17_config(folder, ck.read_json(folder / "config.json"), num_steps)
@@ -62,26 +109,7 @@ def load(
             f"with {list(emb.cameras)} (in that order; a subset is allowed)"
         )
     kw = side.kwargs
-    v = config.vision
-    if kw.get("image_target_size") is None:  # lerobot's fallback: the geometry N1.7 was trained on
-        kw = {
-            **kw,
-            "image_target_size": DEFAULT_TARGET,
-            "image_crop_size": DEFAULT_CROP,
-            "shortest_image_edge": None,
-            "crop_fraction": None,
-        }
-    image = ImageSpec.from_kwargs(
-        kw.get("image_target_size"),
-        kw.get("image_crop_size"),
-        kw.get("shortest_image_edge"),
-        kw.get("crop_fraction"),
-        v.patch * v.merge,
-    )
-    if kw.get("use_albumentations") or kw.get("letter_box_transform"):
-        raise CheckpointError(
-            "processor_config.json: albumentations / letter-box image transforms are not supported yet"
-        )
+    image = image_spec(kw, config.vision.patch * config.vision.merge, bb_dir)
     dev = resolve_device(device)
     with open_checkpoint(folder) as weights:
         model = load_n17(config, weights, dev, compute_dtype(precision))
@@ -95,6 +123,7 @@ def load(
         opts,
         buckets,
         backend_for_device(backend, dev),
+        tuple(int(x) for x in frame_size) if frame_size is not None else None,
     )
     frontend.capture()
     return frontend
@@ -104,6 +133,6 @@ FAMILY = PolicyFamily(
     name="groot",
     detect=lambda folder: ck.detect(Path(folder)),
     load=load,
-    options=("embodiment", "cameras", "tokenizer"),
+    options=("embodiment", "cameras", "tokenizer", "frame_size"),
     doc="NVIDIA GR00T N1.7 (Qwen3-VL backbone, AlternateVLDiT flow-matching head)",
 )

@@ -93,6 +93,7 @@ class GrootFrontend:
         options: Options,
         buckets: Sequence[int] | None,
         backend: Any,
+        frame_size: tuple[int, int] | None = None,
     ) -> None:
         self.model, self.config = model, model.config
         self.embodiment, self.cameras, self.image, self.tokenizer = (
@@ -109,7 +110,10 @@ class GrootFrontend:
         self.chunk_size = min(head.horizon, embodiment.horizon or head.horizon)
         self.n_action_steps = min(self.chunk_size, embodiment.replan_period or self.chunk_size)
         self.action_dim = embodiment.action_dim
-        per_image = model.tokens_per_image(image.target)
+        # the pixel size every camera ends at (albumentations keeps the frame's aspect ratio: frames of
+        # another size than `frame_size` would give another token layout and are refused in `check`)
+        self.image_size = image.output_size(*(frame_size or (image.edge, image.edge)))
+        per_image = model.tokens_per_image(self.image_size)
         self.header = tokenizer.header(len(self.cameras), per_image)
         self.header_ids = tokenizer.encode(self.header)
         self.buckets = tuple(sorted({int(b) for b in (buckets or self._default_buckets())}))
@@ -121,7 +125,7 @@ class GrootFrontend:
             raise ConfigError(f"embodiment {embodiment.tag!r}: state/action dims exceed max_state/action_dim")
         self.max_len = self.buckets[-1]
         merge = self.config.vision.merge * self.config.vision.patch
-        self._grid = (image.target[0] // merge, image.target[1] // merge)
+        self._grid = (self.image_size[0] // merge, self.image_size[1] // merge)
         self._positions = mrope_positions(self.header_ids, self.config.tokens.image, self._grid, self.max_len)
         self._image_slots = torch.tensor(
             [i for i, t in enumerate(self.header_ids) if t == self.config.tokens.image]
@@ -137,7 +141,7 @@ class GrootFrontend:
         return tuple(-(-(base + extra) // 8) * 8 for extra in (0, 16, 48))
 
     def _specs(self) -> list[BufferSpec]:
-        h, (r, q), n = self.config.head, self.image.target, len(self.cameras)
+        h, (r, q), n = self.config.head, self.image_size, len(self.cameras)
         return [
             BufferSpec(
                 "vision_pixels",
@@ -163,7 +167,7 @@ class GrootFrontend:
     # ------------------------------------------------------------------------------ capture
     def _build(self, bucket: int) -> Callable[[], None]:
         b, model = self.buffers, self.model
-        plan = model.plan(self._positions, self._image_slots, self.image.target, bucket, self.embodiment.id)
+        plan = model.plan(self._positions, self._image_slots, self.image_size, bucket, self.embodiment.id)
         args = (
             b["vision_pixels"],
             b["prefix_tokens"][:, :bucket],
@@ -193,7 +197,8 @@ class GrootFrontend:
             "embodiment": self.embodiment.tag,
             "embodiment_id": self.embodiment.id,
             "cameras": list(self.cameras),
-            "image_size": list(self.image.target),
+            "image_size": list(self.image_size),
+            "image_transform": self.image.mode,
             "buckets": list(self.buckets),
             "backend": getattr(self.backend, "name", type(self.backend).__name__),
             "dtype": str(self.model.dtype),
@@ -226,7 +231,14 @@ class GrootFrontend:
         if value is None:
             raise InputError(f"images: camera {cam!r} missing; this policy reads {list(self.cameras)}")
         img = as_chw_uint8(f"images[{cam!r}]", value)
-        return normalize_pixels(transform_image(img, self.image))
+        if self.image.output_size(*img.shape[-2:]) != self.image_size:
+            raise InputError(
+                f"images[{cam!r}]: a {img.shape[-2]}x{img.shape[-1]} frame becomes "
+                f"{self.image.output_size(*img.shape[-2:])} pixels under this checkpoint's "
+                f"{self.image.mode} transform, not the loaded {self.image_size}; load the policy "
+                "with frame_size=(rows, cols) of your cameras"
+            )
+        return normalize_pixels(transform_image(img, self.image), self.image)
 
     def _state(self, obs: Mapping[str, Any]) -> np.ndarray:
         """The raw state (state_dim,) float32, checked."""

@@ -19,9 +19,11 @@ As lerobot 0.6.1's N1.7 processor does it (``processor_groot.py``), for one obse
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -32,11 +34,51 @@ from flashrt.errors import CheckpointError, InputError
 DEFAULT_PROMPT = "Perform the task."
 
 
+QWEN3VL_MIN_PIXELS, QWEN3VL_MAX_PIXELS = 256 * 256, 4096 * 4096  # Qwen3-VL's image processor defaults
+IMAGE_MODES = ("torch", "albumentations")
+
+
+def smart_resize(h: int, w: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """The Qwen-VL image processor's target size: each side rounded to a multiple of ``factor``, then
+    scaled (keeping the aspect ratio) into [min_pixels, max_pixels]."""
+    if max(h, w) / min(h, w) > 200:
+        raise InputError(f"images: aspect ratio {max(h, w) / min(h, w):.0f} is above the processor's 200")
+    hb, wb = round(h / factor) * factor, round(w / factor) * factor
+    if hb * wb > max_pixels:
+        beta = math.sqrt(h * w / max_pixels)
+        hb, wb = (
+            max(factor, math.floor(h / beta / factor) * factor),
+            max(factor, math.floor(w / beta / factor) * factor),
+        )
+    elif hb * wb < min_pixels:
+        beta = math.sqrt(min_pixels / (h * w))
+        hb, wb = math.ceil(h * beta / factor) * factor, math.ceil(w * beta / factor) * factor
+    return hb, wb
+
+
+def _shortest_edge(h: int, w: int, edge: int) -> tuple[int, int]:
+    if min(h, w) == edge:
+        return h, w
+    scale = edge / float(min(h, w))
+    return max(1, int(round(h * scale))), max(1, int(round(w * scale)))
+
+
 @dataclass(frozen=True)
 class ImageSpec:
+    """How a camera frame becomes the backbone's pixels (module docstring): lerobot's ``torch`` geometry
+    (square resize, centre crop, resize to ``target``) or its ``albumentations`` one (OpenCV INTER_AREA
+    shortest-edge resize, crop, shortest-edge resize; the aspect ratio is kept), then the Qwen image
+    processor's ``smart_resize`` and normalization."""
+
     target: tuple[int, int]  # (height, width)
-    edge: int  # the square first resize
+    edge: int  # the first resize (torch: a square of this side; albumentations: the shortest edge)
     crop_fraction: float | None
+    mode: str = "torch"
+    factor: int = 32  # patch x merge
+    min_pixels: int = QWEN3VL_MIN_PIXELS
+    max_pixels: int = QWEN3VL_MAX_PIXELS
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
     @classmethod
     def from_kwargs(
@@ -46,18 +88,28 @@ class ImageSpec:
         shortest_edge: int | None,
         crop_fraction: float | None,
         multiple: int,
+        **extra: Any,
     ) -> ImageSpec:
         if target is None:
             raise CheckpointError("processor_config.json: image_target_size is required")
         th, tw = int(target[0]), int(target[1])
-        if th % multiple or tw % multiple:
-            raise CheckpointError(
-                f"processor_config.json: image_target_size {th}x{tw} must be multiples of "
-                f"{multiple} (patch x merge)"
-            )
         if crop_fraction is None and crop is not None:
             crop_fraction = int(crop[0]) / float(th)
-        return cls((th, tw), int(shortest_edge or th), crop_fraction)
+        if extra.get("mode", "torch") not in IMAGE_MODES:
+            raise CheckpointError(f"image transform {extra.get('mode')!r}; known: {IMAGE_MODES}")
+        return cls((th, tw), int(shortest_edge or th), crop_fraction, factor=multiple, **extra)
+
+    def output_size(self, h: int, w: int) -> tuple[int, int]:
+        """The pixel size a (h, w) camera frame ends at (the backbone's image grid follows from it)."""
+        if self.mode == "torch":
+            size = self.target
+        else:
+            eh, ew = _shortest_edge(h, w, self.edge)
+            frac = self.crop_fraction
+            if frac is not None and 0.0 < frac < 1.0:
+                eh, ew = max(1, int(eh * frac)), max(1, int(ew * frac))
+            size = _shortest_edge(eh, ew, self.edge)
+        return smart_resize(*size, self.factor, self.min_pixels, self.max_pixels)
 
 
 def _resize(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -68,20 +120,64 @@ def _resize(img: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(img[None], size=list(size), mode="bicubic", align_corners=False, antialias=True)[0]
 
 
-def transform_image(img: torch.Tensor, spec: ImageSpec) -> torch.Tensor:
-    """(3, h, w) uint8 -> (3, target) uint8 (resize, centre crop, resize)."""
+def _centre_crop(img: torch.Tensor, ch: int, cw: int) -> torch.Tensor:
+    top, left = max(0, (img.shape[-2] - ch) // 2), max(0, (img.shape[-1] - cw) // 2)
+    return img[:, top : top + ch, left : left + cw]
+
+
+def _torch_geometry(img: torch.Tensor, spec: ImageSpec) -> torch.Tensor:
     img = _resize(img, (spec.edge, spec.edge))
     frac = spec.crop_fraction
     if frac is not None and 0.0 < frac < 1.0:
-        ch, cw = max(1, int(round(img.shape[-2] * frac))), max(1, int(round(img.shape[-1] * frac)))
-        top, left = max(0, (img.shape[-2] - ch) // 2), max(0, (img.shape[-1] - cw) // 2)
-        img = img[:, top : top + ch, left : left + cw]
+        img = _centre_crop(
+            img, max(1, int(round(img.shape[-2] * frac))), max(1, int(round(img.shape[-1] * frac)))
+        )
     return _resize(img, spec.target)
 
 
-def normalize_pixels(img: torch.Tensor) -> torch.Tensor:
-    """uint8 -> float32 ``(x / 255 - 0.5) / 0.5``."""
-    return (img.float() * (1.0 / 255.0) - 0.5) / 0.5
+def _area_resize(img: torch.Tensor, edge: int) -> torch.Tensor:
+    """OpenCV's INTER_AREA shortest-edge resize, as the reference runs it (cv2 is an optional dependency,
+    needed only by checkpoints that ask for this transform)."""
+    h, w = img.shape[-2:]
+    size = _shortest_edge(h, w, edge)
+    if size == (h, w):
+        return img
+    try:
+        import cv2
+    except ModuleNotFoundError:
+        raise CheckpointError(
+            "this checkpoint prepares images with OpenCV's INTER_AREA resize "
+            "(use_albumentations): pip install opencv-python-headless"
+        ) from None
+    hwc = np.ascontiguousarray(img.permute(1, 2, 0).numpy())
+    return torch.from_numpy(cv2.resize(hwc, (size[1], size[0]), interpolation=cv2.INTER_AREA)).permute(
+        2, 0, 1
+    )
+
+
+def _albumentations_geometry(img: torch.Tensor, spec: ImageSpec) -> torch.Tensor:
+    img = _area_resize(img, spec.edge)
+    frac = spec.crop_fraction
+    if frac is not None and 0.0 < frac < 1.0:
+        img = _centre_crop(img, max(1, int(img.shape[-2] * frac)), max(1, int(img.shape[-1] * frac)))
+    return _area_resize(img, spec.edge)
+
+
+def transform_image(img: torch.Tensor, spec: ImageSpec) -> torch.Tensor:
+    """(3, h, w) uint8 -> (3, *spec.output_size(h, w)) uint8."""
+    size = spec.output_size(*img.shape[-2:])
+    img = _torch_geometry(img, spec) if spec.mode == "torch" else _albumentations_geometry(img.cpu(), spec)
+    return _resize(img, size)
+
+
+def normalize_pixels(img: torch.Tensor, spec: ImageSpec | None = None) -> torch.Tensor:
+    """uint8 -> float32 ``(x / 255 - mean) / std`` per channel (Qwen3-VL: 0.5 / 0.5)."""
+    x = img.float() * (1.0 / 255.0)
+    if spec is None or (spec.mean == (0.5,) * 3 and spec.std == (0.5,) * 3):
+        return (x - 0.5) / 0.5
+    mean = torch.tensor(spec.mean, device=x.device)[:, None, None]
+    std = torch.tensor(spec.std, device=x.device)[:, None, None]
+    return (x - mean) / std
 
 
 def as_chw_uint8(name: str, value: object) -> torch.Tensor:

@@ -195,3 +195,41 @@ def test_default_image_geometry_when_the_checkpoint_has_none(tmp_path, one_threa
     f = family.load(folder, embodiment="tag_a", cameras=["front"])
     assert f.describe()["image_size"] == [256, 256]
     assert f.image.edge == 256 and abs(f.image.crop_fraction - 230 / 256) < 1e-12
+
+
+@pytest.mark.parametrize("size", ["64x64", "60x80", "96x64", "50x50"])
+def test_albumentations_geometry_matches_lerobot(size):
+    """use_albumentations checkpoints: OpenCV INTER_AREA shortest-edge resize, 0.95 crop, resize (aspect
+    kept), then the Qwen processor's smart resize: same pixels and image grid as lerobot's transform."""
+    from flashrt.frontends.groot.family import image_spec
+    from flashrt.frontends.groot.preprocess import normalize_pixels, transform_image
+
+    kw = {
+        "image_target_size": [64, 64],
+        "image_crop_size": [58, 58],
+        "crop_fraction": 0.95,
+        "use_albumentations": True,
+    }
+    spec = image_spec(kw, 32, CKPT / "backbone")
+    frame = torch.from_numpy(IO[f"albu/{size}/frame"].numpy()).permute(2, 0, 1)
+    img = transform_image(frame, spec)
+    grid = IO[f"albu/{size}/image_grid_thw"][0].tolist()
+    assert [1, img.shape[-2] // 16, img.shape[-1] // 16] == grid
+    assert spec.output_size(*frame.shape[-2:]) == tuple(img.shape[-2:])
+    px = normalize_pixels(img, spec)[None]
+    r, q = px.shape[-2:]
+    x = px[:, None].expand(1, 2, 3, r, q).reshape(1, 2, 3, r // 32, 2, 16, q // 32, 2, 16)
+    x = x.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(-1, 3 * 2 * 16 * 16)
+    assert (x - IO[f"albu/{size}/pixel_values"]).abs().max().item() <= 1e-6
+
+
+def test_frame_size_fixes_the_layout_under_albumentations(tmp_path, one_thread):
+    folder = _edited_checkpoint(tmp_path, lambda kw: kw.update(use_albumentations=True, crop_fraction=0.95))
+    f = family.load(folder, embodiment="tag_a", frame_size=(60, 80))
+    assert f.describe()["image_size"] == [64, 96] and f.describe()["image_transform"] == "albumentations"
+    obs = _obs("two_cams")
+    obs["images"] = {c: IO["albu/60x80/frame"].numpy() for c in ("front", "wrist")}
+    assert _infer(f, obs, seed=0).shape == (8, 6)
+    obs["images"] = {c: IO["albu/96x64/frame"].numpy() for c in ("front", "wrist")}
+    with pytest.raises(InputError, match="frame_size"):
+        f.check(obs)
