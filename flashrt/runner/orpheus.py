@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -122,6 +122,22 @@ class OrpheusTTS:
         start = time.perf_counter()
         job = self.request(text, voice, seed, sampling, max_new_tokens, speed=speed)
         return self._iterate(job, start, format)
+
+    async def astream(self, text: str, voice: str | None = None, seed: int | None = None,
+                      sampling: Sampling | None = None, max_new_tokens: int | None = None,
+                      format: str = "float32") -> AsyncIterator[np.ndarray]:
+        """`stream` for ``async for``: the chain's workers compute, the event loop only awaits chunks;
+        cancelling the task cancels the request."""
+        if format not in FORMATS:
+            raise InputError(f"format {format!r}; choose one of {FORMATS}")
+        start = time.perf_counter()
+        job = self.request(text, voice, seed, sampling, max_new_tokens)
+        samples, first = 0, None
+        async for chunk in self.chain.submit(job):
+            first = first if first is not None else (time.perf_counter() - start) * 1e3
+            samples += chunk.shape[-1]
+            yield to_pcm16(chunk) if format == "pcm16" else chunk
+        self._record(job, start, first, samples)
 
     def _iterate(self, job: _Job, start: float, format: str) -> Iterator[np.ndarray]:
         request, samples, first = self.chain.submit(job), 0, None

@@ -60,7 +60,12 @@ MODES = ("greedy", "sample")
 
 @runtime_checkable
 class DecodeModel(Protocol):
-    """What the runner needs from a model (see the module docstring and `flashrt.frontends.lm`)."""
+    """What the runner needs from a model (see the module docstring and `flashrt.frontends.lm`).
+
+    ``prefill(bucket, io)`` may read more than the prompt ids (a VLA's images, a speaker embedding):
+    the model keeps those in its own static buffers, written by its own ``write`` before the caller
+    starts iterating `Decoder.generate` (the prefill replays at the first ``next``). Its K/V cache
+    must hold ``cache_len`` slots; the runner keeps prompt + new tokens within it."""
 
     device: torch.device
     vocab_size: int

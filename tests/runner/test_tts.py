@@ -69,6 +69,15 @@ def test_stream_concatenates_to_the_one_shot_audio_without_recapture(tts, io):
     assert pcm.dtype == np.int16 and np.array_equal(pcm, to_pcm16(one_shot))
 
 
+def test_async_stream_equals_the_sync_stream(tts, io):
+    import asyncio
+
+    async def collect():
+        return [c async for c in tts.astream(CASES[1][1], voice=CASES[1][0], sampling=GREEDY)]
+
+    np.testing.assert_allclose(np.concatenate(asyncio.run(collect())), _reference(io, 1), atol=1e-4, rtol=0)
+
+
 def test_sampled_speech_is_reproducible_per_seed(tts):
     sampled = Sampling(temperature=0.7, top_p=0.9, repetition_penalty=1.1)
     tokens = []
