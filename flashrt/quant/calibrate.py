@@ -86,6 +86,7 @@ class Recipe:
     holdout: int = 2  # held-out samples the quality gate runs after calibrating (0: no gate)
     min_cosine: float = 0.995  # quality gate: per-sample cosine of the outputs against float
     max_abs_delta: float = 0.05  # quality gate: max |quantized - float| output element
+    max_layer_error: float = 0.2  # quality gate: relative output error of any one quantized GEMM
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "include", _globs(self, "include"))
@@ -118,7 +119,8 @@ class Recipe:
                 "seed": self.seed, "data": self.data, "data_digest": data_digest,
                 "include": list(self.include), "exclude": list(self.exclude), "activations": self.activations,
                 "scale_factor": float(self.scale_factor), "holdout": self.holdout,
-                "min_cosine": float(self.min_cosine), "max_abs_delta": float(self.max_abs_delta)}
+                "min_cosine": float(self.min_cosine), "max_abs_delta": float(self.max_abs_delta),
+                "max_layer_error": float(self.max_layer_error)}
 
     def quantizes(self, name: str) -> bool:
         """Whether the GEMM module ``name`` is quantized under this recipe (include and not exclude)."""
@@ -129,7 +131,7 @@ class Recipe:
 _FIELD_TYPES = {"name": (str,), "description": (str,), "method": (str,), "percentile": (int, float),
                 "samples": (int,), "seed": (int,), "data": (str,), "activations": (str,),
                 "scale_factor": (int, float), "holdout": (int,), "min_cosine": (int, float),
-                "max_abs_delta": (int, float)}
+                "max_abs_delta": (int, float), "max_layer_error": (int, float)}
 ACTIVATION_MODES = ("static", "per_token")
 
 
@@ -148,8 +150,8 @@ def _check_quantization(recipe: Recipe) -> None:
                           f"got {recipe.activations!r}")
     if not recipe.scale_factor > 0 or recipe.holdout < 0:
         raise ConfigError(f"{where}: scale_factor must be > 0 and holdout >= 0")
-    if not 0.0 < recipe.min_cosine <= 1.0 or not recipe.max_abs_delta > 0:
-        raise ConfigError(f"{where}: min_cosine must be in (0, 1] and max_abs_delta > 0")
+    if not 0.0 < recipe.min_cosine <= 1.0 or not recipe.max_abs_delta > 0 or not recipe.max_layer_error > 0:
+        raise ConfigError(f"{where}: min_cosine must be in (0, 1], max_abs_delta and max_layer_error > 0")
 
 
 def _check_types(recipe: Recipe) -> None:

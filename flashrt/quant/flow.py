@@ -11,8 +11,9 @@
   per-sample max |x| of each site is reduced with the recipe's method and multiplied by its
   ``scale_factor``. Then the **quality gate**: the next ``recipe.holdout`` samples run in float and
   quantized (with a per-site audit); each sample's outputs must have cosine >= ``min_cosine`` and
-  max |Δ| <= ``max_abs_delta``, else `CalibrationError` naming the worst site (largest relative
-  output error against the float GEMM on the same input). The per-site report (amax, clipped
+  max |Δ| <= ``max_abs_delta``, and every site's relative output error against the float GEMM on
+  the same input must be <= ``max_layer_error`` (an output that hardly depends on a broken layer
+  would hide it), else `CalibrationError` naming the worst site. The per-site report (amax, clipped
   fraction, relative error) is written next to the cache entry (``<entry>.report.json``) either way;
   only a passing calibration is stored (atomically). A stale, corrupt or tampered entry is a miss
   (`CalibrationCache.lookup`): it is recalibrated with a warning, never used.
@@ -266,10 +267,13 @@ def gate(model: nn.Module, sites: dict, job: QuantJob, amax: Mapping[str, torch.
     layers = {n: {**s.to_dict(), "amax_calibrated": float(amax[n]) if n in amax else None}
               for n, s in stats.items()}
     worst = max(layers, key=lambda n: layers[n]["rel_error"])
-    passed = min(cos) >= recipe.min_cosine and max(delta) <= recipe.max_abs_delta
+    worst_error = layers[worst]["rel_error"]
+    passed = (min(cos) >= recipe.min_cosine and max(delta) <= recipe.max_abs_delta
+              and worst_error <= recipe.max_layer_error)
     return {"passed": passed, "kind": job.kind, "recipe": recipe.name, "min_cosine": min(cos),
-            "max_abs_delta": max(delta), "bounds": {"min_cosine": recipe.min_cosine,
-                                                    "max_abs_delta": recipe.max_abs_delta},
+            "max_abs_delta": max(delta), "max_layer_error": worst_error,
+            "bounds": {"min_cosine": recipe.min_cosine, "max_abs_delta": recipe.max_abs_delta,
+                       "max_layer_error": recipe.max_layer_error},
             "cosine": cos, "abs_delta": delta, "worst_layer": worst, "layers": layers}
 
 
@@ -278,8 +282,9 @@ def _refusal(recipe: Recipe, report: Mapping[str, Any], path: Path) -> str:
     return (f"quantized outputs fail the quality gate of recipe {recipe.name!r}: min cosine "
             f"{report['min_cosine']:.5f} (needs >= {recipe.min_cosine}), max |delta| "
             f"{report['max_abs_delta']:.4g} (needs <= {recipe.max_abs_delta}); worst layer "
-            f"{report['worst_layer']!r} (relative error {worst['rel_error']:.3g}, {worst['clipped']:.1%} of "
-            f"inputs clipped); per-layer report: {path}. Nothing was cached: use more or other calibration "
+            f"{report['worst_layer']!r} (relative error {worst['rel_error']:.3g}, needs <= "
+            f"{recipe.max_layer_error}; {worst['clipped']:.1%} of inputs clipped); per-layer report: {path}. "
+            "Nothing was cached: use more or other calibration "
             "samples, exclude that layer in the recipe, or load in float")
 
 

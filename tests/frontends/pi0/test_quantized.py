@@ -1,0 +1,122 @@
+"""Pi0 / Pi0.5 in int8 and fp8: quality gate, calibration cache hits, bad entries, a broken recipe."""
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flashrt
+from flashrt.errors import CalibrationError, ConfigError
+from flashrt.frontends.pi0.quantize import synthetic_observations
+from flashrt.frontends.pi0.synthetic import TINY, SyntheticSpec, write_checkpoint
+from flashrt.quant import flow, linear
+from flashrt.resources import data_dir
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    out = {}
+    for variant in ("pi0", "pi05"):
+        folder = tmp_path_factory.mktemp(variant)
+        write_checkpoint(folder, SyntheticSpec(variant, TINY, ("top", "wrist")))
+        out[variant] = folder
+    return out
+
+
+def _cosine(a, b):
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def _held_out(policy, seed=1234):
+    obs = synthetic_observations(policy.frontend, 2, seed)  # not among the calibration samples
+    return [({k: v for k, v in o.items() if k != "noise"}, o["noise"]) for o in obs]
+
+
+@pytest.mark.parametrize(("variant", "kind"), [("pi0", "int8"), ("pi05", "int8"), ("pi0", "fp8"),
+                                               ("pi05", "fp8")])
+def test_quantized_policy_within_the_gate_of_float(checkpoints, tmp_path, variant, kind):
+    path = checkpoints[variant]
+    ref = flashrt.load_policy(path)
+    q = flashrt.load_policy(path, precision=kind, calibration={"cache_dir": tmp_path, "progress": False})
+    info = q.frontend.quantization
+    assert info["cache"] == "calibrated" and info["kind"] == kind and info["sites"] > 0
+    assert Path(info["entry"]).is_file() and Path(info["report"]).is_file()
+    linear.FALLBACKS.clear()
+    for obs, noise in _held_out(q):
+        a, b = q.infer(obs, noise=noise)["actions"], ref.infer(obs, noise=noise)["actions"]
+        assert _cosine(a, b) >= 0.995
+        assert not np.array_equal(a, b)  # the quantized GEMMs did run
+    assert not linear.FALLBACKS  # every quantized GEMM ran as one, none through a dequantized weight
+
+
+def test_second_load_hits_the_cache_without_calibrating(checkpoints, tmp_path):
+    opts = {"cache_dir": tmp_path, "progress": False}
+    first = flashrt.load_policy(checkpoints["pi05"], precision="int8", calibration=opts)
+    runs, hits = flow.COUNTERS["calibrations"], flow.COUNTERS["hits"]
+    second = flashrt.load_policy(checkpoints["pi05"], precision="int8", calibration=opts)
+    assert second.frontend.quantization["cache"] == "hit"
+    assert flow.COUNTERS["calibrations"] == runs and flow.COUNTERS["hits"] == hits + 1
+    obs, noise = _held_out(first)[0]
+    assert np.array_equal(first.infer(obs, noise=noise)["actions"], second.infer(obs, noise=noise)["actions"])
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[:-7])
+
+
+def _tamper(p: Path) -> None:  # flip one byte of the last scale's data
+    data = bytearray(p.read_bytes())
+    data[-2] ^= 0x40
+    p.write_bytes(bytes(data))
+
+
+def _garbage(p: Path) -> None:
+    p.write_bytes(b"not a safetensors file")
+
+
+@pytest.mark.parametrize("damage", [_truncate, _tamper, _garbage])
+def test_bad_entry_is_recalibrated_with_a_warning_never_used(checkpoints, tmp_path, caplog, damage):
+    opts = {"cache_dir": tmp_path, "progress": False}
+    good = flashrt.load_policy(checkpoints["pi0"], precision="int8", calibration=opts)
+    entry = Path(good.frontend.quantization["entry"])
+    damage(entry)
+    runs, again = flow.COUNTERS["calibrations"], flow.COUNTERS["recalibrated"]
+    with caplog.at_level(logging.WARNING):
+        fixed = flashrt.load_policy(checkpoints["pi0"], precision="int8", calibration=opts)
+    assert fixed.frontend.quantization["cache"] == "calibrated"
+    assert flow.COUNTERS["calibrations"] == runs + 1 and flow.COUNTERS["recalibrated"] == again + 1
+    assert "recalibrating" in caplog.text
+    obs, noise = _held_out(good)[0]
+    assert np.array_equal(good.infer(obs, noise=noise)["actions"], fixed.infer(obs, noise=noise)["actions"])
+    third = flashrt.load_policy(checkpoints["pi0"], precision="int8", calibration=opts)
+    assert third.frontend.quantization["cache"] == "hit"  # the entry was rewritten whole
+
+
+def test_gate_refuses_a_recipe_with_scales_100x_too_small(checkpoints, tmp_path):
+    text = (data_dir("calibration") / "pi0.toml").read_text()
+    broken = tmp_path / "broken.toml"
+    broken.write_text(text.replace("scale_factor = 1.0", "scale_factor = 0.01"))
+    cache = tmp_path / "cache"
+    with pytest.raises(CalibrationError, match=r"worst layer '[a-z_.0-9]+'") as err:
+        flashrt.load_policy(checkpoints["pi05"], precision="int8",
+                            calibration={"recipe": str(broken), "cache_dir": cache, "progress": False})
+    assert "clipped" in str(err.value)
+    assert not list(cache.glob("*.safetensors"))  # nothing cached
+    reports = list(cache.glob("*.report.json"))
+    assert len(reports) == 1 and '"passed": false' in reports[0].read_text()
+
+
+def test_per_token_activations(checkpoints, tmp_path):
+    text = (data_dir("calibration") / "pi0.toml").read_text()
+    recipe = tmp_path / "per_token.toml"
+    recipe.write_text(text.replace('activations = "static"', 'activations = "per_token"'))
+    q = flashrt.load_policy(checkpoints["pi0"], precision="int8",
+                            calibration={"recipe": str(recipe), "cache_dir": tmp_path, "progress": False})
+    assert q.frontend.quantization["activations"] == "per_token"
+
+
+def test_calibration_needs_a_quantized_precision(checkpoints):
+    with pytest.raises(ConfigError, match="calibration"):
+        flashrt.load_policy(checkpoints["pi0"], calibration="pi0")
