@@ -53,6 +53,7 @@ class Embodiment:
     state: MinMax
     actions: ActionDecoder
     horizon: int | None = None  # len(action delta_indices): the actions decoded per chunk
+    frames: int = 1  # len(video delta_indices): each camera's current frame is fed this many times
 
     @property
     def replan_period(self) -> int | None:
@@ -115,7 +116,8 @@ class Sidecars:
             bool(self.kwargs.get("use_percentiles", False)),
             bool(self.kwargs.get("use_relative_action", False)),
         )
-        return Embodiment(tag, self.ids[tag], cams, self._minmax(tag, "state", cfg), decoder, horizon)
+        frames = len(cfg.get("video", {}).get("delta_indices") or [0])
+        return Embodiment(tag, self.ids[tag], cams, self._minmax(tag, "state", cfg), decoder, horizon, frames)
 
     def _state_slices(self, tag: str, cfg: dict[str, Any]) -> dict[str, tuple[int, int]]:
         """Raw-state columns of each state group (widths from its statistics, as lerobot splits them)."""

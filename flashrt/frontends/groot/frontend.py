@@ -114,7 +114,9 @@ class GrootFrontend:
         # another size than `frame_size` would give another token layout and are refused in `check`)
         self.image_size = image.output_size(*(frame_size or (image.edge, image.edge)))
         per_image = model.tokens_per_image(self.image_size)
-        self.header = tokenizer.header(len(self.cameras), per_image)
+        # lerobot left-pads a video horizon of T frames with the current one: every camera's image is fed
+        # T times, timestep-major (t0: cameras, t1: cameras, ...); the vision tower runs once per camera
+        self.header = tokenizer.header(len(self.cameras) * embodiment.frames, per_image)
         self.header_ids = tokenizer.encode(self.header)
         self.buckets = tuple(sorted({int(b) for b in (buckets or self._default_buckets())}))
         if self.buckets[0] <= len(self.header_ids):
@@ -167,7 +169,14 @@ class GrootFrontend:
     # ------------------------------------------------------------------------------ capture
     def _build(self, bucket: int) -> Callable[[], None]:
         b, model = self.buffers, self.model
-        plan = model.plan(self._positions, self._image_slots, self.image_size, bucket, self.embodiment.id)
+        plan = model.plan(
+            self._positions,
+            self._image_slots,
+            self.image_size,
+            bucket,
+            self.embodiment.id,
+            self.embodiment.frames,
+        )
         args = (
             b["vision_pixels"],
             b["prefix_tokens"][:, :bucket],
@@ -199,6 +208,7 @@ class GrootFrontend:
             "cameras": list(self.cameras),
             "image_size": list(self.image_size),
             "image_transform": self.image.mode,
+            "frames_per_camera": self.embodiment.frames,
             "buckets": list(self.buckets),
             "backend": getattr(self.backend, "name", type(self.backend).__name__),
             "dtype": str(self.model.dtype),

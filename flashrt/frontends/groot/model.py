@@ -166,6 +166,7 @@ class Plan:
     vision: dict[str, torch.Tensor]
     steps: dict[str, torch.Tensor]
     embodiment: int
+    frames: int = 1  # each image's tokens repeated this many times, timestep-major
 
 
 class GrootN17Model(nn.Module):
@@ -208,6 +209,7 @@ class GrootN17Model(nn.Module):
         size: tuple[int, int],
         bucket: int,
         embodiment: int,
+        frames: int = 1,
     ) -> Plan:
         """positions (3, >= bucket) M-RoPE ids of the layout; image_slots the image-token indices."""
         t, v, dev = self.config.text, self.config.vision, self.embed.weight.device
@@ -218,20 +220,29 @@ class GrootN17Model(nn.Module):
             vision = self.vision.tables(size[0] // v.patch, size[1] // v.patch)
             steps = self.head.step_tables(self.config.head.num_steps)
         return Plan(
-            image_slots.to(dev), keys.to(dev), cos.to(dev), sin.to(dev), vision, steps, int(embodiment)
+            image_slots.to(dev),
+            keys.to(dev),
+            cos.to(dev),
+            sin.to(dev),
+            vision,
+            steps,
+            int(embodiment),
+            int(frames),
         )
 
     def backbone(self, pixels: torch.Tensor, tokens: torch.Tensor, plan: Plan) -> torch.Tensor:
         """pixels (I, 3, R, Q), tokens (1, L) -> pre-norm features of the last kept layer (1, L, W)."""
         merged, deep = self.vision.forward(pixels, plan.vision)
-        h = self.embed.weight[tokens].index_copy_(
-            1, plan.image_slots, merged.reshape(1, -1, merged.shape[-1])
-        )
+
+        def slots(x: torch.Tensor) -> torch.Tensor:  # (I, n, W) -> (1, frames * I * n, W), timestep-major
+            return x.unsqueeze(0).expand(plan.frames, *x.shape).reshape(1, -1, x.shape[-1])
+
+        h = self.embed.weight[tokens].index_copy_(1, plan.image_slots, slots(merged))
         last = len(self.layers) - 1
         for j, layer in enumerate(self.layers):
             h = layer.forward(h, plan.cos, plan.sin)
             if j < last and j < len(deep):
-                h.index_add_(1, plan.image_slots, deep[j].reshape(1, -1, deep[j].shape[-1]))
+                h.index_add_(1, plan.image_slots, slots(deep[j]))
         return h
 
     def sample_actions(

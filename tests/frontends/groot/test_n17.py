@@ -52,7 +52,8 @@ def fronts(one_thread):
 @pytest.mark.parametrize("case", list(META))
 def test_end_to_end_matches_lerobot(fronts, case):
     """1 camera; 2 non-square cameras; a second embodiment (other state/action sizes and id); relative
-    actions (an end-effector pose and joints made absolute against the state, per-step statistics)."""
+    actions (an end-effector pose and joints made absolute against the state, per-step statistics); a
+    video horizon of 2 (every camera fed twice)."""
     f = fronts[case]
     bucket, checked = f.check(_obs(case), IO[f"{case}/noise"])
     assert checked.tokens == IO[f"{case}/input_ids"].tolist()
@@ -138,7 +139,7 @@ def test_embodiment_and_detection_errors(tmp_path):
     with pytest.raises(ConfigError, match="tag_a"):
         family.load(CKPT, embodiment="nope")
     with pytest.raises(ConfigError, match="tag_b"):
-        family.load(CKPT, embodiment=0)
+        family.load(CKPT, embodiment=7)
     with pytest.raises(ConfigError, match="front"):
         family.load(CKPT, embodiment="tag_a", cameras=["top"])
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "pi0"}))
