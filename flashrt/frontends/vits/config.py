@@ -65,10 +65,10 @@ class VitsConfig:
                 f"vits: inter_channels {self.inter_channels} must be even and equal the decoder's "
                 f"in_channels ({self.decoder.in_channels})"
             )
-        if self.n_speakers > 1:
+        if (self.n_speakers > 1) != (self.gin_channels > 0):
             raise ConfigError(
-                f"vits: multi-speaker voices ({self.n_speakers} speakers) are not supported yet: "
-                "the HiFi-GAN decoder takes no speaker conditioning"
+                f"vits: {self.n_speakers} speaker(s) with gin_channels={self.gin_channels}: a multi-speaker "
+                "voice needs a speaker embedding width (gin_channels > 0), a single-speaker one none"
             )
 
     @property
@@ -85,10 +85,12 @@ class VitsConfig:
         quality = voice_json.get("audio", {}).get("quality", "medium")
         base = PRESETS.get(f"piper-{quality}", PRESETS[preset])
         rate = int(voice_json.get("audio", {}).get("sample_rate", base.sample_rate))
+        speakers = int(voice_json.get("num_speakers", 1))
         return replace(
             base,
             n_vocab=int(voice_json.get("num_symbols", base.n_vocab)),
-            n_speakers=int(voice_json.get("num_speakers", 1)),
+            n_speakers=speakers,
+            gin_channels=512 if speakers > 1 else 0,  # Piper's training default for multi-speaker voices
             decoder=replace(base.decoder, sample_rate=rate),
         )
 

@@ -66,6 +66,7 @@ class Checked:
 
     ids: torch.Tensor  # (P,) int64
     scales: torch.Tensor  # (3,) float32: noise_scale, length_scale, noise_w
+    speaker: int = 0  # speaker id (multi-speaker voices)
 
     @property
     def phonemes(self) -> int:
@@ -128,6 +129,8 @@ class VitsFrontend:
         layers = sum(cfg.flow_dilation_rate**i for i in range(cfg.flow_layers))
         self.flow_reach = cfg.flow_flows * layers * (cfg.flow_kernel_size - 1) // 2 + 1
         self.buffers = Buffers(self._specs(), self.device)
+        if cfg.n_speakers > 1:
+            self._base_bias = decoder.conv_pre.bias.detach().clone()
         self._backend = backend_for_device(backend, self.device)
         self.encode_graphs = GraphSet(
             self._backend,
@@ -171,6 +174,12 @@ class VitsFrontend:
             BufferSpec("dec_z", (1, c, d), dt, doc="the decoder window"),
             BufferSpec("dec_length", (1,), torch.int64, low=1, high=d, doc="real frames of the window"),
             BufferSpec("dec_audio", (1, d * hop), dt, "output", doc="window audio"),
+            BufferSpec(
+                "speaker",
+                (1, max(self.cfg.gin_channels, 1), 1),
+                dt,
+                doc="speaker vector g (multi-speaker voices; read by stages 1 and 2)",
+            ),
         ]
 
     # ---------------------------------------------------------------------------------- captures
@@ -180,8 +189,10 @@ class VitsFrontend:
         ids, mask, noise = b["enc_ids"][:, :p], b["enc_mask"][..., :p], b["enc_noise"][..., :p]
         m_out, logs_out, w_out = b["enc_m"][..., :p], b["enc_logs"][..., :p], b["enc_durations"][:, :p]
 
+        g = b["speaker"] if self.cfg.n_speakers > 1 else None
+
         def step() -> None:
-            m, logs, w = self.prior.encode(ids, mask, noise, b["scales"], index)
+            m, logs, w = self.prior.encode(ids, mask, noise, b["scales"], index, g)
             m_out.copy_(m)
             logs_out.copy_(logs)
             w_out.copy_(w)
@@ -197,10 +208,12 @@ class VitsFrontend:
             b["flow_z"][..., :f],
         )
 
+        g = b["speaker"] if self.cfg.n_speakers > 1 else None
+
         def step() -> None:
             m = b["enc_m"].index_select(2, index)
             logs = b["enc_logs"].index_select(2, index)
-            z_out.copy_(self.prior.latent(m, logs, noise, b["scales"], mask))
+            z_out.copy_(self.prior.latent(m, logs, noise, b["scales"], mask, g))
 
         return step
 
@@ -226,7 +239,12 @@ class VitsFrontend:
         return self.phoneme_buckets
 
     def check(
-        self, ids: Any, noise_scale: float = 0.667, length_scale: float = 1.0, noise_w: float = 0.8
+        self,
+        ids: Any,
+        noise_scale: float = 0.667,
+        length_scale: float = 1.0,
+        noise_w: float = 0.8,
+        speaker: int = 0,
     ) -> tuple[int, Checked]:
         """Validate phoneme ids (1-D ints in the vocabulary, 1..max bucket long) and the three scales;
         (phoneme bucket, checked). Nothing is written."""
@@ -249,8 +267,14 @@ class VitsFrontend:
             raise InputError(
                 f"scales: noise_scale >= 0, 0.05 <= length_scale <= 20, noise_w >= 0; got {scales}"
             )
+        if (
+            isinstance(speaker, bool)
+            or not isinstance(speaker, (int, np.integer))
+            or not 0 <= int(speaker) < self.cfg.n_speakers
+        ):
+            raise InputError(f"speaker: expected an int in [0, {self.cfg.n_speakers}), got {speaker!r}")
         bucket = self.encode_graphs.select(t.numel())
-        return bucket, Checked(t.to(torch.int64), torch.tensor(scales, dtype=torch.float32))
+        return bucket, Checked(t.to(torch.int64), torch.tensor(scales, dtype=torch.float32), int(speaker))
 
     def write(self, bucket: int, checked: Checked, seed: int | None = None) -> None:
         """Stage-1 inputs (padded to the phoneme bucket). The duration noise is drawn from `seed` (same
@@ -265,6 +289,16 @@ class VitsFrontend:
         b["enc_noise"].zero_()
         if checked.scales[2] > 0:
             b["enc_noise"][0, :, :n].copy_(torch.randn(2, n, generator=self._generator(seed, 0)))
+        if self.cfg.n_speakers > 1:
+            self._write_speaker(checked.speaker)
+
+    def _write_speaker(self, sid: int) -> None:
+        """g into the speaker buffer; the decoder's conditioning folded into its conv_pre bias (written in
+        place: captured graphs read the same storage). `_base_bias` keeps the checkpoint's bias."""
+        with torch.no_grad():
+            g = self.prior.speaker(sid)
+            self.buffers["speaker"].copy_(g)
+            self.decoder.conv_pre.bias.copy_(self._base_bias + self.prior.speaker_bias(g))
 
     def replay(self, bucket: int) -> None:
         self.encode_graphs.replay(bucket)

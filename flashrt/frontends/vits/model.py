@@ -45,7 +45,12 @@ __all__ = ["VitsPrior", "load_weights", "frame_index"]
 
 
 class VitsPrior(nn.Module):
-    """Text encoder, duration predictor and flow; the decoder is a separate `HifiGan`."""
+    """Text encoder, duration predictor and flow; the decoder is a separate `HifiGan`.
+
+    Multi-speaker voices: ``emb_g`` (speakers, G) gives the speaker vector g (1, G, 1) that conditions the
+    duration predictor and every flow layer; ``dec_cond`` is the decoder's conditioning (VITS ``dec.cond``,
+    added to conv_pre's output). g is constant over time, so ``dec_cond(g)`` is a per-channel constant:
+    the frontend folds it into the decoder's conv_pre bias per utterance (`speaker_bias`)."""
 
     def __init__(self, cfg: VitsConfig) -> None:
         super().__init__()
@@ -53,6 +58,17 @@ class VitsPrior(nn.Module):
         self.enc_p = TextEncoder(cfg)
         self.dp = StochasticDurationPredictor(cfg) if cfg.use_sdp else DurationPredictor(cfg)
         self.flow = CouplingFlow(cfg)
+        if cfg.n_speakers > 1:
+            self.emb_g = nn.Embedding(cfg.n_speakers, cfg.gin_channels)
+            self.dec_cond = nn.Conv1d(cfg.gin_channels, cfg.decoder.upsample_initial_channel, 1)
+
+    def speaker(self, sid: int) -> torch.Tensor:
+        """The speaker vector g (1, G, 1) of speaker `sid`."""
+        return self.emb_g.weight[sid].view(1, -1, 1)
+
+    def speaker_bias(self, g: torch.Tensor) -> torch.Tensor:
+        """dec_cond(g) as a (U,) per-channel constant."""
+        return self.dec_cond(g).view(-1)
 
     def encode(
         self,
@@ -61,11 +77,12 @@ class VitsPrior(nn.Module):
         noise: torch.Tensor,
         scales: torch.Tensor,
         index: tuple[torch.Tensor, ...],
+        g: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """ids (1, P), mask (1, 1, P), noise (1, 2, P), scales (3,) = (noise_scale, length_scale, noise_w)
-        -> m (1, C, P), logs (1, C, P), ceil durations (1, P) (0 on padding)."""
+        """ids (1, P), mask (1, 1, P), noise (1, 2, P), scales (3,) = (noise_scale, length_scale, noise_w),
+        speaker g (1, G, 1) or None -> m (1, C, P), logs (1, C, P), ceil durations (1, P) (0 on padding)."""
         x, m, logs = self.enc_p(ids, mask, index)
-        logw = self.dp(x, mask, noise * scales[2])
+        logw = self.dp(x, mask, noise * scales[2], g)
         w = torch.exp(logw) * mask * scales[1]
         return m, logs, torch.ceil(w)[:, 0]
 
@@ -76,10 +93,11 @@ class VitsPrior(nn.Module):
         noise: torch.Tensor,
         scales: torch.Tensor,
         mask: torch.Tensor,
+        g: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Expanded prior m, logs (1, C, F), noise (1, C, F), mask (1, 1, F) -> decoder input z (1, C, F)."""
         z_p = m + noise * torch.exp(logs) * scales[0]
-        return self.flow(z_p, mask) * mask
+        return self.flow(z_p, mask, g) * mask
 
 
 def frame_index(durations: np.ndarray) -> np.ndarray:

@@ -292,9 +292,16 @@ class StochasticDurationPredictor(nn.Module):
             conv = ConvFlow(ch, cfg.dp_kernel_size, cfg.sdp_layers, cfg.num_bins, cfg.tail_bound)
             flows += [nn.Identity() if i == 0 else conv, Flip()]
         self.flows = nn.ModuleList(flows)
+        if cfg.gin_channels:
+            self.cond = nn.Conv1d(cfg.gin_channels, ch, 1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        x = self.proj(self.convs(self.pre(x), mask)) * mask
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor, g: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = self.pre(x)
+        if g is not None:
+            x = x + self.cond(g)
+        x = self.proj(self.convs(x, mask)) * mask
         z = noise
         for flow in [*reversed(self.flows[2:]), self.flows[0]]:
             z = flow.reverse(z, mask, g=x)
@@ -312,8 +319,18 @@ class DurationPredictor(nn.Module):
         self.conv_2 = same_conv(f, f, k)
         self.norm_2 = LayerNorm(f)
         self.proj = nn.Conv1d(f, 1, 1)
+        if cfg.gin_channels:
+            self.cond = nn.Conv1d(cfg.gin_channels, cfg.hidden_channels, 1)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        noise: torch.Tensor | None = None,
+        g: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if g is not None:
+            x = x + self.cond(g)
         x = self.norm_1(torch.relu(self.conv_1(x * mask)))
         x = self.norm_2(torch.relu(self.conv_2(x * mask)))
         return self.proj(x * mask) * mask
@@ -323,11 +340,14 @@ class DurationPredictor(nn.Module):
 
 
 class WN(nn.Module):
-    """WaveNet-style gated dilated conv stack (no conditioning)."""
+    """WaveNet-style gated dilated conv stack; with a speaker, each layer's gate input adds its slice of
+    ``cond_layer(g)``."""
 
-    def __init__(self, channels: int, kernel: int, dilation_rate: int, layers: int) -> None:
+    def __init__(self, channels: int, kernel: int, dilation_rate: int, layers: int, gin: int = 0) -> None:
         super().__init__()
         self.channels = channels
+        if gin:
+            self.cond_layer = nn.Conv1d(gin, 2 * channels * layers, 1)
         self.in_layers = nn.ModuleList(
             same_conv(channels, 2 * channels, kernel, dilation_rate**i) for i in range(layers)
         )
@@ -335,10 +355,13 @@ class WN(nn.Module):
             nn.Conv1d(channels, 2 * channels if i < layers - 1 else channels, 1) for i in range(layers)
         )
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
         c, out = self.channels, None
+        cond = None if g is None else self.cond_layer(g)  # (B, 2C * layers, 1)
         for i, (inp, res_skip) in enumerate(zip(self.in_layers, self.res_skip_layers)):
             h = inp(x)
+            if cond is not None:
+                h = h + cond[:, 2 * c * i : 2 * c * (i + 1)]
             rs = res_skip(torch.tanh(h[:, :c]) * torch.sigmoid(h[:, c:]))
             skip = rs[:, c:] if i < len(self.in_layers) - 1 else rs
             out = skip if out is None else out + skip
@@ -354,13 +377,19 @@ class ResidualCoupling(nn.Module):
         super().__init__()
         half = cfg.inter_channels // 2
         self.pre = nn.Conv1d(half, cfg.hidden_channels, 1)
-        self.enc = WN(cfg.hidden_channels, cfg.flow_kernel_size, cfg.flow_dilation_rate, cfg.flow_layers)
+        self.enc = WN(
+            cfg.hidden_channels,
+            cfg.flow_kernel_size,
+            cfg.flow_dilation_rate,
+            cfg.flow_layers,
+            cfg.gin_channels,
+        )
         self.post = nn.Conv1d(cfg.hidden_channels, half, 1)
 
     def reverse(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
         half = x.shape[1] // 2
         x0, x1 = x[:, :half], x[:, half:]
-        m = self.post(self.enc(self.pre(x0) * mask, mask)) * mask
+        m = self.post(self.enc(self.pre(x0) * mask, mask, g)) * mask
         return torch.cat([x0, (x1 - m) * mask], 1)
 
 
@@ -371,7 +400,7 @@ class CouplingFlow(nn.Module):
         super().__init__()
         self.flows = nn.ModuleList(m for _ in range(cfg.flow_flows) for m in (ResidualCoupling(cfg), Flip()))
 
-    def forward(self, z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, z: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
         for flow in reversed(self.flows):
-            z = flow.reverse(z, mask)
+            z = flow.reverse(z, mask, g)
         return z

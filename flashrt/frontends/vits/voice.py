@@ -11,6 +11,9 @@ Finding a voice (`find_voice`): an existing folder holding one ``*.onnx`` with i
 known packaged voice (``en_US-joe-medium``). A VITS training checkpoint (``.ckpt``/``.safetensors``) loads
 with ``load_voice(folder_or_file, config=...)`` given the Piper ``config.json`` of its training run.
 
+Multi-speaker voices: ``voice=`` picks the speaker (a name of the config's ``speaker_id_map`` or an id;
+default ``default_speaker_id`` or 0); ``voice.speakers`` lists the names.
+
 Scales: ``noise_scale``, ``length_scale``, ``noise_w`` default to the voice's ``inference`` section;
 ``speed`` divides ``length_scale`` (OpenAI's speed). ``seed`` makes the noise reproducible. Audio is the
 model's raw output (no per-sentence peak normalization, which would need the whole sentence before the
@@ -112,6 +115,9 @@ class VitsVoice:
             "noise_w": float(inference.get("noise_w", 0.8)),
         }
         self.sample_rate = frontend.cfg.sample_rate
+        self.speaker_ids = {str(k): int(v) for k, v in (voice_json.get("speaker_id_map") or {}).items()}
+        self.speakers = tuple(self.speaker_ids) if frontend.cfg.n_speakers > 1 else ()
+        self.default_speaker = int(voice_json.get("default_speaker_id") or 0)
         self._lock = threading.Lock()
 
     # --------------------------------------------------------------------------------- text side
@@ -124,20 +130,38 @@ class VitsVoice:
         limit = (self.frontend.phoneme_buckets[-1] - 3) // 2  # ids = 2 per phoneme + ^ _ $
         return [self.phoneme_map(part) for s in sentences for part in split_long(s, limit)]
 
-    def _scales(self, speed: float, overrides: Mapping[str, float | None]) -> dict[str, float]:
+    def _scales(self, speed: float, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """The frontend's options: the three scales (defaults, overrides, speed) and the speaker id."""
         if not (isinstance(speed, (int, float)) and 0.25 <= float(speed) <= 4.0):
             raise InputError(f"speed: expected a number in [0.25, 4.0], got {speed!r}")
+        overrides = dict(overrides)
+        speaker = self._speaker(overrides.pop("voice", None))
         unknown = set(overrides) - set(self.defaults)
         if unknown:
             raise InputError(
-                f"unknown option(s) {sorted(unknown)}; known: speed, seed, {sorted(self.defaults)}"
+                f"unknown option(s) {sorted(unknown)}; known: speed, seed, voice, {sorted(self.defaults)}"
             )
-        scales = {
+        scales: dict[str, Any] = {
             k: float(v)
             for k, v in {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}.items()
         }
         scales["length_scale"] /= float(speed)
-        return scales
+        return {**scales, "speaker": speaker}
+
+    def _speaker(self, voice: Any) -> int:
+        """A speaker (``voice``) of a multi-speaker voice: a name of its speaker_id_map or an id."""
+        if voice is None:
+            return self.default_speaker
+        if isinstance(voice, str) and voice in self.speaker_ids:
+            return self.speaker_ids[voice]
+        if (
+            isinstance(voice, int)
+            and not isinstance(voice, bool)
+            and 0 <= voice < self.frontend.cfg.n_speakers
+        ):
+            return voice
+        known = sorted(self.speaker_ids) or f"ids 0..{self.frontend.cfg.n_speakers - 1}"
+        raise InputError(f"voice: unknown speaker {voice!r}; speakers: {known}")
 
     # -------------------------------------------------------------------------------- audio side
 

@@ -19,6 +19,9 @@ the node that consumes it, whose name is the torch module path (``/flow/flows.6/
 Shape constants (``/...Constant_*``, ``onnx::Split_*``) are not parameters and are skipped. Two
 different tensors claiming one name is a CheckpointError.
 
+Multi-speaker voices add ``emb_g.weight``, ``dp.cond``, ``flow.flows.{f}.enc.cond_layer`` and the
+decoder's ``dec.cond``, which goes to the prior as ``dec_cond`` (see `VitsPrior`).
+
 Transforms (training checkpoints): weight-norm g/v folded (``flashrt.io.transforms.weight_norm``);
 ``dp.flows.0.logs`` -> ``inv_scale = exp(-logs)``. Ignored training-only tensors: the posterior encoder
 (``enc_q.*``), the SDP's posterior flows (``dp.post_*``) and its first ConvFlow (``dp.flows.1.*``, unused in
@@ -106,7 +109,8 @@ def split_state(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
         if key.startswith("model_d."):
             continue
         bare = key.removeprefix("model_g.")
-        (dec if bare.startswith("dec.") else prior)[bare] = value
+        to_decoder = bare.startswith("dec.") and not bare.startswith("dec.cond.")  # cond: speaker -> prior
+        (dec if to_decoder else prior)[bare] = value
     return prior, dec
 
 
@@ -161,6 +165,15 @@ def _dp_rules(cfg: VitsConfig) -> list[Rule]:
     return [*_convs("dp.conv_{n}"), *_norms("dp.norm_{n}"), *_convs("dp.proj")]
 
 
+def _speaker_rules() -> list[Rule]:
+    return [
+        Rule("emb_g.weight", "emb_g.weight"),
+        *conv_rules("dec.cond", "dec_cond"),
+        *_convs("dp.cond"),
+        *_convs("flow.flows.{f}.enc.cond_layer"),
+    ]
+
+
 def _flow_rules() -> list[Rule]:
     layer = "flow.flows.{f}"
     return [
@@ -174,6 +187,8 @@ def _flow_rules() -> list[Rule]:
 def prior_weight_map(cfg: VitsConfig) -> WeightMap:
     """Strict map of the prior (text encoder, duration predictor, flow) from VITS training names."""
     rules = [*_encoder_rules(), *(_sdp_rules(cfg) if cfg.use_sdp else _dp_rules(cfg)), *_flow_rules()]
+    if cfg.n_speakers > 1:
+        rules += _speaker_rules()
     return WeightMap(rules, ignore=TRAINING_ONLY)
 
 

