@@ -34,6 +34,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("flashrt.bench.cli", "soak"),
     ("flashrt.tts", "say"),
     ("flashrt.serve.cli", "serve"),
+    ("flashrt.calibrate", "calibrate"),
 )
 
 

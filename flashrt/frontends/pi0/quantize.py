@@ -53,13 +53,21 @@ def runner(pf: Any):
     """sample -> the model's raw actions (H, max_action_dim) float32, through the frontend's verbs."""
 
     def run(sample: dict[str, Any]) -> torch.Tensor:
-        obs = {k: v for k, v in sample.items() if k != "noise"}
+        obs = {k: _numpy(v) for k, v in sample.items() if k != "noise"}  # a recorded trace holds tensors
         bucket, checked = pf.check(obs, sample.get("noise"))
         pf.write(bucket, checked)
         pf.replay(bucket)
         return pf.frontend.actions()
 
     return run
+
+
+def _numpy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, dict):
+        return {k: _numpy(v) for k, v in value.items()}
+    return value
 
 
 def quantize(pf: Any, kind: str, calibration: Any, checkpoint_dir: str | Path) -> dict[str, Any]:
