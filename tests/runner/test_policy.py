@@ -174,7 +174,7 @@ def test_load_refusals(tmp_path):
     with pytest.raises(CheckpointError, match="neither a lerobot policy dir"):
         load_policy(tmp_path)
     with pytest.raises(ConfigError, match="precision"):
-        load_policy(E2E.case("pi0_cam1").policy_dir, tokenizer=E2E.TOKENIZER, precision="fp8")
+        load_policy(E2E.case("pi0_cam1").policy_dir, tokenizer=E2E.TOKENIZER, precision="int4")
 
 
 # Measured max |Δ| vs lerobot's float32 actions over every case and observation (this CPU, torch 2.13):

@@ -68,7 +68,8 @@ CAMERAS = ("top", "wrist", "side")
 PROMPTS = ("pick up the red cube", "put the block in the box", "open the drawer", "pick up the cube")
 OBS_KEYS = ("images", "state", "prompt")
 TOKENIZER_MAX = {"pi0": 48, "pi05": 200}  # lerobot 0.6.1 defaults (tokenizer_max_length)
-PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "fp8": "fp8"}
+FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")  # `--vs fp32`: the same checkpoint loaded in that precision
 _MODEL_KEYS = ("seed",)
 
 
@@ -159,10 +160,10 @@ class CompiledStepFrontend(Pi0Frontend):
     compiled step runs."""
 
     def _build(self, bucket: int) -> Any:
-        compiled = torch.compile(super()._build(bucket), dynamic=False)
+        compiled = torch.compile(self.raw_step(bucket), dynamic=False)
 
         def step() -> None:
-            with mlp_kernels(self.model, "aten"):
+            with torch.no_grad(), mlp_kernels(self.model, "aten"):
                 compiled()
         return step
 
@@ -287,7 +288,7 @@ class LerobotRunner:
 def _precision(profile: Profile) -> str:
     if profile.precision not in PRECISIONS:
         raise ConfigError(f"{profile.path or profile.name}: the Pi0 benchmark runs {sorted(PRECISIONS)}, not "
-                          f"{profile.precision!r} (no quantized Pi0 path yet)")
+                          f"{profile.precision!r}")
     return PRECISIONS[profile.precision]
 
 
@@ -323,15 +324,22 @@ class Pi0Benchmark:
         self.cold_start_ms["write_checkpoint"] = _ms_since(start)
         return folder
 
-    def _load(self, precision: str) -> Any:
+    def _load(self, precision: str, record: bool = True) -> Any:
         from flashrt.runner.policy import load_policy
 
         start, s = time.perf_counter(), self.profile.shapes
+        quantized = {"calibration": {"progress": False}} if precision in ("int8", "fp8") else {}
         policy = load_policy(self.folder, device=self.device, precision=precision, num_steps=s.steps or None,
-                             backend=self.profile.runtime.backend, buckets=s.buckets or None)
+                             backend=self.profile.runtime.backend, buckets=s.buckets or None, **quantized)
+        if not record:
+            return policy
         total, captured = _ms_since(start), policy.frontend.report()["capture_s"]
         self.cold_start_ms |= {"load": total - 1e3 * sum(captured.values()),
                                "capture": 1e3 * sum(captured.values())}
+        q = policy.frontend.quantization
+        if q is not None:  # calibration (a cache miss) or reading the cache entry (a hit) is part of load
+            self.cold_start_ms["calibration" if q["cache"] == "calibrated" else "calibration_cache_hit"] = \
+                1e3 * q["seconds"]
         if policy.config.variant != self.variant:
             raise ConfigError(f"{self.folder} holds a {policy.config.variant} checkpoint; this is the "
                               f"{self.variant} benchmark")
@@ -352,6 +360,8 @@ class Pi0Benchmark:
 
         if name == "compile":
             return PolicyRunner("compile", sibling_policy(self.loaded, "eager", CompiledStepFrontend))
+        if name in FLOAT_PRECISIONS:
+            return PolicyRunner(name, self._load(PRECISIONS[name], record=False))
         if name == "lerobot":
             if self.loaded.checkpoint.layout != "lerobot":
                 raise ReferenceUnavailable(f"lerobot reads lerobot policy dirs; {self.folder} is "
@@ -362,6 +372,30 @@ class Pi0Benchmark:
             return PolicyRunner(name, sibling_policy(self.loaded, backend))
         raise ReferenceUnavailable(f"{self.variant} has no reference {name!r}; it offers eager, compile, "
                                    f"lerobot and the graph backends {backend_names()}")
+
+    def vs_tolerance(self, name: str) -> tuple[float, float] | None:
+        """A float `--vs` of a quantized run is gated by the recipe's bound: max |Δ| <= max_abs_delta
+        (the cosine and per-layer bounds were checked when the scales were calibrated)."""
+        q = self.loaded.frontend.quantization
+        if q is None or name not in FLOAT_PRECISIONS:
+            return None
+        from flashrt.quant.calibrate import load_recipe
+
+        return float(load_recipe(q["recipe"]).max_abs_delta), 0.0
+
+    def quality(self) -> dict[str, Any] | None:
+        """The calibration gate's figures of a quantized run (from the report next to its cache entry)."""
+        q = self.loaded.frontend.quantization
+        if q is None:
+            return None
+        import json
+
+        try:
+            report = json.loads(Path(q["report"]).read_text())
+        except (OSError, ValueError):
+            return {"cache": q["cache"]}
+        return {"cache": q["cache"], **{k: report.get(k) for k in ("min_cosine", "max_abs_delta",
+                                                                   "max_layer_error", "worst_layer")}}
 
     def flops_bytes(self) -> tuple[float, float]:
         """Network FLOPs and minimum DRAM bytes per call, averaged over the buckets the calls replayed."""

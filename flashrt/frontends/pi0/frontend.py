@@ -67,6 +67,17 @@ class Pi0Frontend:
     # ------------------------------------------------------------------------------ capture
     def _build(self, bucket: int) -> Callable[[], None]:
         """The no-argument step of one bucket: views of the max-size buffers, nothing allocated."""
+        run = self.raw_step(bucket)
+
+        def step() -> None:
+            with torch.inference_mode():
+                run()
+
+        return step
+
+    def raw_step(self, bucket: int) -> Callable[[], None]:
+        """The step of `bucket` without the inference-mode wrapper (for callers that wrap it their own
+        way, e.g. torch.compile, which cannot trace inside inference mode)."""
         b, c = self.buffers, self.config
         t = c.prefix_len(self.n_cams, bucket) + c.suffix_len
         kv = StaticKV(b["prefix_k"][:, :, :, :t], b["prefix_v"][:, :, :, :t])
@@ -74,12 +85,7 @@ class Pi0Frontend:
                 b["prefix_token_masks"][:, :bucket], b["expert_state"] if c.has_state_token else None,
                 b["expert_noise"])
         out, model = b["expert_actions"], self.model
-
-        def step() -> None:
-            with torch.inference_mode():
-                model.sample_actions(*args, kv=kv, out=out)
-
-        return step
+        return lambda: model.sample_actions(*args, kv=kv, out=out)
 
     def capture(self) -> dict[str, Any]:
         """Capture every bucket now (load time); returns the GraphSet report."""

@@ -41,7 +41,7 @@ def test_lerobot_dirs(name):
     assert c.max_action_dim == info["max_dim"]
     assert (ck.n_action_steps, ck.max_prompt_len) == (info["n_action_steps"], info["tokenizer_max_length"])
     assert ck.prompt_format == ("pi05" if info["kind"] == "pi05" else "lerobot_pi0")
-    assert ck.relative_mask is None and dict(ck.rename_map) == {}
+    assert (ck.relative_mask is not None) == name.endswith("_rel") and dict(ck.rename_map) == {}
     assert ck.summary()["normalization"]["state"] == ("QUANTILES" if info["kind"] == "pi05" else "MEAN_STD")
 
 

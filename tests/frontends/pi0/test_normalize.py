@@ -10,6 +10,7 @@ import torch
 from support import pi0_e2e
 
 from flashrt.errors import CheckpointError
+from flashrt.frontends.pi0.checkpoint import load_checkpoint, relative_offset
 from flashrt.frontends.pi0.normalize import MODES, Normalizer, lerobot_normalizer, openpi_normalizers
 
 E2E = pi0_e2e
@@ -37,6 +38,9 @@ def test_lerobot_parity(name):
         got = state_norm.normalize(case.tensor(i, "state"))
         assert torch.allclose(got, case.tensor(i, "state_norm"), rtol=0, atol=1e-6)
         back = action_norm.unnormalize(case.tensor(i, "actions_norm"))
+        if name.endswith("_rel"):  # relative actions: the postprocessor then adds the raw state back
+            mask = load_checkpoint(case.policy_dir, tokenizer=E2E.TOKENIZER).relative_mask
+            back = back + relative_offset(mask, case.tensor(i, "state"), case.info["action_dim"])
         assert torch.allclose(back, case.tensor(i, "actions"), rtol=0, atol=1e-5)
 
 
