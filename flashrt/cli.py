@@ -35,6 +35,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("flashrt.tts", "say"),
     ("flashrt.serve.cli", "serve"),
     ("flashrt.calibrate", "calibrate"),
+    ("flashrt.serve.policy_cli", "serve_policy"),
 )
 
 

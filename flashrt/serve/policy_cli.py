@@ -1,0 +1,38 @@
+"""`flashrt serve-policy PATH [--host 127.0.0.1 --port 8000]`: the openpi-compatible policy server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["serve_policy"]
+
+
+def serve_policy(
+    path: Annotated[Path, typer.Argument(help="a policy checkpoint folder (lerobot or openpi layout)")],
+    host: Annotated[str, typer.Option(help="address to bind (127.0.0.1: this machine only)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0: any free port)")] = 8000,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto")] = "cpu",
+    precision: Annotated[str, typer.Option(help="float32, bfloat16, float16")] = "float32",
+    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer file (Pi0: PaliGemma .model)")] = None,
+    max_message_mb: Annotated[float, typer.Option(help="largest observation message accepted, MiB")] = 64.0,
+) -> None:
+    """Serve one policy to openpi-client over websockets (msgpack + numpy, metadata on connect)."""
+    from flashrt.errors import ConfigError
+    from flashrt.runner.policy import load_policy
+    from flashrt.serve.policy_server import PolicyServer
+
+    if not 0 <= port < 65536:
+        raise ConfigError(f"--port {port} must lie in 0..65535")
+    if not 0 < max_message_mb <= 4096:
+        raise ConfigError(f"--max-message-mb {max_message_mb} must lie in (0, 4096]")
+    options = {"tokenizer": str(tokenizer)} if tokenizer is not None else {}
+    policy = load_policy(path, device=device, precision=precision, **options)
+    server = PolicyServer(policy, host, port, max_message_bytes=int(max_message_mb * 2**20))
+    typer.echo(f"flashrt serve-policy: {path} on ws://{server.host}:{server.port} (GET /healthz)", err=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.close()

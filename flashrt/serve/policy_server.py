@@ -1,0 +1,156 @@
+"""An openpi-compatible websocket policy server over one flashrt `Policy`.
+
+Speaks the protocol of openpi's ``WebsocketPolicyServer`` so the unmodified ``openpi-client``
+(``WebsocketClientPolicy``, ``ActionChunkBroker``) drives a flashrt policy:
+
+    connect            the server sends one binary message: the metadata map (msgpack)
+    binary message     an observation map (msgpack with numpy arrays, `flashrt.serve.wire`)
+    reply (binary)     {"actions": (chunk, action_dim) float32, "policy_timing": {..},
+                        "server_timing": {"infer_ms": .., "prev_total_ms": ..}}
+    reply (text)       an error: the client raises it (openpi's convention for errors)
+    GET /healthz       200 "OK" (a plain HTTP probe on the same port)
+
+Observations are the ones `Policy.infer` takes (openpi style ``images`` / ``state`` / ``prompt`` or
+lerobot keys). Two optional keys are a flashrt extension: ``seed`` (int) and ``noise`` (the family's
+noise array) fix the randomness exactly as the in-process call does.
+
+Failure behaviour: a malformed message (not msgpack, a forbidden dtype, a bad observation) gets a text
+reply naming the problem and the connection stays usable; a message over ``max_message_bytes`` is
+refused by the websocket layer, which closes that connection with code 1009; an unexpected error is
+answered and the connection closed with 1011; a client that disconnects while its request runs leaves
+the server healthy (the reply is dropped). Requests from several connections run one at a time (the
+policy's lock), in arrival order. Binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+from flashrt.errors import FlashRTError
+from flashrt.serve.wire import WireError, packb, unpackb
+
+__all__ = ["PolicyServer", "policy_metadata", "DEFAULT_MAX_MESSAGE_BYTES"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
+CLOSE_INTERNAL_ERROR = 1011
+
+
+def policy_metadata(policy: Any) -> dict[str, Any]:
+    """What a client learns on connect: sizes, cameras and what was loaded (plain msgpack types)."""
+    meta = {"server": "flashrt", "chunk_size": policy.chunk_size, "action_dim": policy.action_dim,
+            "n_action_steps": policy.n_action_steps}
+    try:
+        meta["policy"] = json.loads(json.dumps(policy.frontend.describe(), default=str))
+    except (TypeError, ValueError, AttributeError):
+        meta["policy"] = {}
+    return meta
+
+
+class PolicyServer:
+    """Serve `policy` over websockets (module docstring). `start()` runs it on a background thread
+    (tests, notebooks); `serve_forever()` blocks (the CLI). `port=0` picks a free port: read `.port`."""
+
+    def __init__(self, policy: Any, host: str = "127.0.0.1", port: int = 8000,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 metadata: Mapping[str, Any] | None = None) -> None:
+        from websockets.sync.server import serve
+
+        self.policy = policy
+        self.max_message_bytes = int(max_message_bytes)
+        self.metadata = dict(metadata) if metadata is not None else policy_metadata(policy)
+        self._hello = packb(self.metadata)
+        self.served = 0
+        self.errors = 0
+        self._server = serve(self._handle, host, port, max_size=self.max_message_bytes, compression=None,
+                             process_request=self._health)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self._server.socket.getsockname()[1]
+
+    @property
+    def host(self) -> str:
+        return self._server.socket.getsockname()[0]
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def serve_forever(self) -> None:
+        self._thread = self._thread or threading.current_thread()
+        self._server.serve_forever()
+
+    def start(self) -> PolicyServer:
+        self._thread = threading.Thread(target=self.serve_forever, name="flashrt-policy-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting, close open connections, wait for their handlers (idempotent)."""
+        if self._thread is None:  # never served: websockets' shutdown() would wait for serve_forever
+            self._server.socket.close()
+            return
+        self._server.shutdown()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> PolicyServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------ protocol
+    @staticmethod
+    def _health(connection: Any, request: Any) -> Any:
+        if request.path == "/healthz":
+            return connection.respond(HTTPStatus.OK, "OK\n")
+        return None
+
+    def _handle(self, ws: Any) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            ws.send(self._hello)
+            prev_total_ms = None
+            for message in ws:
+                start = time.perf_counter()
+                reply, fatal = self._answer(message, prev_total_ms)
+                ws.send(reply)
+                if fatal:
+                    ws.close(CLOSE_INTERNAL_ERROR, "internal server error")
+                    return
+                prev_total_ms = (time.perf_counter() - start) * 1e3
+        except ConnectionClosed:
+            return
+
+    def _answer(self, message: Any, prev_total_ms: float | None) -> tuple[bytes | str, bool]:
+        """(reply, close after it): actions as msgpack, or an error as text."""
+        try:
+            obs = unpackb(message, self.max_message_bytes)
+            reply = self._infer(obs)
+        except (WireError, FlashRTError) as exc:
+            self.errors += 1
+            return f"{type(exc).__name__}: {exc}", False
+        except Exception as exc:  # a bug: say so, then close this connection (the server lives on)
+            self.errors += 1
+            return f"internal error: {type(exc).__name__}: {exc}", True
+        if prev_total_ms is not None:
+            reply["server_timing"]["prev_total_ms"] = prev_total_ms
+        self.served += 1
+        return packb(reply), False
+
+    def _infer(self, obs: Any) -> dict[str, Any]:
+        from flashrt.errors import InputError
+
+        if not isinstance(obs, dict):
+            raise InputError(f"an observation must be a map, got {type(obs).__name__}")
+        obs = dict(obs)
+        seed, noise = obs.pop("seed", None), obs.pop("noise", None)
+        start = time.perf_counter()
+        out = self.policy.infer(obs, noise=noise, seed=seed)
+        infer_ms = (time.perf_counter() - start) * 1e3
+        timing = {k: float(v) for k, v in out.get("timing", {}).items()}
+        return {"actions": out["actions"], "policy_timing": timing, "server_timing": {"infer_ms": infer_ms}}

@@ -1,0 +1,178 @@
+"""`flashrt serve-policy` against the real openpi-client (PyPI): metadata on connect, 50 sequential
+infers equal to in-process `infer` with the same seed, ActionChunkBroker stepping, malformed /
+oversize / disconnect cases, and the server still healthy after each."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from functools import cache
+
+import msgpack
+import numpy as np
+import pytest
+from support import pi0_e2e as E2E
+
+from flashrt.runner.policy import load_policy
+from flashrt.serve.policy_server import PolicyServer
+from flashrt.serve.wire import WireError, packb, unpackb
+
+openpi_client = pytest.importorskip("openpi_client", reason="openpi-client (the test extra) is not installed")
+from openpi_client import action_chunk_broker, msgpack_numpy, websocket_client_policy  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+CASE = "pi05_cam1"
+# openpi-client's own connect() call warns on websockets >= 14
+pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
+
+
+@cache
+def policy():
+    return load_policy(E2E.case(CASE).policy_dir, tokenizer=E2E.TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def server(one_thread):
+    with PolicyServer(policy(), port=0, max_message_bytes=2**20) as srv:
+        yield srv
+
+
+def _client(srv) -> websocket_client_policy.WebsocketClientPolicy:
+    return websocket_client_policy.WebsocketClientPolicy(host="127.0.0.1", port=srv.port)
+
+
+def _check_alive(srv) -> None:
+    obs = E2E.case(CASE).obs(0)
+    out = _client(srv).infer({**obs, "seed": 5})
+    assert np.array_equal(out["actions"], policy().infer(obs, seed=5)["actions"])
+
+
+def test_binds_localhost_by_default():
+    srv = PolicyServer(policy(), port=0)
+    try:
+        assert srv.host == "127.0.0.1"
+    finally:
+        srv.close()
+
+
+def test_metadata_on_connect(server):
+    meta = _client(server).get_server_metadata()
+    assert meta["server"] == "flashrt"
+    assert (meta["chunk_size"], meta["action_dim"]) == (policy().chunk_size, policy().action_dim)
+    assert meta["n_action_steps"] == policy().n_action_steps
+    assert meta["policy"]["family"] == "pi0"
+
+
+def test_fifty_infers_equal_in_process(server):
+    case, client = E2E.case(CASE), _client(server)
+    for k in range(50):
+        obs = case.obs(k % 3)
+        out = client.infer({**obs, "seed": k})
+        want = policy().infer(obs, seed=k)["actions"]
+        assert out["actions"].dtype == np.float32 and out["actions"].shape == want.shape
+        assert np.array_equal(out["actions"], want), k
+        assert out["server_timing"]["infer_ms"] > 0
+        assert set(out["policy_timing"]) == {"preprocess_ms", "replay_ms", "postprocess_ms", "total_ms"}
+        if k:
+            assert out["server_timing"]["prev_total_ms"] > 0
+
+
+def test_noise_over_the_wire_matches_lerobot(server):
+    """The caller's noise travels as a numpy array; the result is lerobot's own chunk."""
+    case, client = E2E.case(CASE), _client(server)
+    for i in case.observations:
+        out = client.infer({**case.obs(i, "lerobot"), "noise": case.tensor(i, "noise").numpy()})
+        assert np.abs(out["actions"] - case.tensor(i, "actions").numpy()).max() <= 1e-4
+
+
+def test_action_chunk_broker_steps_through_chunks(server):
+    case, horizon = E2E.case(CASE), policy().n_action_steps
+    broker = action_chunk_broker.ActionChunkBroker(_client(server), action_horizon=horizon)
+    obs = {**case.obs(1), "seed": 3}
+    chunk = policy().infer(case.obs(1), seed=3)["actions"]
+    for t in range(2 * horizon):
+        step = broker.infer(obs)
+        assert step["actions"].shape == (policy().action_dim,)
+        assert np.array_equal(step["actions"], chunk[t % horizon])
+    broker.reset()
+
+
+@pytest.mark.parametrize(("message", "expect"), [
+    (b"\xc1\x00garbage", "not a msgpack message"),
+    (msgpack.packb({"state": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O", b"shape": [1]}}),
+     "dtype"),
+    (msgpack.packb({"state": {b"__ndarray__": True, b"data": b"\0" * 4, b"dtype": "<f4", b"shape": [9]}}),
+     "needs 36 bytes"),
+    (msgpack.packb([1, 2, 3]), "must be a map"),
+    ("a text frame", "expected a binary"),
+])
+def test_malformed_message_gets_an_error_and_the_connection_stays(server, message, expect):
+    with connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
+        assert unpackb(ws.recv(), 2**20)["server"] == "flashrt"
+        ws.send(message)
+        reply = ws.recv()
+        assert isinstance(reply, str) and expect in reply
+        ws.send(msgpack_numpy.packb({**E2E.case(CASE).obs(0), "seed": 1}))  # same connection, good call
+        out = msgpack_numpy.unpackb(ws.recv())
+        assert np.array_equal(out["actions"], policy().infer(E2E.case(CASE).obs(0), seed=1)["actions"])
+
+
+def test_bad_observation_through_openpi_client_raises_and_next_call_works(server):
+    client, obs = _client(server), E2E.case(CASE).obs(0)
+    with pytest.raises(RuntimeError, match="InputError"):
+        client.infer({**obs, "state": np.full(2, np.nan, dtype=np.float32)})
+    with pytest.raises(RuntimeError, match="seed"):
+        client.infer({**obs, "seed": -1})
+    out = client.infer({**obs, "seed": 2})
+    assert np.array_equal(out["actions"], policy().infer(obs, seed=2)["actions"])
+
+
+def test_oversize_message_closes_that_connection_only(server):
+    from websockets.exceptions import ConnectionClosed
+
+    with connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
+        ws.recv()
+        ws.send(msgpack_numpy.packb({"blob": np.zeros(2**20, dtype=np.uint8)}))
+        with pytest.raises(ConnectionClosed) as info:
+            ws.recv()
+        assert info.value.rcvd.code == 1009
+    _check_alive(server)
+
+
+def test_disconnect_mid_inference_leaves_server_healthy(server):
+    served = server.served
+    with connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
+        ws.recv()
+        ws.send(msgpack_numpy.packb({**E2E.case(CASE).obs(0), "seed": 0}))
+    with socket.create_connection(("127.0.0.1", server.port)) as raw:  # half-open: no handshake at all
+        raw.sendall(b"GET / HTTP/1.1\r\n")
+    _check_alive(server)
+    assert server.served >= served + 1
+
+
+def test_healthz(server):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=10) as r:
+        assert r.status == 200
+
+
+def test_wire_roundtrip_and_refusals():
+    arrays = {"a": np.arange(6, dtype=np.int16).reshape(2, 3), "b": np.float32(2.5), "c": [np.ones(2, bool)]}
+    back = unpackb(packb(arrays), 2**20)
+    assert np.array_equal(back["a"], arrays["a"]) and back["a"].dtype == np.int16
+    assert back["a"].flags.writeable
+    assert back["b"] == np.float32(2.5) and isinstance(back["b"], np.float32)
+    assert back["c"][0].dtype == bool
+    assert np.array_equal(msgpack_numpy.unpackb(packb(arrays))["a"], arrays["a"])  # openpi reads ours
+    with pytest.raises(WireError, match="exceeds"):
+        unpackb(packb({"x": np.zeros(100)}), 64)
+    with pytest.raises(WireError, match="shape"):
+        unpackb(msgpack.packb({b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [-1]}), 99)
+
+
+def test_cli_user_errors_are_one_line(capsys, tmp_path):
+    from flashrt.cli import main
+
+    assert main(["serve-policy", str(tmp_path / "missing")]) == 2
+    assert main(["serve-policy", str(tmp_path), "--port", "70000"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("flashrt: error") == 2
