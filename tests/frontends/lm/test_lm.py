@@ -13,7 +13,7 @@ from flashrt.frontends.lm import LMConfig, load_lm
 from flashrt.runner.decode import Decoder, Sampling
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lm"
-MODELS = ("llama_tiny", "qwen3_tiny")
+MODELS = ("llama_tiny", "qwen3_tiny", "qwen2_tiny")
 PROMPTS = 5
 
 
@@ -57,7 +57,7 @@ def test_tied_head_uses_the_embedding():
     assert not load_lm(FIXTURES / "llama_tiny").cfg.tied
 
 
-def test_config_reads_llama3_rope_and_qwen3_norms():
+def test_config_reads_rope_scalings_biases_and_norms():
     llama = json.loads((FIXTURES / "llama_tiny" / "config.json").read_text())
     cfg = LMConfig.from_dict(llama)
     assert cfg.rope.rope_type == "llama3" and cfg.rope.original_max_position_embeddings == 64
@@ -65,6 +65,8 @@ def test_config_reads_llama3_rope_and_qwen3_norms():
     old_style.update(rope_theta=500000.0, rope_scaling=dict(llama["rope_parameters"]))
     assert LMConfig.from_dict(old_style) == cfg
     assert LMConfig.from_dict(json.loads((FIXTURES / "qwen3_tiny" / "config.json").read_text())).qk_norm
+    qwen2 = LMConfig.from_dict(json.loads((FIXTURES / "qwen2_tiny" / "config.json").read_text()))
+    assert qwen2.qkv_bias and not qwen2.o_bias and qwen2.rope.rope_type == "linear"
 
 
 @pytest.mark.parametrize("change, field", [({"hidden_act": "gelu"}, "hidden_act"),
