@@ -17,7 +17,6 @@ mean nothing; the demo measures the runtime, not a trained policy.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from flashrt.errors import ConfigError
 
 # torch is imported where it is used: `flashrt --help` stays light
 DEMO_VERSION = "1"
@@ -62,12 +63,14 @@ def _demo_version(folder: Path) -> str | None:
     config = folder / "config.json"
     if not config.is_file():
         if folder.exists() and any(folder.iterdir()):
-            raise ValueError(f"{folder} is not empty and holds no flashrt demo checkpoint; "
+            raise ConfigError(f"{folder} is not empty and holds no flashrt demo checkpoint; "
                              "choose another folder")
         return None
-    marker = json.loads(config.read_text()).get("flashrt_demo_version")
+    from flashrt.io.files import read_json
+
+    marker = read_json(config, "demo checkpoint config").get("flashrt_demo_version")
     if marker is None:
-        raise ValueError(f"{folder} holds a checkpoint that flashrt.demo did not generate; refusing to "
+        raise ConfigError(f"{folder} holds a checkpoint that flashrt.demo did not generate; refusing to "
                          "replace it (pass another --checkpoint folder)")
     return str(marker)
 
@@ -219,7 +222,7 @@ def demo(rate_hz: float = 20.0, seconds: float = 5.0, device: str = "auto", back
     from flashrt.runner.policy import load_policy
 
     if not rate_hz > 0 or not seconds > 0:
-        raise ValueError("rate_hz and seconds must be positive")
+        raise ConfigError(f"--rate-hz and --seconds must be positive numbers, got {rate_hz} and {seconds}")
     folder, generated = ensure_demo_checkpoint(Path(checkpoint) if checkpoint else None)
     with _torch_threads(threads):
         start = time.perf_counter()

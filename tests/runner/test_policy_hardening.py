@@ -144,6 +144,11 @@ def _fifo_state_file(folder: Path) -> None:
     _set_state_file("stats.fifo")(folder)
 
 
+def _zero_prompt_limit(folder: Path) -> None:
+    _edit_json("policy_preprocessor.json",
+               lambda d: _step(d, "tokenizer_processor")["config"].__setitem__("max_length", 0))(folder)
+
+
 def _nan_at_0(t: torch.Tensor) -> torch.Tensor:
     t = t.clone()
     t[0] = float("nan")
@@ -165,6 +170,10 @@ BAD_CHECKPOINTS = {
                             "chunk_size"),
     "chunk_size absurd": (_edit_json("config.json", lambda d: d.__setitem__("chunk_size", 10**9)),
                           "chunk_size"),
+    "n_action_steps zero": (_edit_json("config.json", lambda d: d.__setitem__("n_action_steps", 0)),
+                            "n_action_steps"),
+    "prompt limit zero": (lambda f: [_zero_prompt_limit(f), _edit_json("config.json", lambda d: d.__setitem__(
+        "tokenizer_max_length", 0))(f)], "max_length"),
     "steps missing": (_edit_json("config.json", lambda d: d.pop("num_inference_steps")),
                       "num_inference_steps"),
     "prompt limit absurd": (_edit_json("policy_preprocessor.json", lambda d: _step(d, "tokenizer_processor")[

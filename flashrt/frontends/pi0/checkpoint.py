@@ -148,6 +148,12 @@ def _detect_lerobot(folder: Path) -> bool:
     return _read_json(config).get("type") in ("pi0", "pi05")
 
 
+def _positive(value: int, field: str) -> int:
+    if value <= 0:
+        raise CheckpointError(f"{field} must be positive, got {value}")
+    return value
+
+
 def _feature_dim(features: Mapping[str, Any], key: str, where: str) -> int:
     if not isinstance(features, Mapping) or key not in features:
         raise CheckpointError(f"{where} has no {key!r} feature")
@@ -237,8 +243,10 @@ def _read_lerobot(folder: Path, tokenizer: str | Path | None, **_: Any) -> Pi0Ch
     return Pi0Checkpoint(
         path=folder, layout="lerobot", model_config=model, weights=weights, cameras=_lerobot_cameras(cfg),
         state_dim=_feature_dim(cfg.get("input_features", {}), STATE_KEY, "config.json input_features"),
-        action_dim=action_dim, n_action_steps=_int(cfg, "n_action_steps", "config.json", model.chunk_size),
-        max_prompt_len=max_len or _int(cfg, "tokenizer_max_length", "config.json", 48),
+        action_dim=action_dim, n_action_steps=_positive(_int(cfg, "n_action_steps", "config.json",
+                                                             model.chunk_size), "n_action_steps"),
+        max_prompt_len=_positive(max_len or _int(cfg, "tokenizer_max_length", "config.json", 48),
+                                 "tokenizer max_length / tokenizer_max_length"),
         prompt_format=prompt_format,
         state_norm=lerobot_normalizer(folder, "policy_preprocessor.json", "normalizer_processor", STATE_KEY),
         action_norm=lerobot_normalizer(folder, "policy_postprocessor.json", "unnormalizer_processor",
@@ -274,7 +282,7 @@ def _read_openpi(folder: Path, tokenizer: str | Path | None, asset_id: str | Non
                  **_: Any) -> Pi0Checkpoint:
     weights = _open_weights(folder)
     variant = detect_variant(weights.keys())
-    cfg = _read_json(folder / "config.json") if (folder / "config.json").is_file() else {}
+    cfg = _read_json(folder / "config.json") if (folder / "config.json").exists() else {}
     chunk = _int(cfg, "action_horizon", "config.json", OPENPI_CHUNK)
     model = config_from_state_dict_shapes(_shapes(weights), variant, chunk_size=chunk,
                                           num_steps=OPENPI_STEPS)
