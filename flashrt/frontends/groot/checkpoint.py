@@ -28,19 +28,54 @@ def read_json(path: Path) -> dict[str, Any]:
     return read_checked_json(path, "GR00T checkpoint file")
 
 
-def detect(folder: Path) -> None:
-    """None for an N1.7 checkpoint folder; CheckpointError saying why not otherwise."""
+@dataclass(frozen=True)
+class Layout:
+    """Where an N1.7 checkpoint's parts live. A raw N1.7 folder holds everything; a lerobot policy folder
+    (``GrootPolicy.save_pretrained``: config.json of type "groot", model.safetensors with
+    ``_groot_model.`` keys) holds the weights and names the raw folder (``base_model_path``, absolute or
+    relative to the policy folder) that holds the architecture config and the processor sidecars."""
+
+    weights: Path
+    base: Path
+    embodiment: str | None = None  # the policy's embodiment_tag
+
+
+def layout(folder: Path) -> Layout:
+    """The `Layout` of an N1.7 checkpoint folder; CheckpointError saying why it is not one."""
     folder = Path(folder)
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise CheckpointError(f"{folder}: no config.json")
     cfg = read_json(cfg_path)
-    if cfg.get("model_type") != N17_MODEL_TYPE:
-        raise CheckpointError(
-            f"{cfg_path}: model_type {cfg.get('model_type')!r} is not {N17_MODEL_TYPE!r} (GR00T N1.7)"
-        )
+    if cfg.get("type") != "groot":
+        _check_n17(cfg_path, cfg)
     if not any(folder.glob("model*.safetensors")):
         raise CheckpointError(f"{folder}: no model*.safetensors")
+    if cfg.get("type") != "groot":
+        return Layout(folder, folder)
+    base = Path(str(cfg.get("base_model_path") or ""))
+    base = base if base.is_absolute() else folder / base
+    if not cfg.get("base_model_path") or not (base / "config.json").is_file():
+        raise CheckpointError(
+            f"{cfg_path}: a lerobot groot policy whose base_model_path {cfg.get('base_model_path')!r} is not "
+            "a local GR00T N1.7 folder (download it and point base_model_path at it)"
+        )
+    _check_n17(base / "config.json")
+    return Layout(folder, base, cfg.get("embodiment_tag"))
+
+
+def _check_n17(path: Path, cfg: dict[str, Any] | None = None) -> None:
+    cfg = read_json(path) if cfg is None else cfg
+    if cfg.get("model_type") != N17_MODEL_TYPE:
+        raise CheckpointError(
+            f"{path}: model_type {cfg.get('model_type')!r} is not {N17_MODEL_TYPE!r} (GR00T "
+            "N1.7) and type is not 'groot' (a lerobot policy)"
+        )
+
+
+def detect(folder: Path) -> None:
+    """None for an N1.7 checkpoint folder (raw or a lerobot policy); CheckpointError saying why not."""
+    layout(folder)
 
 
 @dataclass(frozen=True)

@@ -94,11 +94,13 @@ def load(
 
     ``frame_size`` (rows, cols) of the cameras matters only for checkpoints whose image transform keeps
     the aspect ratio (``use_albumentations``): it fixes the token layout (default: square frames)."""
-    folder = Path(folder)
-    ck.detect(folder)
+    where = ck.layout(Path(folder))
+    folder = where.base
     config, bb_dir = n17_config(folder, ck.read_json(folder / "config.json"), num_steps)
     side = ck.Sidecars.read(folder)
-    emb = side.embodiment(embodiment, config.head.num_embodiments)
+    emb = side.embodiment(
+        embodiment if embodiment is not None else where.embodiment, config.head.num_embodiments
+    )
     cams = tuple(cameras) if cameras is not None else emb.cameras
     if not cams:
         raise ConfigError("no cameras: the checkpoint names none for this embodiment; pass cameras=(...)")
@@ -111,7 +113,7 @@ def load(
     kw = side.kwargs
     image = image_spec(kw, config.vision.patch * config.vision.merge, bb_dir)
     dev = resolve_device(device)
-    with open_checkpoint(folder) as weights:
+    with open_checkpoint(where.weights) as weights:
         model = load_n17(config, weights, dev, compute_dtype(precision))
     opts = Options(bool(kw.get("formalize_language", True)), bool(kw.get("clip_outliers", True)))
     frontend = GrootFrontend(

@@ -289,6 +289,7 @@ def _rules(c: GrootN15Config) -> list[Rule]:
 def n15_weight_map(config: GrootN15Config, keys: list[str]) -> WeightMap:
     """Strict map. Unused on purpose: SigLIP's pooling ``head.*``, the LM head, decoder layers at or beyond
     select_layer (lerobot pops them; a file that keeps them loads the same)."""
+    raw, keys = list(keys), [k.removeprefix("_groot_model.") for k in keys]
     extra = sorted(
         {
             k.split(".")[5]
@@ -301,7 +302,7 @@ def n15_weight_map(config: GrootN15Config, keys: list[str]) -> WeightMap:
         "backbone.eagle_model.language_model.lm_head.weight",
         *(LM + f"layers.{i}.*" for i in extra),
     ]
-    return WeightMap(_rules(config), ignore=ignore).auto_prefix(keys, ("", "_groot_model."))
+    return WeightMap(_rules(config), ignore=ignore).auto_prefix(raw, ("", "_groot_model."))
 
 
 def load_n15(
@@ -310,5 +311,6 @@ def load_n15(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
 ) -> GrootN15Model:
-    keys = [k.removeprefix("_groot_model.") for k in checkpoint]
-    return load_module(lambda: GrootN15Model(config), checkpoint, n15_weight_map(config, keys), device, dtype)
+    return load_module(
+        lambda: GrootN15Model(config), checkpoint, n15_weight_map(config, list(checkpoint)), device, dtype
+    )

@@ -3,7 +3,8 @@
 Every rule is a rename; there are no value transforms (the temporal patch kernel is folded in
 `VisionTower.reset_derived`). Checked against lerobot 0.6.1 (tests/frontends/groot parity).
 Deliberately unused: the text model's final ``norm`` (N1.7 reads the pre-norm features), a stored
-``lm_head`` (tied upstream, never decoded), and decoder layers at or beyond ``select_layer`` (lerobot
+``lm_head`` (tied upstream, never decoded; it stands in for the embedding when a lerobot policy file
+stored only it), and decoder layers at or beyond ``select_layer`` (lerobot
 pops them before saving; a file that still has them loads the same). The lerobot policy state dict
 prefixes every key with ``_groot_model.``; that prefix is accepted too.
 """
@@ -16,7 +17,7 @@ import torch
 
 from flashrt.frontends.groot.config import GrootN17Config
 from flashrt.frontends.groot.model import GrootN17Model
-from flashrt.io import Rule, WeightMap, load_module
+from flashrt.io import Alt, Rule, WeightMap, load_module
 
 VIS = "backbone.model.model.visual."
 LM = "backbone.model.model.language_model."
@@ -54,7 +55,8 @@ def vision_rules() -> list[Rule]:
 
 def text_rules() -> list[Rule]:
     src, dst = LM + "layers.{i}.", "layers.{i}."
-    rules = [Rule(LM + "embed_tokens.weight", "embed.weight")]
+    # tied: lerobot's policy files keep only the LM head when the two share storage
+    rules = [Rule(Alt(LM + "embed_tokens.weight", "backbone.model.lm_head.weight"), "embed.weight")]
     rules += [Rule(src + f"self_attn.{n}_proj.weight", dst + f"{n}.weight") for n in "qkvo"]
     rules += [Rule(src + f"mlp.{n}_proj.weight", dst + f"{n}.weight") for n in ("gate", "up", "down")]
     return rules + [
@@ -94,14 +96,16 @@ def head_rules() -> list[Rule]:
 
 
 def n17_weight_map(config: GrootN17Config, keys: list[str]) -> WeightMap:
-    """The strict map; ``keys`` (the checkpoint's) name the dropped decoder layers to ignore."""
+    """The strict map; ``keys`` (the checkpoint's, with or without lerobot's ``_groot_model.``) name the
+    dropped decoder layers to ignore."""
+    raw, keys = list(keys), [k.removeprefix("_groot_model.") for k in keys]
     kept = config.text.layers
     extra = sorted(
         {k.split(".")[5] for k in keys if k.startswith(LM + "layers.") and int(k.split(".")[5]) >= kept}
     )
     ignore = [LM + "norm.weight", "backbone.model.lm_head.weight", *(LM + f"layers.{i}.*" for i in extra)]
     wmap = WeightMap([*vision_rules(), *text_rules(), *head_rules()], ignore=ignore)
-    return wmap.auto_prefix(keys, ("", "_groot_model."))
+    return wmap.auto_prefix(raw, ("", "_groot_model."))
 
 
 def load_n17(
@@ -111,6 +115,5 @@ def load_n17(
     dtype: torch.dtype | None = None,
 ) -> GrootN17Model:
     """Build on meta, map strictly, cast to ``dtype`` (None: storage dtype)."""
-    keys = [k.removeprefix("_groot_model.") for k in checkpoint]
-    wmap = n17_weight_map(config, keys)
+    wmap = n17_weight_map(config, list(checkpoint))
     return load_module(lambda: GrootN17Model(config), checkpoint, wmap, device, dtype)
