@@ -102,6 +102,8 @@ def bench(
     sweep: Annotated[str | None, typer.Option(help="length sweep against --vs instead (vocoders): 'auto' "
                                               "or frame counts '50,200,333'")] = None,
     pairs: Annotated[int, typer.Option(help="interleaved timed pairs per sweep length")] = 5,
+    precision: Annotated[str | None, typer.Option(help="run this precision instead of the profile's "
+                                                  "(fp32, bf16, fp16, int8, fp8)")] = None,
 ) -> None:
     """Benchmark a registered frontend: quality gate, per-stage latency, cold start, memory, roofline."""
     if list_all:
@@ -113,7 +115,7 @@ def bench(
     from flashrt.errors import FlashRTError
 
     folder = _out_dir(out, "bench", name, profile)
-    options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress)
+    options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision)
     try:
         result = run_benchmark(name, load_profile(profile), options)
     except (FlashRTError, ImportError) as exc:

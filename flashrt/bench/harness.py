@@ -117,13 +117,23 @@ class BenchOptions:
     backend: str | None = None
     trace_path: str | None = None
     progress: bool = True
+    precision: str | None = None
 
 
 def apply_options(profile: Profile, options: BenchOptions) -> Profile:
     """The profile with the command-line overrides (validated like a file)."""
     bench = {k: v for k, v in (("iters", options.iters), ("warmup", options.warmup)) if v is not None}
     runtime = {"backend": options.backend} if options.backend else {}
-    return profile.with_overrides(bench=bench, runtime=runtime)
+    profile = profile.with_overrides(bench=bench, runtime=runtime)
+    return profile if options.precision is None else profile.with_precision(options.precision)
+
+
+def vs_tolerances(adapter: Any, name: str, atol: float, rtol: float) -> tuple[float, float]:
+    """(atol, rtol) the `--vs` side is gated with: the profile's, unless the adapter says otherwise
+    (`vs_tolerance(name)`, e.g. a float reference of a quantized run: the recipe's bound)."""
+    own = getattr(adapter, "vs_tolerance", None)
+    found = own(name) if own is not None else None
+    return (atol, rtol) if found is None else found
 
 
 def process_age_ms() -> float | None:
@@ -240,6 +250,9 @@ class _Run:
         gate = gate_check(self.adapter, self.trace, self.golden, q.atol, q.rtol)
         self.cold["first_call"] = _ms_since(start) / len(self.trace)
         self.result.gate = {"reference": q.reference, "atol": q.atol, "rtol": q.rtol, **gate, "vs": None}
+        quality = getattr(self.adapter, "quality", None)
+        if quality is not None and quality() is not None:
+            self.result.gate["quantization"] = quality()
         if not gate["passed"]:
             self.result.status = "gated-out"
             self.result.reason = f"outputs differ from {q.reference!r}: {gate['where']}: {gate['reason']}"
@@ -262,13 +275,14 @@ class _Run:
             return None
         self.cold["vs_build"] = _ms_since(start)
         q, start = self.profile.quality, time.perf_counter()
+        self.vs_tol = vs_tolerances(self.adapter, name, q.atol, q.rtol)
         try:
-            gate = gate_check(impl, self.trace, self.golden, q.atol, q.rtol)
+            gate = gate_check(impl, self.trace, self.golden, *self.vs_tol)
         except Exception as exc:  # e.g. torch.compile failing on its first pass
             self.result.vs |= {"status": "error", "reason": one_line(exc)}
             return None
         self.cold["vs_first_pass"] = _ms_since(start)  # includes compilation for lazy references
-        self.result.gate["vs"] = gate
+        self.result.gate["vs"] = {**gate, "atol": self.vs_tol[0], "rtol": self.vs_tol[1]}
         if not gate["passed"]:
             status = "error" if str(gate["reason"]).startswith("raised ") else "gated-out"
             self.result.vs |= {"status": status, "reason": f"{gate['where']}: {gate['reason']}"}
@@ -280,7 +294,7 @@ class _Run:
         q, b = self.profile.quality, self.profile.bench
         sides = [Side("A", self.adapter, self.device, q.atol, q.rtol)]
         if vs_impl is not None:
-            sides.append(Side("B", vs_impl, self.device, q.atol, q.rtol))
+            sides.append(Side("B", vs_impl, self.device, *self.vs_tol))
         interleave(sides, self.trace, self.golden, b.warmup)
         for side in sides:
             side.reset()
@@ -432,6 +446,11 @@ def gate_summary(gate: dict[str, Any]) -> dict[str, Any]:
     if vs:
         out["vs verdict"] = "passed" if vs.get("passed") else "FAILED"
         out["vs max_abs"] = vs.get("max_abs")
+    quant = gate.get("quantization")
+    if quant:  # the calibration gate of a quantized run (held-out samples, normalized actions)
+        out["calibration gate"] = (f"min cosine {quant.get('min_cosine')}, "
+                                   f"max |Δ| {quant.get('max_abs_delta')}, "
+                                   f"worst layer {quant.get('worst_layer')} ({quant.get('cache')})")
     return out
 
 

@@ -132,6 +132,12 @@ class Profile:
             changes[section] = _build(type(current), merged, f"{self.path or self.name}: [{section}]")
         return replace(self, **changes)
 
+    def with_precision(self, precision: str) -> Profile:
+        """A copy running ``precision`` (one of `PRECISIONS`; ConfigError otherwise)."""
+        if precision not in PRECISIONS:
+            raise ConfigError(f"precision {precision!r} is not one of {list(PRECISIONS)}")
+        return replace(self, precision=precision)
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "path": self.path, "description": self.description,
                                "precision": self.precision}

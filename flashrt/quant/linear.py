@@ -276,12 +276,12 @@ def _float_exact(w: QuantWeight, x: torch.Tensor) -> bool:
     return x.shape[1] * w.qa * W_QMAX < 2**24
 
 
-INT8_KERNELS: dict[str, Kernel] = {
+INT8_KERNELS: dict[str, Kernel] = {  # measured in this order: the cheap baseline first
+    "float": Kernel("float", _int8_float, _float_exact,
+                    "the same integers in a float32 GEMM (exact while K * qa * 127 < 2**24)"),
     "onednn": Kernel("onednn", _int8_onednn, lambda w, x: _on_cpu(w, x) and onednn_int8_available(),
                      "oneDNN u8 x s8 GEMM, int32 accumulation, scales + bias in the epilogue"),
     "int_mm": Kernel("int_mm", _int8_int_mm, _int_mm_ok, "torch._int_mm, int32 accumulation"),
-    "float": Kernel("float", _int8_float, _float_exact,
-                    "the same integers in a float32 GEMM (exact while K * qa * 127 < 2**24)"),
 }
 
 
@@ -368,11 +368,11 @@ class KernelTable:
 
 
 def _time(kernel: Kernel, w: QuantWeight, x: torch.Tensor, reps: int, best: float | None) -> float:
-    """Seconds per call (min over reps after one warm-up); stops early when 3x slower than `best`."""
+    """Seconds per call: min over a first (cold) call and ``reps`` more; a kernel 3x slower than
+    ``best`` on its first call is not run again (torch._int_mm's CPU fallback can be 100x slower)."""
     sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
-    kernel.run(w, x, None)
     out = float("inf")
-    for _ in range(reps):
+    for _ in range(reps + 1):
         sync()
         start = time.perf_counter()
         kernel.run(w, x, None)

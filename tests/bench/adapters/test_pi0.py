@@ -182,8 +182,24 @@ def test_real_checkpoint_and_variant_mismatch(tmp_path):
 def test_refusals(sections, match):
     with pytest.raises(ConfigError, match=match):
         pi0_bench.make_pi0_benchmark(profile(**sections), None, "cpu")
-    with pytest.raises(ConfigError, match="fp8"):
-        pi0_bench.make_pi0_benchmark(replace(profile(), precision="fp8"), None, "cpu")
+    with pytest.raises(ConfigError, match="fp64"):
+        pi0_bench.make_pi0_benchmark(replace(profile(), precision="fp64"), None, "cpu")
+
+
+def test_int8_run_with_a_float_reference_gated_by_the_recipe(monkeypatch, tmp_path):
+    import flashrt.quant.cache
+
+    monkeypatch.setattr(flashrt.quant.cache, "default_root", lambda: tmp_path)  # not the user's cache
+    bench = pi0_bench.make_pi05_benchmark(replace(profile(), precision="int8"), None, "cpu")
+    try:
+        assert bench.loaded.frontend.quantization["cache"] == "calibrated"
+        assert "calibration" in bench.cold_start_ms and bench.quality()["min_cosine"] >= 0.995
+        assert bench.vs_tolerance("fp32") == (0.5, 0.0) and bench.vs_tolerance("eager") is None
+        x = bench.make_inputs(0)[0]
+        fp32 = bench.reference("fp32").run(x, StageTimer())["actions"]
+        assert np.abs(bench.run(x, StageTimer())["actions"] - fp32).max() <= 0.5
+    finally:
+        bench.close()
 
 
 def test_unknown_and_unavailable_references(pi0):
