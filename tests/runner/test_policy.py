@@ -216,3 +216,13 @@ def test_relative_actions_mask_follows_the_checkpoint(name):
     sign): every dim relative for pi0_rel; pi05_rel keeps its "gripper" dim absolute, by name."""
     mask = policy(name).checkpoint.relative_mask
     assert mask == ((True,) * 5 if name == "pi0_rel" else (True,) * 4 + (False, True))
+
+
+def test_seed_is_the_cpu_generators_draw():
+    """seed=s is N(0, 1) from a CPU generator seeded with s, copied in: the same noise on any device."""
+    case = E2E.case("pi05_cam1")
+    pol = policy("pi05_cam1")
+    shape = (1, case.info["chunk_size"], case.info["max_dim"])
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(7))
+    assert np.array_equal(pol.infer(case.obs(0), seed=7)["actions"],
+                          pol.infer(case.obs(0), noise=noise.numpy())["actions"])
