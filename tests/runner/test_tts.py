@@ -185,3 +185,21 @@ def test_a_tokenizer_json_is_read_with_its_bos_post_processor(tmp_path):
     layout = OrpheusLayout()  # the released ids
     ids = format_prompt(layout, load_text_tokenizer(tmp_path, layout), "hi", "tara")
     assert ids == [128259, 128000, 5, 6, 7, 128009, 128260, 128261, 128257]
+
+
+def test_the_lm_and_the_snac_decoder_can_live_in_two_folders(tmp_path, io):
+    import shutil
+
+    lm = tmp_path / "lm"
+    shutil.copytree(FIXTURES / "orpheus_tiny", lm, ignore=shutil.ignore_patterns("snac"))
+    with pytest.raises(CheckpointError, match="no SNAC decoder"):
+        load_tts(lm, family="orpheus")
+    tts = load_tts(lm, family="orpheus", snac=FIXTURES / "orpheus_tiny" / "snac", max_new_tokens=400,
+                   cache_len=512)
+    try:
+        voice, text = CASES[0]
+        audio = tts(text, voice=voice, sampling=GREEDY)
+        np.testing.assert_allclose(audio, _reference(io, 0), atol=1e-4, rtol=0)
+        assert tts.describe()["family"] == "orpheus"
+    finally:
+        tts.close()
