@@ -42,7 +42,7 @@ from torch import nn
 
 from flashrt.frontends.pi0.model import use_mlp_kernels
 from flashrt.frontends.pi0_fast.config import IMAGE_FEATURE_NORM, Pi0FastConfig
-from flashrt.nn.attention import StaticKV, attend, key_padding_bias, mask_value
+from flashrt.nn.attention import StaticKV, key_padding_bias, mask_value
 from flashrt.nn.gemma import Gemma, GemmaLayer, onednn_available
 from flashrt.nn.rope import apply_rope, rope_cos_sin
 from flashrt.nn.siglip import Siglip
@@ -66,6 +66,9 @@ class Pi0FastNet(nn.Module):
 
     def reset_derived(self) -> None:
         """On the CPU, the Pi0 family's kernel choices for the vision tower and the VLM."""
+        for layer in self.vlm.layers:  # the decode step's norm gains 1 + w, float32 (`_norm_one`)
+            layer.decode_gains = (1.0 + layer.input_norm.weight.float(), 1.0 + layer.post_norm.weight.float())
+        self.decode_gain = 1.0 + self.vlm.norm.weight.float()
         if self.projector.weight.device.type == "cpu":
             use_mlp_kernels(self, "onednn" if onednn_available() else "aten")
 
@@ -93,7 +96,7 @@ class Pi0FastNet(nn.Module):
         """One token x (B, 1, W) at cache slot ``slot`` (1,) int64 -> final-normed (B, 1, W)."""
         for i, layer in enumerate(self.vlm.layers):
             x = _decode_layer(layer, x, rope, kv, i, slot, bias)
-        return self.vlm.norm(x)
+        return _norm_one(x, self.decode_gain, self.vlm.norm.eps)
 
 
 def _decode_layer(layer: GemmaLayer, x: torch.Tensor, rope: tuple, kv: StaticKV, index: int,
@@ -101,14 +104,33 @@ def _decode_layer(layer: GemmaLayer, x: torch.Tensor, rope: tuple, kv: StaticKV,
     """`GemmaLayer.forward` for one token whose slot is a device tensor: K/V stored with index_copy_,
     attention over every slot of the cache under ``bias`` (B, 1, 1, T)."""
     heads, kv_heads, d = layer.shape
-    qkv = F.linear(layer.input_norm(x), layer.qkv.weight).unflatten(-1, (-1, d))  # (B, 1, H + 2KV, D)
+    gains = layer.decode_gains
+    qkv = F.linear(_norm_one(x, gains[0], layer.input_norm.eps), layer.qkv.weight).unflatten(-1, (-1, d))
     cos, sin = rope
     q = apply_rope(qkv[:, :, :heads], cos, sin)
     k = apply_rope(qkv[:, :, heads:heads + kv_heads], cos, sin)
     kv.k[index].index_copy_(2, slot, k.transpose(1, 2))
     kv.v[index].index_copy_(2, slot, qkv[:, :, heads + kv_heads:].transpose(1, 2))
-    x = x + F.linear(attend(q, kv.k[index], kv.v[index], bias), layer.o.weight)
-    return x + layer.mlp(layer.post_norm(x))
+    x = x + F.linear(_attend_one(q, kv.k[index], kv.v[index], bias), layer.o.weight)
+    gate, up = F.linear(_norm_one(x, gains[1], layer.post_norm.eps), layer.gate_up.weight).chunk(2, dim=-1)
+    # plain ATen GeGLU: oneDNN's fused kernel (the prefill's choice) is ~6x slower for one row
+    return x + F.linear(F.gelu(gate, approximate="tanh").mul_(up), layer.down.weight)
+
+
+def _norm_one(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma RMSNorm of one token as one fused op, ``gain`` = 1 + weight (float32, precomputed)."""
+    return F.rms_norm(x.float(), gain.shape, gain, eps).to(x.dtype)
+
+
+def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """One query token: q (B, 1, H, D), k/v (B, KV, T, D), bias (B, 1, 1, T) -> (B, 1, H*D). Two small
+    matmuls and a softmax (the same math as `attend`; SDPA's CPU kernel costs several times more for a
+    single query row)."""
+    b, _, h, d = q.shape
+    kv = k.shape[1]
+    qg = q.view(b, kv, h // kv, d)  # head i attends with key/value head i // (H / KV), as `attend`
+    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(d**-0.5).add_(bias)  # (B, KV, G, T)
+    return torch.matmul(scores.softmax(-1), v).reshape(b, 1, h * d)
 
 
 class Pi0FastDecodeModel:
@@ -137,6 +159,13 @@ class Pi0FastDecodeModel:
         ], self.device)
         self.kv = StaticKV(self.buffers["prefix_k"], self.buffers["prefix_v"])
         self.buffers["vision_masks"].fill_(True)
+        # load-time constants of the decode step: RoPE rows of every position (the same float32 math as
+        # `rope_cos_sin` per position, gathered by index), the text slot indices, the bias values
+        every = torch.arange(self.image_slots + self.cache_len, device=self.device)[None]
+        self.rope_table = rope_cos_sin(every, g.head_dim, g.rope_theta, net.dtype)  # (1, T, 1, D) each
+        self.text_slots = torch.arange(self.cache_len, device=self.device)
+        self.bias_values = (torch.zeros((), dtype=net.dtype, device=self.device),
+                            torch.full((), mask_value(net.dtype), dtype=net.dtype, device=self.device))
 
     # ---------------------------------------------------------------------------- graph bodies
     def prefill(self, bucket: int, io: Any) -> None:
@@ -159,13 +188,9 @@ class Pi0FastDecodeModel:
     def decode(self, io: Any) -> None:
         """Graph body of one decode step (module docstring)."""
         net, bufs = self.net, self.buffers
-        g = net.config.vlm
-        positions = bufs["prefix_image_count"] + io.position  # (B, 1) RoPE position
-        rope = rope_cos_sin(positions, g.head_dim, g.rope_theta, net.dtype)
-        text = torch.arange(self.cache_len, device=self.device)
-        zero = torch.zeros((), dtype=net.dtype, device=self.device)
-        masked = torch.full((), mask_value(net.dtype), dtype=net.dtype, device=self.device)
-        text_bias = torch.where(text <= io.position, zero, masked)[None]
+        position = (bufs["prefix_image_count"] + io.position).view(1)  # RoPE position of io.token
+        rope = tuple(t.index_select(1, position) for t in self.rope_table)  # (B, 1, 1, D)
+        text_bias = torch.where(self.text_slots <= io.position, *self.bias_values)[None]
         bias = torch.cat([bufs["prefix_image_bias"], text_bias], dim=1)[:, None, None, :]
         h = net.decode_hidden(net.embed(io.token), rope, self.kv, self.image_slots + io.position, bias)
         io.logits.copy_(net.logits(h)[:, 0])
