@@ -5,7 +5,10 @@ for tick k, takes frame k (timestamp t_k) and calls `policy.step(obs)`; the acti
 t_done. Per executed tick:
 
     latency     t_done - t_start (the step call itself)
-    action age  t_done - t_k (observation time -> action available; includes wake-up lateness)
+    action age  t_done - t_j, where frame j is the observation the executed action was COMPUTED from:
+                the frame of the last replanning tick for a chunked policy (a queued action is as old as
+                the chunk's observation), frame k itself for a policy that computes every tick
+    time to pop t_done - t_k (this tick's frame -> action available; includes wake-up lateness)
     missed      t_done > t_k + period (the action was not ready for the next tick)
 
 A step that overruns makes the loop skip the ticks it covered (`dropped_ticks`); the next frame taken
@@ -73,6 +76,7 @@ class Tick:
     boundary: bool
     dropped_before: int
     error: str = ""
+    source_obs_ms: float | None = None   # time of the frame the executed action was computed from
 
     @property
     def latency_ms(self) -> float:
@@ -80,6 +84,12 @@ class Tick:
 
     @property
     def action_age_ms(self) -> float:
+        """Observation (the one the action came from) -> action executed."""
+        return self.done_ms - (self.obs_ms if self.source_obs_ms is None else self.source_obs_ms)
+
+    @property
+    def time_to_pop_ms(self) -> float:
+        """This tick's frame -> action available."""
         return self.done_ms - self.obs_ms
 
 
@@ -132,6 +142,7 @@ def run_loop(policy: Any, observe: Callable[[int], Any], config: LoopConfig,
     chunk = config.chunk_size or int(getattr(policy, "chunk_size", 0) or 0)
     period = config.period_ms
     ticks: list[Tick] = []
+    source: float | None = None   # frame time of the chunk being executed
     t0 = clock()
     now_ms = lambda: (clock() - t0) * 1e3
     k = 0
@@ -147,8 +158,10 @@ def run_loop(policy: Any, observe: Callable[[int], Any], config: LoopConfig,
         done = now_ms()
         missed = bool(error) or done > (k + 1) * period
         dropped = k - ticks[-1].index - 1 if ticks else 0
-        ticks.append(Tick(k, k * period, start, done, missed, _boundary(policy, len(ticks), chunk),
-                          dropped, error))
+        boundary = _boundary(policy, len(ticks), chunk)
+        fresh = boundary or (chunk <= 0 and not isinstance(getattr(policy, "replanned", None), bool))
+        source = k * period if fresh or source is None else source   # no chunking known: every tick
+        ticks.append(Tick(k, k * period, start, done, missed, boundary, dropped, error, source))
         k = max(k + 1, math.ceil(done / period - 1e-9)) if missed else k + 1
     return ticks
 
@@ -165,6 +178,7 @@ def summarize_loop(ticks: list[Tick], config: LoopConfig) -> dict[str, Any]:
             "latency": LatencyStats.from_samples([t.latency_ms for t in ok], config.rate_hz,
                                                  failures=len(ticks) - len(ok)),
             "action_age": LatencyStats.from_samples([t.action_age_ms for t in ok]),
+            "time_to_pop": LatencyStats.from_samples([t.time_to_pop_ms for t in ok]),
             "action_interval": LatencyStats.from_samples(intervals),
             "boundaries": sum(t.boundary for t in ok),
             "latency_boundary": lat([t for t in ok if t.boundary]),
@@ -210,6 +224,7 @@ def run_loop_benchmark(name: str, profile: Any, config: LoopConfig, checkpoint: 
 def _columns(ticks: list[Tick]) -> dict[str, list]:
     """Per-tick arrays (index, obs/start/done ms, missed, boundary) for plots and later analysis."""
     return {"index": [t.index for t in ticks], "obs_ms": [t.obs_ms for t in ticks],
+            "source_obs_ms": [t.done_ms - t.action_age_ms for t in ticks],
             "start_ms": [t.start_ms for t in ticks], "done_ms": [t.done_ms for t in ticks],
             "missed": [t.missed for t in ticks], "boundary": [t.boundary for t in ticks]}
 
@@ -221,8 +236,8 @@ def loop_tables(record: dict[str, Any], console: Any = None) -> None:
     s = record["loop"]
     counters = {k: s[k] for k in ("executed", "missed", "miss_rate", "dropped_ticks", "errors", "boundaries")}
     stats = {"step latency": s["latency"], "  at chunk boundary": s["latency_boundary"],
-             "  inside a chunk": s["latency_inner"], "action age": s["action_age"],
-             "action interval": s["action_interval"]}
+             "  inside a chunk": s["latency_inner"], "action age (obs -> executed)": s["action_age"],
+             "time to pop": s["time_to_pop"], "action interval": s["action_interval"]}
     cfg = s["config"]
     title = f"loop {record['benchmark']} @ {cfg.rate_hz:g} Hz, load {cfg.load_workers} {cfg.load_kind}"
     print_tables(kv_table(counters, title), stats_table(stats, "loop (ms)"), console=console)
@@ -234,14 +249,14 @@ def loop_figure(record: dict[str, Any], path: Any) -> Any:
 
     t = record["ticks"]
     lat = [d - s for s, d in zip(t["start_ms"], t["done_ms"])]
-    age = [d - o for o, d in zip(t["obs_ms"], t["done_ms"])]
+    age = [d - o for o, d in zip(t["source_obs_ms"], t["done_ms"])]
     pick = lambda flags, ys, marker: ([i for i, f in zip(t["index"], flags) if f],
                                       [y for y, f in zip(ys, flags) if f], marker)
     period = record["loop"]["config"].period_ms
     panels = [("step latency per tick", "tick", "ms",
                {"latency": (t["index"], lat), "chunk boundary": pick(t["boundary"], lat, "o"),
                 "missed": pick(t["missed"], lat, "x")}, {"period": period}),
-              ("action age (observation -> action available)", "tick", "ms",
+              ("action age (the observation it came from -> executed)", "tick", "ms",
                {"action age": (t["index"], age), "missed": pick(t["missed"], age, "x")},
                {"period": period})]
     return plot_panels(path, panels, f"flashrt loop · {record['benchmark']}")

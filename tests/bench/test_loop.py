@@ -114,3 +114,13 @@ def test_tick_boundaries(case):
     assert [t.dropped_before for t in ticks] == dropped
     assert summarize_loop(ticks, config)["latency"].deadline_misses == sum(
         lat > 7.8125 for lat in [t.latency_ms for t in ticks])
+
+
+def test_action_age_counts_from_the_observation_the_chunk_came_from():
+    """Chunk of 4 at 100 Hz, replans take 5 ms, queued pops 1 ms: a queued action executed at tick k
+    is as old as the replanning tick's frame (k mod 4 periods + its pop), not 1 ms."""
+    ticks, s = _loop([5, 1, 1, 1], steps=8, chunk_size=4)
+    ages = [round(t.action_age_ms, 6) for t in ticks]
+    assert ages == [5, 11, 21, 31, 5, 11, 21, 31]
+    assert [round(t.time_to_pop_ms, 6) for t in ticks] == [5, 1, 1, 1, 5, 1, 1, 1]
+    assert s["action_age"].max == pytest.approx(31) and s["time_to_pop"].max == pytest.approx(5)
