@@ -1,5 +1,7 @@
-"""Runners: call patterns over frontends that know no model (the AR decode runner, the stream runner,
-the TTS runner).
+"""Runners: call patterns over frontends that know no model (the policy runner, the AR decode runner,
+the stream runner, the TTS runners).
+
+`flashrt.runner.policy` `Policy` (infer / step / reset over a `PolicyFrontend`) and `load_policy`;
 
 `flashrt.runner.decode` prefill buckets + one decode step replayed per token; `flashrt.runner.sampling`
 token selection on the device; `flashrt.runner.stream` one-shot + streaming decode over a
