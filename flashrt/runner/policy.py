@@ -93,26 +93,36 @@ class Policy:
 
     # ------------------------------------------------------------------------------ hot path
     def infer(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None,
-              timer: StageTimer | None = None) -> dict[str, Any]:
+              timer: StageTimer | None = None, guide: Any = None) -> dict[str, Any]:
         """One observation -> a whole chunk: {"actions": (chunk_size, action_dim) float32, "timing",
         "bucket"}. `noise` (the family's noise shape) or `seed` fix the randomness.
 
         `timer` (a `flashrt.profile.StageTimer`, optional) receives the stages of this call: "validate"
         (every check; nothing written), "h2d" (static buffers written), "replay" (the captured step) and
-        "postprocess" (outputs to the host, un-normalized, checked finite)."""
+        "postprocess" (outputs to the host, un-normalized, checked finite).
+
+        `guide` (a `flashrt.runtime.rtc.Guidance`, optional): real-time chunking, for families whose
+        frontend has `supports_guidance` (ConfigError otherwise); `flashrt.AsyncPolicy` builds it."""
         with self._lock:
             seed = check_seed(seed)
             start = time.perf_counter()
             timer = timer if timer is not None else StageTimer(self.frontend.device)
             first = len(timer)
             with timer.stage("validate"):
-                bucket, checked = self.frontend.check(obs, noise)
+                bucket, checked = self._check(obs, noise, guide)
             actions = self._run(bucket, checked, seed, timer)
             ms = {r.stage: r.ms for r in timer.records(first)}
             timing = {"preprocess_ms": ms["validate"] + ms["h2d"], "replay_ms": ms["replay"],
                       "postprocess_ms": ms["postprocess"], "total_ms": (time.perf_counter() - start) * 1e3}
             self.last_timing = timing
             return {"actions": actions, "timing": timing, "bucket": bucket}
+
+    def _check(self, obs: Mapping[str, Any], noise: Any, guide: Any) -> tuple[int, Any]:
+        if guide is None:
+            return self.frontend.check(obs, noise)
+        if not getattr(self.frontend, "supports_guidance", False):
+            raise ConfigError(f"{type(self.frontend).__name__} does not support real-time chunking guidance")
+        return self.frontend.check(obs, noise, guide=guide)
 
     def _run(self, bucket: int, checked: Any, seed: int | None, timer: StageTimer) -> np.ndarray:
         with timer.stage("h2d"):

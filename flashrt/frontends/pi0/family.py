@@ -32,6 +32,7 @@ from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
 from flashrt.quant.precision import compute_dtype, dtype_info
 from flashrt.runtime.device import resolve_device
 from flashrt.runtime.frontend import PolicyFamily
+from flashrt.runtime.rtc import Guidance, guidance_gains
 
 __all__ = ["FAMILY", "Pi0PolicyFrontend", "Pi0Checked", "load", "detect"]
 
@@ -44,6 +45,7 @@ class Pi0Checked:
     inputs: Mapping[str, torch.Tensor]
     noise: torch.Tensor | None
     state: torch.Tensor
+    guide: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # frozen, weights, gains
 
 
 class Pi0PolicyFrontend:
@@ -68,7 +70,10 @@ class Pi0PolicyFrontend:
         return self.images.cameras
 
     # ------------------------------------------------------------------------------ hot path
-    def check(self, obs: Mapping[str, Any], noise: Any = None) -> tuple[int, Pi0Checked]:
+    supports_guidance = True  # real-time chunking inside the captured step (`flashrt.runtime.rtc`)
+
+    def check(self, obs: Mapping[str, Any], noise: Any = None,
+              guide: Guidance | None = None) -> tuple[int, Pi0Checked]:
         o = split_observation(obs, self.checkpoint.rename_map)
         images = self.images.check(o.images)
         state = check_state(o.state, self.state_dim)
@@ -77,7 +82,19 @@ class Pi0PolicyFrontend:
         bucket = self.frontend.bucket_for(len(ids))
         checked_noise = self.frontend.check_noise(noise) if noise is not None else None
         inputs = self.buffers.validate(self._static_inputs(ids, state_norm), partial=True)
-        return bucket, Pi0Checked(images, inputs, checked_noise, state)
+        checked_guide = self._check_guide(guide, state) if guide is not None else None
+        return bucket, Pi0Checked(images, inputs, checked_noise, state, checked_guide)
+
+    def _check_guide(self, guide: Guidance, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Frozen actions (action space) -> the model's space (relative dims made relative again,
+        normalized, zero-padded), the position weights and the per-step gains."""
+        frozen = torch.from_numpy(guide.check(self.chunk_size, self.action_dim))
+        if self.checkpoint.relative_mask is not None:
+            frozen = frozen - relative_offset(self.checkpoint.relative_mask, state, self.action_dim)
+        padded = torch.zeros(self.chunk_size, self.config.max_action_dim)
+        padded[: frozen.shape[0], : self.action_dim] = self.checkpoint.action_norm.normalize(frozen)
+        weights = torch.from_numpy(guide.weights(self.chunk_size))
+        return padded, weights, guidance_gains(self.config.num_steps, guide.max_guidance)
 
     def _static_inputs(self, ids: list[int], state_norm: torch.Tensor) -> dict[str, torch.Tensor]:
         tokens, mask = self.prompts.padded(ids, self.frontend.max_len)
@@ -93,6 +110,7 @@ class Pi0PolicyFrontend:
         self.images.write(checked.images, bufs["vision_images"][0], bufs["vision_masks"][0])
         bufs.write(checked.inputs)
         self.frontend.write_noise(checked.noise, seed)
+        self.frontend.write_guidance(*(checked.guide or ()))
 
     def replay(self, bucket: int) -> None:
         self.frontend.run(bucket)

@@ -13,8 +13,12 @@ Set up once (`Pi0Frontend.__init__` + `capture`), replay forever (`run`):
   `actions()`.
 * The step runs under ``torch.inference_mode`` (no autograd version counters or view tracking: ~3%
   less CPU time; every tensor it writes is a static buffer, its temporaries never escape).
+* Real-time chunking (`flashrt.runtime.rtc`) is a static input too: `write_guidance(frozen, weights,
+  gains)` fills `expert_rtc_*`, which every denoise step of the captured step reads; `write_guidance()`
+  clears the weights (then the step is the unguided one, bit for bit).
 * Noise is a static input: `write_noise(check_noise(array))` copies a caller's array,
-  `write_noise(seed=s)` samples N(0, 1) with a seeded generator on the device, `write_noise()` draws
+  `write_noise(seed=s)` samples N(0, 1) with a seeded CPU generator (the same noise
+  on every device) and copies it in, `write_noise()` draws
   from the frontend's own generator; always outside the graph.
 
 Ownership: the frontend owns its Buffers, graphs and generator; the model's weights must keep their
@@ -31,10 +35,11 @@ from typing import Any
 import torch
 
 from flashrt.errors import InputError
-from flashrt.frontends.pi0.model import Pi0Model, io_buffer_specs, kv_buffer_specs
+from flashrt.frontends.pi0.model import Pi0Model, io_buffer_specs, kv_buffer_specs, rtc_buffer_specs
 from flashrt.nn.attention import StaticKV
 from flashrt.runtime.buffers import Buffers, check_value
 from flashrt.runtime.graphs import GraphSet, backend_for_device
+from flashrt.runtime.rtc import euler_times_f32
 
 BUCKET_LADDER = (8, 16, 32, 64, 128, 256, 512)
 
@@ -58,7 +63,10 @@ class Pi0Frontend:
         self.max_len = self.buckets[-1]
         max_prefix = self.config.prefix_len(self.n_cams, self.max_len)
         self.buffers = Buffers([*io_buffer_specs(self.config, 1, self.n_cams, self.max_len),
-                                *kv_buffer_specs(self.config, 1, max_prefix, model.dtype)], self.device)
+                                *kv_buffer_specs(self.config, 1, max_prefix, model.dtype),
+                                *rtc_buffer_specs(self.config, 1)], self.device)
+        self.buffers["expert_rtc_times"].copy_(euler_times_f32(self.config.num_steps))
+        self._guided = False
         self.backend = backend_for_device(backend, self.device, **dict(backend_opts or {}))
         self.graphs = GraphSet(self.backend, self._build, self.buckets, buffers=self.buffers)
         self._generator = torch.Generator(self.device)
@@ -84,8 +92,9 @@ class Pi0Frontend:
         args = (b["vision_images"], b["vision_masks"], b["prefix_tokens"][:, :bucket],
                 b["prefix_token_masks"][:, :bucket], b["expert_state"] if c.has_state_token else None,
                 b["expert_noise"])
+        guide = tuple(b[f"expert_rtc_{n}"] for n in ("frozen", "weights", "gains", "times"))
         out, model = b["expert_actions"], self.model
-        return lambda: model.sample_actions(*args, kv=kv, out=out)
+        return lambda: model.sample_actions(*args, kv=kv, out=out, guide=guide)
 
     def capture(self) -> dict[str, Any]:
         """Capture every bucket now (load time); returns the GraphSet report."""
@@ -120,11 +129,26 @@ class Pi0Frontend:
         if noise is not None:
             target.copy_(noise, non_blocking=True)
             return
-        generator = self._generator
-        if seed is not None:
-            generator = torch.Generator(self.device)
-            generator.manual_seed(int(seed))
-        target.copy_(torch.randn(target.shape, generator=generator, device=self.device))
+        if seed is not None:  # drawn on the CPU generator and copied in: the same noise on every device
+            drawn = torch.randn(target.shape, generator=torch.Generator().manual_seed(int(seed)))
+            target.copy_(drawn, non_blocking=False)
+            return
+        target.copy_(torch.randn(target.shape, generator=self._generator, device=self.device))
+
+    def write_guidance(self, frozen: torch.Tensor | None = None, weights: torch.Tensor | None = None,
+                       gains: torch.Tensor | None = None) -> None:
+        """Real-time chunking inputs: frozen (H, A) normalized actions (zero-padded), weights (H,),
+        gains (num_steps,); None (the default) clears them, so the next replay is unguided."""
+        b = self.buffers
+        if frozen is None:
+            if self._guided:
+                b["expert_rtc_weights"].zero_()
+                self._guided = False
+            return
+        b["expert_rtc_frozen"][0].copy_(frozen)
+        b["expert_rtc_weights"][0, :, 0].copy_(weights)
+        b["expert_rtc_gains"].copy_(gains)
+        self._guided = True
 
     def run(self, bucket: int) -> None:
         """Replay the graph of `bucket` (from `bucket_for`), after the inputs were written."""

@@ -75,8 +75,10 @@ from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
 from flashrt.nn.rope import rope_cos_sin
 from flashrt.nn.siglip import FC1_GELU_KERNELS, Siglip
 from flashrt.runtime.buffers import BufferSpec
+from flashrt.runtime.rtc import guided_velocity
 
 KV = StaticKV | tuple[torch.Tensor, torch.Tensor]
+Guide = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # frozen, weights, gains, times
 
 
 def _gemma(spec: GemmaSpec, vocab: int = 0, cond_dim: int | None = None) -> Gemma:
@@ -220,11 +222,15 @@ class Pi0Model(nn.Module):
     def sample_actions(self, images: torch.Tensor, img_masks: torch.Tensor, tokens: torch.Tensor,
                        token_masks: torch.Tensor, state: torch.Tensor | None = None,
                        noise: torch.Tensor | None = None, *, kv: KV | None = None,
-                       out: torch.Tensor | None = None, num_steps: int | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, num_steps: int | None = None,
+                       guide: Guide | None = None) -> torch.Tensor:
         """Prefix once, then ``num_steps`` Euler steps of the expert -> actions (B, H, A) float32.
 
         ``kv`` None allocates a temporary cache (eager use); ``out`` receives the result in place.
         ``num_steps`` other than ``config.num_steps`` recomputes the schedule tables (outside graphs).
+        ``guide`` (real-time chunking, `flashrt.runtime.rtc`): (frozen (B, H, A), weights (B, H, 1),
+        gains (n,), times (n,)) float32 tensors; every velocity is guided toward ``frozen`` (weights 0:
+        the unguided result bit for bit).
         """
         c = self.config
         if noise is None:
@@ -239,16 +245,20 @@ class Pi0Model(nn.Module):
         if c.has_state_token:
             self.encode_state(state, rope, kv, start, bias)
             rope, start = (rope[0][:, 1:], rope[1][:, 1:]), start + 1
-        x = self._integrate(noise, num_steps or c.num_steps, rope, kv, start, bias)
+        x = self._integrate(noise, num_steps or c.num_steps, rope, kv, start, bias, guide)
         return x if out is None else out.copy_(x)
 
     def _integrate(self, noise: torch.Tensor, num_steps: int, rope: tuple, kv: StaticKV, start: int,
-                   bias: torch.Tensor) -> torch.Tensor:
+                   bias: torch.Tensor, guide: Guide | None = None) -> torch.Tensor:
         tables = self._tables(num_steps)
         dt = -1.0 / num_steps
         x = _cast(noise, torch.float32)
         for step in range(num_steps):
-            x = torch.add(x, self.velocity(x, step, tables, rope, kv, start, bias), alpha=dt)  # x + dt v
+            v = self.velocity(x, step, tables, rope, kv, start, bias)
+            if guide is not None:
+                frozen, weights, gains, times = guide
+                v = guided_velocity(v, x, times[step], frozen, weights, gains[step])
+            x = torch.add(x, v, alpha=dt)  # x + dt v
         return x
 
     def _tables(self, num_steps: int) -> dict[str, torch.Tensor]:
@@ -369,6 +379,18 @@ def io_buffer_specs(config: Pi0Config, batch: int, n_cams: int, prompt_len: int)
         specs.insert(4, BufferSpec("expert_state", (batch, c.max_state_dim), torch.float32,
                                    doc="normalized, zero-padded robot state"))
     return tuple(specs)
+
+
+def rtc_buffer_specs(config: Pi0Config, batch: int) -> tuple[BufferSpec, ...]:
+    """Real-time chunking inputs of the step (`flashrt.runtime.rtc`); all zero = unguided."""
+    c, n = config, config.num_steps
+    return (BufferSpec("expert_rtc_frozen", (batch, c.chunk_size, c.max_action_dim), torch.float32,
+                       doc="frozen actions (normalized, zero-padded) the chunk is guided toward"),
+            BufferSpec("expert_rtc_weights", (batch, c.chunk_size, 1), torch.float32, low=0.0, high=1.0,
+                       doc="per-position guidance weight (0: unguided)"),
+            BufferSpec("expert_rtc_gains", (n,), torch.float32, low=0.0, doc="guidance gain per Euler step"),
+            BufferSpec("expert_rtc_times", (n,), torch.float32, low=0.0, high=1.0,
+                       doc="flow time of each Euler step"))
 
 
 def make_step(model: Pi0Model, buffers) -> Callable[[], None]:
