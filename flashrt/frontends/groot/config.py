@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from flashrt.errors import CheckpointError
+from flashrt.io.files import read_json
 
 COSMOS_NAME = "nvidia/Cosmos-Reason2-2B"
 
@@ -146,9 +147,7 @@ def backbone_json(folder: Path, model_name: str) -> tuple[dict[str, Any], Path |
                 f"{folder / 'config.json'}: field 'model_name' = {model_name!r} is neither "
                 f"{COSMOS_NAME!r} nor a folder with a Qwen3-VL config.json"
             )
-    import json
-
-    return json.loads((path / "config.json").read_text()), path
+    return read_json(path / "config.json", "GR00T backbone config"), path
 
 
 def _rope(text: dict[str, Any]) -> tuple[float, tuple[int, int, int]]:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from flashrt.errors import CheckpointError, InputError
+from flashrt.io.files import check_regular
 
 DEFAULT_PROMPT = "Perform the task."
 
@@ -218,7 +219,7 @@ class PromptTokenizer:
         if not path.is_file():
             raise CheckpointError(f"{path}: tokenizer.json not found (pass tokenizer=PATH)")
         self.path = path
-        self.tok = Tokenizer.from_file(str(path))
+        self.tok = Tokenizer.from_file(str(check_regular(path, "GR00T tokenizer")))
         self.ids = {s: self.tok.token_to_id(s) for s in self.SPECIALS}
         missing = [s for s, i in self.ids.items() if i is None]
         if missing:
