@@ -66,6 +66,11 @@ def layout(folder: Path) -> Layout:
 
 def _check_n17(path: Path, cfg: dict[str, Any] | None = None) -> None:
     cfg = read_json(path) if cfg is None else cfg
+    if cfg.get("model_type") == "gr00t_n1_5":
+        raise CheckpointError(
+            f"{path}: a GR00T N1.5 checkpoint: it runs at model level only "
+            "(flashrt.frontends.groot.n15), not through load_policy yet"
+        )
     if cfg.get("model_type") != N17_MODEL_TYPE:
         raise CheckpointError(
             f"{path}: model_type {cfg.get('model_type')!r} is not {N17_MODEL_TYPE!r} (GR00T "
