@@ -280,9 +280,15 @@ def _layout(folder: Path, codebook: int) -> OrpheusLayout:
 def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: str = "cpu",
                  precision: str = "fp32", backend: str | None = None, max_new_tokens: int = 1200,
                  cache_len: int = 2048, prompt_buckets: tuple[int, ...] = (32, 64, 128, 256),
-                 stream_chunk: int = 4, frames_per_chunk: int = 1, queue_size: int = 8,
+                 stream_chunk: int | None = None, frames_per_chunk: int = 1, queue_size: int = 8,
                  sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False) -> OrpheusTTS:
-    """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain."""
+    """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain.
+
+    ``precision`` is the LM's; SNAC decodes in float32, as the reference does. ``stream_chunk``: SNAC
+    frames decoded per stream window (each window adds the decoder's context, 3 frames a side at
+    24 kHz): fewer means earlier first audio and more decoding; None takes 1 on a GPU (first audio
+    after 4 frames, 28 tokens, as Orpheus' own streamer) and 4 on a CPU (the windows cost ~2.5x less
+    there). ``constrain_frames``: see `frame_constraint` (off: the reference samples freely)."""
     folder = Path(folder)
     snac_dir = _snac_folder(folder, snac)
     codebook, rate = _snac_codebook(snac_dir)
@@ -291,6 +297,8 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
     constraint = frame_constraint(layout) if constrain_frames else None
     decoder = Decoder(lm, prompt_buckets, max_new_tokens=max_new_tokens, backend=backend,
                       constraint=constraint).capture()
+    if stream_chunk is None:
+        stream_chunk = 1 if torch.device(device).type == "cuda" else 4
     vocoder = flashrt.load_vocoder(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk)
     return OrpheusTTS(decoder, vocoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
                       frames_per_chunk=frames_per_chunk, queue_size=queue_size,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from flashrt.chain import StageError
@@ -201,5 +202,16 @@ def test_the_lm_and_the_snac_decoder_can_live_in_two_folders(tmp_path, io):
         audio = tts(text, voice=voice, sampling=GREEDY)
         np.testing.assert_allclose(audio, _reference(io, 0), atol=1e-4, rtol=0)
         assert tts.describe()["family"] == "orpheus"
+    finally:
+        tts.close()
+
+
+def test_a_bfloat16_lm_speaks_the_same_frames(io):
+    tts = load_tts(FIXTURES / "orpheus_tiny", precision="bf16", max_new_tokens=400, cache_len=512)
+    try:
+        assert tts.decoder.model.dtype == torch.bfloat16
+        audio = tts(CASES[0][1], voice=CASES[0][0], sampling=GREEDY)  # margins of ~15 logits: same tokens
+        assert tts.report()["tokens"] == io["tokens.0"].numel()
+        np.testing.assert_allclose(audio, _reference(io, 0), atol=1e-4, rtol=0)  # SNAC stays float32
     finally:
         tts.close()
