@@ -85,11 +85,11 @@ class Pi0FastNet(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, L) int64 -> (B, L, W) ``embedding * sqrt(W)`` (transformers' scaled Gemma embedding)."""
-        return self.vlm.embed_tokens(tokens).to(self.dtype)
+        return _as(self.vlm.embed(tokens) * self.vlm.embed_scale, self.dtype)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., W) final-normed -> (..., V) float32."""
-        return F.linear(h, self.lm_head.weight).float()
+        return _as(F.linear(h, self.lm_head.weight), torch.float32)
 
     def decode_hidden(self, x: torch.Tensor, rope: tuple, kv: StaticKV, slot: torch.Tensor,
                       bias: torch.Tensor) -> torch.Tensor:
@@ -106,9 +106,8 @@ def _decode_layer(layer: GemmaLayer, x: torch.Tensor, rope: tuple, kv: StaticKV,
     heads, kv_heads, d = layer.shape
     gains = layer.decode_gains
     qkv = F.linear(_norm_one(x, gains[0], layer.input_norm.eps), layer.qkv.weight).unflatten(-1, (-1, d))
-    cos, sin = rope
-    q = apply_rope(qkv[:, :, :heads], cos, sin)
-    k = apply_rope(qkv[:, :, heads:heads + kv_heads], cos, sin)
+    qk = apply_rope(qkv[:, :, :heads + kv_heads], *rope)  # q and k rotated together (one pass)
+    q, k = qk[:, :, :heads], qk[:, :, heads:]
     kv.k[index].index_copy_(2, slot, k.transpose(1, 2))
     kv.v[index].index_copy_(2, slot, qkv[:, :, heads + kv_heads:].transpose(1, 2))
     x = x + F.linear(_attend_one(q, kv.k[index], kv.v[index], bias), layer.o.weight)
@@ -119,7 +118,13 @@ def _decode_layer(layer: GemmaLayer, x: torch.Tensor, rope: tuple, kv: StaticKV,
 
 def _norm_one(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma RMSNorm of one token as one fused op, ``gain`` = 1 + weight (float32, precomputed)."""
-    return F.rms_norm(x.float(), gain.shape, gain, eps).to(x.dtype)
+    y = F.rms_norm(_as(x, torch.float32), gain.shape, gain, eps)
+    return _as(y, x.dtype)
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` without the dispatch when it already is (the decode step counts its ops)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -127,10 +132,11 @@ def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.T
     matmuls and a softmax (the same math as `attend`; SDPA's CPU kernel costs several times more for a
     single query row)."""
     b, _, h, d = q.shape
-    kv = k.shape[1]
-    qg = q.view(b, kv, h // kv, d)  # head i attends with key/value head i // (H / KV), as `attend`
-    scores = torch.matmul(qg, k.transpose(-1, -2)).mul_(d**-0.5).add_(bias)  # (B, KV, G, T)
-    return torch.matmul(scores.softmax(-1), v).reshape(b, 1, h * d)
+    kv, t = k.shape[1], k.shape[2]
+    qg = q.reshape(b * kv, h // kv, d)  # head i attends with key/value head i // (H / KV), as `attend`
+    scores = torch.baddbmm(bias.reshape(b, 1, t).repeat_interleave(kv, 0) if kv > 1 else bias.view(b, 1, t),
+                           qg, k.reshape(b * kv, t, d).transpose(1, 2), alpha=d**-0.5)  # (B*KV, G, T)
+    return torch.bmm(scores.softmax(-1), v.reshape(b * kv, t, d)).reshape(b, 1, h * d)
 
 
 class Pi0FastDecodeModel:
