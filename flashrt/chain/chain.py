@@ -86,12 +86,13 @@ class Stage:
 
 
 class _StageStats:
-    """Per-stage samples (ms): service per item (time inside the stage, input waits excluded), time
-    blocked on a full output channel per request; the deepest channel seen."""
+    """Per-stage samples: service ms per item (time inside the stage, input waits excluded), ms blocked
+    on a full output channel per request, the output channel's depth after each put; the deepest seen."""
 
     def __init__(self) -> None:
         self.service: deque[float] = deque(maxlen=KEEP_SAMPLES)
         self.blocked: deque[float] = deque(maxlen=KEEP_SAMPLES)
+        self.depth: deque[float] = deque(maxlen=KEEP_SAMPLES)
         self.items = 0
         self.max_depth = 0
         self.failures = 0
@@ -99,6 +100,7 @@ class _StageStats:
     def summary(self) -> dict[str, Any]:
         return {"service_ms": LatencyStats.from_samples(self.service, failures=self.failures).to_dict(),
                 "blocked_ms": LatencyStats.from_samples(self.blocked).to_dict(),
+                "queue_depth": LatencyStats.from_samples(self.depth).to_dict(),
                 "items": self.items, "max_queue_depth": self.max_depth}
 
 
@@ -267,6 +269,7 @@ class Chain:
             produced = iter(stage.fn(source, request))
             for item in _timed(produced, source, stats):
                 out.put(item)
+                stats.depth.append(out.depth)
                 stats.max_depth = max(stats.max_depth, out.max_depth)
             out.finish()
         except (Closed, _Cancelled):
@@ -297,7 +300,8 @@ class Chain:
 
     # ------------------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
-        """Per stage: service ms per item, ms blocked by backpressure per request, items, deepest queue;
+        """Per stage: service ms per item, ms blocked by backpressure per request, output queue depth
+        after each item (LatencyStats of counts), items, deepest queue;
         time to first item and total per request (from submit); outcomes; requests now held."""
         return {"stages": {name: s.summary() for name, s in self._stats.items()},
                 "first_item_ms": LatencyStats.from_samples(self._first_items).to_dict(),

@@ -48,7 +48,9 @@ def test_a_slow_consumer_keeps_every_queue_within_its_bound():
             assert len(produced) - seen <= 3 * 2 + 3
             assert all(ch.depth <= 2 for ch in request.channels)
         assert seen == 200
-        assert max(s["max_queue_depth"] for s in chain.stats()["stages"].values()) <= 2
+        stages = chain.stats()["stages"].values()
+        assert max(s["max_queue_depth"] for s in stages) <= 2
+        assert all(s["queue_depth"]["max"] <= 2 and s["queue_depth"]["count"] == 200 for s in stages)
 
 
 def test_cancel_mid_stream_stops_every_stage_and_the_next_request_runs():
