@@ -130,6 +130,9 @@ class QuantWeight(torch.Tensor):
             return args[1].linear(args[0], bias)
         if func is torch.Tensor.__getitem__ and isinstance(args[0], QuantWeight):
             return args[0].sliced(args[1])
+        fused = _FUSED.get(_op_name(func))
+        if fused is not None and isinstance(_weight_arg(func, args), QuantWeight):
+            return fused(*args, **kwargs)
         if getattr(func, "__name__", "") == "__get__" or func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
@@ -170,17 +173,51 @@ class QuantWeight(torch.Tensor):
         return out
 
     # ------------------------------------------------------------------------------------- GEMM
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``F.linear(x, w, bias)`` as the quantized GEMM: x (..., in) -> (..., out) in x's dtype."""
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+               post: str | None = None) -> torch.Tensor:
+        """``F.linear(x, w, bias)`` as the quantized GEMM: x (..., in) -> (..., out) in x's dtype;
+        ``post="gelu_tanh"`` applies the tanh-GELU to the result (fused into oneDNN's epilogue)."""
         x2 = x.reshape(-1, x.shape[-1])
         kernel = TABLE.choose(self, x2)
-        y = KERNELS[self.kind][kernel].run(self, x2, None if bias is None else bias.float())
+        y = KERNELS[self.kind][kernel].run(self, x2, None if bias is None else bias.float(), post)
         if self.audit is not None:
             ref = F.linear(x2.float(), self.reference.float(), None if bias is None else bias.float())
+            ref = ref if post is None else F.gelu(ref, approximate="tanh")
             limit = float(self.x_scale()) * self.qa if self.x_amax is not None else float("inf")
             self.audit.add(x2, y, ref, limit)
         return y.to(x.dtype).reshape(*x.shape[:-1], y.shape[-1])
 
+
+def _op_name(func) -> str:
+    """"ns::op[.overload]" of a torch.ops callable, "" for anything else."""
+    if isinstance(func, torch._ops.OpOverload):
+        return func.name()
+    return getattr(func, "_qualified_op_name", "") if isinstance(func, torch._ops.OpOverloadPacket) else ""
+
+
+def _weight_arg(func, args: tuple):
+    """The weight argument of oneDNN's fused linear ops: (X, W, ...) unary, (X, other, W, ...) binary."""
+    return args[2] if _op_name(func).endswith(".binary") else args[1]
+
+
+def _fused_unary(x, w, bias, attr, scalars, algorithm):
+    """``mkldnn::_linear_pointwise(X, W, B, "gelu", [], "tanh")`` on a QuantWeight (Gemma / SigLIP MLPs)."""
+    if attr != "gelu" or algorithm != "tanh":
+        return torch.ops.mkldnn._linear_pointwise(x, w.dequantize(), bias, attr, scalars, algorithm)
+    return w.linear(x, bias, post="gelu_tanh")
+
+
+def _fused_binary(x, other, w, bias, attr):
+    """``mkldnn::_linear_pointwise.binary(X, other, W, B, "mul"|"add")`` on a QuantWeight."""
+    y = w.linear(x, bias)
+    if attr == "mul":
+        return y.mul_(other)
+    if attr == "add":
+        return y.add_(other)
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, w.dequantize(), bias, attr)
+
+
+_FUSED = {"mkldnn::_linear_pointwise": _fused_unary, "mkldnn::_linear_pointwise.binary": _fused_binary}
 
 _METADATA = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.stride, torch.Tensor.is_contiguous,
              torch.Tensor.numel, torch.Tensor.element_size, torch.Tensor.__len__}
@@ -205,20 +242,33 @@ def quantize_rows(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.
     return torch.round(x.float() / scale).clamp_(-w.qa, w.qa), scale
 
 
-def _epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None):
-    """float32 acc (M, N) -> acc * (s_x s_w) + bias (scales combined in float32)."""
+def _epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None,
+              post: str | None = None):
+    """float32 acc (M, N) -> post(acc * (s_x s_w) + bias) (scales combined in float32)."""
     alpha = x_scale * w.w_scale if x_scale.dim() == 0 else x_scale * w.w_scale[None, :]
     y = acc.mul_(alpha)
-    return y if bias is None else y.add_(bias)
+    y = y if bias is None else y.add_(bias)
+    return _post(y, post)
+
+
+POSTS = {"gelu_tanh": ("gelu", "tanh")}  # post-op name -> oneDNN (attr, algorithm)
+
+
+def _post(y: torch.Tensor, post: str | None) -> torch.Tensor:
+    if post is None:
+        return y
+    if post == "gelu_tanh":
+        return F.gelu(y, approximate="tanh")
+    raise ValueError(f"unknown post-op {post!r}; known: {sorted(POSTS)}")
 
 
 # ------------------------------------------------------------------------------------- int8 kernels
 @dataclass(frozen=True)
 class Kernel:
-    """One way to run a quantized GEMM: ``applies(w, device)``, ``run(w, x2d, bias) -> y2d float32``."""
+    """One way to run a quantized GEMM: ``applies(w, x2d)``, ``run(w, x2d, bias, post) -> y2d float32``."""
 
     name: str
-    run: Callable[[QuantWeight, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    run: Callable[..., torch.Tensor]  # (w, x2d, bias, post=None) -> y2d float32
     applies: Callable[[QuantWeight, torch.Tensor], bool]
     doc: str = ""
 
@@ -229,23 +279,23 @@ def _form(w: QuantWeight, name: str, make: Callable[[], object]):
     return w.forms[name]
 
 
-def _int8_float(w: QuantWeight, x: torch.Tensor, bias):
+def _int8_float(w: QuantWeight, x: torch.Tensor, bias, post=None):
     xq, scale = quantize_rows(x, w)
     wf = _form(w, "float", lambda: w.q.float().t().contiguous())  # (K, N) integer values
-    return _epilogue(xq @ wf, scale, w, bias)
+    return _epilogue(xq @ wf, scale, w, bias, post)
 
 
-def _int8_int_mm(w: QuantWeight, x: torch.Tensor, bias):
+def _int8_int_mm(w: QuantWeight, x: torch.Tensor, bias, post=None):
     xq, scale = quantize_rows(x, w)
     wt = _form(w, "int_mm", lambda: w.q.t().contiguous())  # (K, N) int8
-    return _epilogue(torch._int_mm(xq.to(torch.int8), wt).float(), scale, w, bias)
+    return _epilogue(torch._int_mm(xq.to(torch.int8), wt).float(), scale, w, bias, post)
 
 
 def _onednn_zero_point(w: QuantWeight) -> int:
     return int(w.qa) + 1  # u8 = x_q + zp lies in [1, 2 qa + 1]
 
 
-def _int8_onednn(w: QuantWeight, x: torch.Tensor, bias):
+def _int8_onednn(w: QuantWeight, x: torch.Tensor, bias, post=None):
     xq, scale = quantize_rows(x, w)
     packed = _form(w, "onednn", lambda: torch.ops.onednn.qlinear_prepack(w.q.contiguous(), None))
     zp = _onednn_zero_point(w)
@@ -255,12 +305,13 @@ def _int8_onednn(w: QuantWeight, x: torch.Tensor, bias):
     if w.mode == "static":
         w_scales = _form(w, "onednn_scales", lambda: w.w_scale.expand(n).contiguous())
         x_scale = _form(w, "x_scale_float", lambda: float(scale))  # once, at the first call
+        attr, algorithm = POSTS[post] if post is not None else ("none", "")
         return torch.ops.onednn.qlinear_pointwise(u8, x_scale, zp, packed, w_scales, zeros, bias, 1.0,
-                                                  0, torch.float32, "none", [], "")
+                                                  0, torch.float32, attr, [], algorithm)
     ones = _form(w, "onednn_ones", lambda: torch.ones(n, device=w.q.device))
     acc = torch.ops.onednn.qlinear_pointwise(u8, 1.0, zp, packed, ones, zeros, None, 1.0, 0, torch.float32,
                                              "none", [], "")
-    return _epilogue(acc, scale, w, bias)
+    return _epilogue(acc, scale, w, bias, post)
 
 
 def _on_cpu(w: QuantWeight, x: torch.Tensor) -> bool:
@@ -290,20 +341,20 @@ def _fp8_quantize(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     return (x.float() / _form(w, "x_scale", w.x_scale)).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
-def _fp8_emulate(w: QuantWeight, x: torch.Tensor, bias):
+def _fp8_emulate(w: QuantWeight, x: torch.Tensor, bias, post=None):
     x8 = _fp8_quantize(x, w).float()
     wf = _form(w, "emulate", lambda: w.q.float().t().contiguous())  # (K, N) the e4m3 values
-    return _epilogue(x8 @ wf, _form(w, "x_scale", w.x_scale), w, bias)
+    return _epilogue(x8 @ wf, _form(w, "x_scale", w.x_scale), w, bias, post)
 
 
-def _fp8_scaled_mm(w: QuantWeight, x: torch.Tensor, bias):
+def _fp8_scaled_mm(w: QuantWeight, x: torch.Tensor, bias, post=None):
     x8 = _fp8_quantize(x, w)
     wt = _form(w, "scaled_mm", lambda: w.q.contiguous().t())  # (K, N) column-major, as _scaled_mm wants
     scale_a = _form(w, "scale_a", lambda: w.x_scale().reshape(()).to(x.device))
     scale_b = _form(w, "scale_b", lambda: w.w_scale.reshape(()).to(x.device))
     y = torch._scaled_mm(x8, wt, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
     y = y.float()
-    return y if bias is None else y.add_(bias)
+    return _post(y if bias is None else y.add_(bias), post)
 
 
 def _scaled_mm_ok(w: QuantWeight, x: torch.Tensor) -> bool:
@@ -460,8 +511,10 @@ class ObservedWeight(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.linear and isinstance(args[1], ObservedWeight):
-            args[1].record(args[1].site, args[0])
+        name = _op_name(func)
+        w = args[1] if func is F.linear else (_weight_arg(func, args) if name in _FUSED else None)
+        if isinstance(w, ObservedWeight):
+            w.record(w.site, args[0])
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
         if func is torch.Tensor.__getitem__ and isinstance(args[0], ObservedWeight):

@@ -121,3 +121,19 @@ def test_observed_weight_records_inputs_of_slices_too():
 def test_static_activation_needs_an_amax():
     with pytest.raises(ValueError, match="calibrated amax"):
         L.quantize_weight(torch.randn(4, 4), "int8", None)
+
+
+def test_onednn_fused_mlp_ops_run_quantized_with_the_post_op():
+    torch.manual_seed(4)
+    x, other = torch.randn(40, 64), torch.randn(40, 32)
+    qw = L.quantize_weight(torch.randn(32, 64), "int8", x.abs().amax())
+    L.FALLBACKS.clear()
+    gelu = torch.ops.mkldnn._linear_pointwise(x, qw, None, "gelu", [], "tanh")
+    prod = torch.ops.mkldnn._linear_pointwise.binary(x, other, qw, None, "mul")
+    plain = F.linear(x, qw)
+    assert not L.FALLBACKS
+    assert torch.allclose(gelu, F.gelu(plain, approximate="tanh"), atol=1e-5)
+    assert torch.allclose(prod, plain * other, atol=1e-5)
+    for name, kernel in _kernels(qw, x).items():  # every kernel applies the same post-op
+        y = kernel.run(qw, x, None, "gelu_tanh")
+        assert torch.allclose(y, F.gelu(plain, approximate="tanh"), atol=1e-5), name

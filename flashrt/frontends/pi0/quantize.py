@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from flashrt.frontends.pi0.frontend import Pi0Frontend
-from flashrt.frontends.pi0.model import use_mlp_kernels
 from flashrt.quant.cache import CalibrationCache
 from flashrt.quant.flow import Calibration, QuantJob, as_calibration, quantize_model
 from flashrt.runtime.device import device_arch
@@ -85,8 +84,7 @@ def quantize(pf: Any, kind: str, calibration: Any, checkpoint_dir: str | Path) -
                   "arch": device_arch(pf.device)}
     job = QuantJob(kind, recipe, runner(pf), samples, key_fields, cache, cal.progress, f"{c.variant}-{kind}",
                    pf.device.type)
-    use_mlp_kernels(pf.frontend.model, "aten")  # oneDNN's fused float MLPs would bypass F.linear
-    return quantize_model(pf.frontend.model, job)
+    return quantize_model(pf.frontend.model, job)  # oneDNN's fused MLPs stay: QuantWeight runs them
 
 
 def calibration_frontend(model: Any, n_cams: int, buckets: tuple[int, ...]) -> Pi0Frontend:
