@@ -80,6 +80,21 @@ def mrope_positions(ids: Sequence[int], image_id: int, grid: tuple[int, int], le
     return torch.cat(pos, dim=1)[:, :length]
 
 
+def _check_token_ids(tokenizer: PromptTokenizer, ids: Any) -> None:
+    """The tokenizer must be the backbone's: its vision tokens have the ids the model's config names."""
+    pairs = {
+        "<|image_pad|>": ids.image,
+        "<|vision_start|>": ids.vision_start,
+        "<|vision_end|>": ids.vision_end,
+    }
+    wrong = {t: (tokenizer.ids[t], want) for t, want in pairs.items() if tokenizer.ids[t] != want}
+    if wrong:
+        raise ConfigError(
+            f"{tokenizer.path}: token ids {wrong} (tokenizer, backbone config) disagree; pass the "
+            "backbone's own tokenizer.json"
+        )
+
+
 class GrootFrontend:
     """Static buffers + one graph per prompt bucket around a loaded `GrootN17Model` (batch 1)."""
 
@@ -114,6 +129,7 @@ class GrootFrontend:
         # another size than `frame_size` would give another token layout and are refused in `check`)
         self.image_size = image.output_size(*(frame_size or (image.edge, image.edge)))
         per_image = model.tokens_per_image(self.image_size)
+        _check_token_ids(tokenizer, self.config.tokens)
         # lerobot left-pads a video horizon of T frames with the current one: every camera's image is fed
         # T times, timestep-major (t0: cameras, t1: cameras, ...); the vision tower runs once per camera
         self.header = tokenizer.header(len(self.cameras) * embodiment.frames, per_image)

@@ -234,3 +234,18 @@ def test_frame_size_fixes_the_layout_under_albumentations(tmp_path, one_thread):
     obs["images"] = {c: IO["albu/96x64/frame"].numpy() for c in ("front", "wrist")}
     with pytest.raises(InputError, match="frame_size"):
         f.check(obs)
+
+
+def test_a_foreign_tokenizer_is_refused(tmp_path):
+    """Vision-token ids that differ from the backbone config's would leave the image slots empty."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    specials = ["<|image_pad|>", "<|vision_end|>", "<|vision_start|>", "<|im_end|>", "<|im_start|>"]
+    tok.train_from_iterator(
+        ["open the drawer"], trainers.BpeTrainer(vocab_size=280, special_tokens=specials, show_progress=False)
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ConfigError, match="disagree"):
+        family.load(CKPT, embodiment="tag_a", cameras=["front"], tokenizer=tmp_path / "tokenizer.json")
