@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "load_policy": "flashrt.runner.policy",
     "Policy": "flashrt.runner.policy",
+    "AsyncPolicy": "flashrt.runner.async_policy",
+    "Guidance": "flashrt.runtime.rtc",
     "load_vocoder": "flashrt.runner.vocoder",
     "load_tts": "flashrt.tts",
     "InputError": "flashrt.errors",
