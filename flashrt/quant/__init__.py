@@ -4,6 +4,8 @@
     ops.py        CPU-runnable reference ops: amax, compute_scale, quantize, dequantize, fake_quant_linear
     calibrate.py  amax collection with forward hooks, percentile reduction, recipes (calibration/*.toml)
     cache.py      CalibrationCache: verified, atomically written safetensors entries keyed by CacheKey
+    linear.py     QuantWeight: int8 W8A8 / fp8 GEMM weights any F.linear call site runs; kernel table
+    flow.py       the loader's flow: cache hit -> install; miss -> calibrate, quality gate, store
     cli.py        `flashrt cache ls|verify|rm` (imported only by the command line)
 """
 

@@ -323,12 +323,12 @@ def _int_mm_ok(w: QuantWeight, x: torch.Tensor) -> bool:
     return m > 16 and k % 8 == 0 and w.q.shape[0] % 8 == 0
 
 
-def _float_exact(w: QuantWeight, x: torch.Tensor) -> bool:
-    return x.shape[1] * w.qa * W_QMAX < 2**24
+def _anywhere(w: QuantWeight, x: torch.Tensor) -> bool:
+    return True  # the fallback that always applies (exact while K * qa * 127 < 2**24)
 
 
 INT8_KERNELS: dict[str, Kernel] = {  # measured in this order: the cheap baseline first
-    "float": Kernel("float", _int8_float, _float_exact,
+    "float": Kernel("float", _int8_float, _anywhere,
                     "the same integers in a float32 GEMM (exact while K * qa * 127 < 2**24)"),
     "onednn": Kernel("onednn", _int8_onednn, lambda w, x: _on_cpu(w, x) and onednn_int8_available(),
                      "oneDNN u8 x s8 GEMM, int32 accumulation, scales + bias in the epilogue"),
@@ -364,7 +364,7 @@ def _scaled_mm_ok(w: QuantWeight, x: torch.Tensor) -> bool:
 
 FP8_KERNELS: dict[str, Kernel] = {
     "scaled_mm": Kernel("scaled_mm", _fp8_scaled_mm, _scaled_mm_ok, "CUDA fp8 GEMM, torch._scaled_mm"),
-    "emulate": Kernel("emulate", _fp8_emulate, lambda w, x: True,
+    "emulate": Kernel("emulate", _fp8_emulate, _anywhere,
                       "e4m3 quantize -> dequantize, float32 GEMM (the exact CPU emulation)"),
 }
 KERNELS = {"int8": INT8_KERNELS, "fp8": FP8_KERNELS}

@@ -19,8 +19,10 @@ source:
 Device rules (`validate`), decided here and pinned by tests:
 - CPU: fp32 and bf16 run natively. fp16 is allowed but logged as a warning (most CPUs emulate half
   matmuls, so it is slower than fp32 and less accurate than bf16; it exists for parity checks).
-  fp8_e4m3 and int8 run only through the pure-torch reference ops (`reference=True`): they simulate
-  the arithmetic (quantize, dequantize, fp32 GEMM) so quality can be measured, not to be fast.
+  For this spec, fp8_e4m3 and int8 run only through the pure-torch reference ops (`reference=True`):
+  they simulate the arithmetic (quantize, dequantize, fp32 GEMM) so quality can be measured. The
+  quantized model path (`precision="int8"|"fp8"` of a family that lists them in `compute_dtype`) runs
+  `flashrt.quant.linear` instead: int8 through real int8 GEMMs, fp8 as an exact emulation.
 - CUDA: bf16 needs sm80+, fp8_e4m3 needs sm89+ (Ada, Hopper, Blackwell), int8 GEMMs need sm75+.
   With `reference=True` the reference ops run on any CUDA device.
 - Other device types: only fp32 (and the reference path) are accepted.
