@@ -125,34 +125,39 @@ class GrootFrontend:
         self.chunk_size = min(head.horizon, embodiment.horizon or head.horizon)
         self.n_action_steps = min(self.chunk_size, embodiment.replan_period or self.chunk_size)
         self.action_dim = embodiment.action_dim
-        # the pixel size every camera ends at (albumentations keeps the frame's aspect ratio: frames of
-        # another size than `frame_size` would give another token layout and are refused in `check`)
-        self.image_size = image.output_size(*(frame_size or (image.edge, image.edge)))
-        per_image = model.tokens_per_image(self.image_size)
-        _check_token_ids(tokenizer, self.config.tokens)
-        # lerobot left-pads a video horizon of T frames with the current one: every camera's image is fed
-        # T times, timestep-major (t0: cameras, t1: cameras, ...); the vision tower runs once per camera
-        self.header = tokenizer.header(len(self.cameras) * embodiment.frames, per_image)
-        self.header_ids = tokenizer.encode(self.header)
-        self.buckets = tuple(sorted({int(b) for b in (buckets or self._default_buckets())}))
-        if self.buckets[0] <= len(self.header_ids):
-            raise ConfigError(
-                f"prompt buckets {self.buckets} must exceed the {len(self.header_ids)}-token header"
-            )
+        self.buckets = self._layout(tokenizer, buckets, frame_size)
+        self.max_len = self.buckets[-1]
         if embodiment.state_dim > head.max_state_dim or embodiment.action_dim > head.max_action_dim:
             raise ConfigError(f"embodiment {embodiment.tag!r}: state/action dims exceed max_state/action_dim")
-        self.max_len = self.buckets[-1]
-        merge = self.config.vision.merge * self.config.vision.patch
-        self._grid = (self.image_size[0] // merge, self.image_size[1] // merge)
         self._positions = mrope_positions(self.header_ids, self.config.tokens.image, self._grid, self.max_len)
-        self._image_slots = torch.tensor(
-            [i for i, t in enumerate(self.header_ids) if t == self.config.tokens.image]
-        )
         self.buffers = Buffers(self._specs(), self.device)
         self.backend = backend
         self.graphs = GraphSet(backend, self._build, self.buckets, buffers=self.buffers)
         self._generator = torch.Generator(self.device)
         self._generator.seed()
+
+    def _layout(
+        self, tokenizer: PromptTokenizer, buckets: Sequence[int] | None, frame_size: tuple[int, int] | None
+    ) -> tuple[int, ...]:
+        """The fixed token layout: image size, chat header, image-token slots; returns the buckets."""
+        image = self.image
+        # the pixel size every camera ends at (albumentations keeps the frame's aspect ratio: frames of
+        # another size than `frame_size` would give another token layout and are refused in `check`)
+        self.image_size = image.output_size(*(frame_size or (image.edge, image.edge)))
+        _check_token_ids(tokenizer, self.config.tokens)
+        # lerobot left-pads a video horizon of T frames with the current one: every camera's image is fed
+        # T times, timestep-major (t0: cameras, t1: cameras, ...); the vision tower runs once per camera
+        per_image = self.model.tokens_per_image(self.image_size)
+        self.header = tokenizer.header(len(self.cameras) * self.embodiment.frames, per_image)
+        self.header_ids = tokenizer.encode(self.header)
+        merge = self.config.vision.merge * self.config.vision.patch
+        self._grid = (self.image_size[0] // merge, self.image_size[1] // merge)
+        image_id = self.config.tokens.image
+        self._image_slots = torch.tensor([i for i, t in enumerate(self.header_ids) if t == image_id])
+        out = tuple(sorted({int(b) for b in (buckets or self._default_buckets())}))
+        if out[0] <= len(self.header_ids):
+            raise ConfigError(f"prompt buckets {out} must exceed the {len(self.header_ids)}-token header")
+        return out
 
     def _default_buckets(self) -> tuple[int, ...]:
         base = len(self.header_ids) + 16
