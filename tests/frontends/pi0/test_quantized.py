@@ -120,3 +120,11 @@ def test_per_token_activations(checkpoints, tmp_path):
 def test_calibration_needs_a_quantized_precision(checkpoints):
     with pytest.raises(ConfigError, match="calibration"):
         flashrt.load_policy(checkpoints["pi0"], calibration="pi0")
+
+
+def test_int8_trace_backend_replays_the_eager_result_bit_for_bit(checkpoints, tmp_path):
+    opts = {"cache_dir": tmp_path, "progress": False}
+    eager = flashrt.load_policy(checkpoints["pi05"], precision="int8", calibration=opts)
+    traced = flashrt.load_policy(checkpoints["pi05"], precision="int8", backend="trace", calibration=opts)
+    obs, noise = _held_out(eager)[0]
+    assert np.array_equal(eager.infer(obs, noise=noise)["actions"], traced.infer(obs, noise=noise)["actions"])
