@@ -86,17 +86,22 @@ def test_frontend_protocol_and_describe(fronts):
     assert f.report()["captured"] == list(f.buckets)
 
 
-def test_trace_replay_equals_eager_bit_for_bit(one_thread):
-    trace = _load("two_cams", backend="trace")
-    eager = _load("two_cams")
-    obs = _obs("two_cams")
+@pytest.mark.parametrize("case", ["two_cams", "two_frames"])
+def test_trace_replay_equals_eager_bit_for_bit(one_thread, case):
+    """The trace backend records the whole step (vision, Qwen3 layers, VL self-attention, every flow
+    step) refusing host syncs and data-dependent shapes, and replays it bit for bit, in two buckets."""
+    trace = _load(case, backend="trace")
+    eager = _load(case)
+    obs = _obs(case)
+    buckets = set()
     for seed, prompt in (
         (0, "open the drawer"),
         (1, "a much longer prompt that lands in the next bucket ok"),
     ):
+        buckets.add(trace.check(dict(obs, prompt=prompt))[0])
         got = [_infer(f, dict(obs, prompt=prompt), seed=seed) for f in (trace, eager)]
         assert np.array_equal(got[0], got[1]), (seed, prompt)
-    assert trace.report()["backend"] == "trace"
+    assert trace.report()["backend"] == "trace" and len(buckets) == 2
 
 
 BAD = {
