@@ -91,26 +91,31 @@ class Pi0FastNet(nn.Module):
         """(..., W) final-normed -> (..., V) float32."""
         return _as(F.linear(h, self.lm_head.weight), torch.float32)
 
-    def decode_hidden(self, x: torch.Tensor, rope: tuple, kv: StaticKV, slot: torch.Tensor,
+    def decode_hidden(self, x: torch.Tensor, rope: tuple, caches: list, slot: torch.Tensor,
                       bias: torch.Tensor) -> torch.Tensor:
-        """One token x (B, 1, W) at cache slot ``slot`` (1,) int64 -> final-normed (B, 1, W)."""
-        for i, layer in enumerate(self.vlm.layers):
-            x = _decode_layer(layer, x, rope, kv, i, slot, bias)
+        """One token x (1, 1, W) at cache slot ``slot`` (1,) int64 -> final-normed (1, 1, W); ``caches``
+        per layer: (keys (KV, T, D), values (KV, T, D), keys transposed (KV, D, T)), views of batch row 0
+        of the static K/V (`Pi0FastDecodeModel.layer_caches`); ``bias`` (1, 1, T)."""
+        for layer, cache in zip(self.vlm.layers, caches):
+            x = _decode_layer(layer, x, rope, cache, slot, bias)
         return _norm_one(x, self.decode_gain, self.vlm.norm.eps)
 
 
-def _decode_layer(layer: GemmaLayer, x: torch.Tensor, rope: tuple, kv: StaticKV, index: int,
-                  slot: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """`GemmaLayer.forward` for one token whose slot is a device tensor: K/V stored with index_copy_,
-    attention over every slot of the cache under ``bias`` (B, 1, 1, T)."""
+def _decode_layer(layer: GemmaLayer, x: torch.Tensor, rope: tuple, cache: tuple, slot: torch.Tensor,
+                  bias: torch.Tensor) -> torch.Tensor:
+    """`GemmaLayer.forward` for one token (batch 1) whose slot is a device tensor: K/V stored with
+    index_copy_, attention over every slot of the cache under ``bias``, as two small batched matmuls
+    (SDPA's CPU kernel costs several times more for one query row); the same math as `attend`."""
     heads, kv_heads, d = layer.shape
+    keys, values, keys_t = cache
     gains = layer.decode_gains
-    qkv = F.linear(_norm_one(x, gains[0], layer.input_norm.eps), layer.qkv.weight).unflatten(-1, (-1, d))
-    qk = apply_rope(qkv[:, :, :heads + kv_heads], *rope)  # q and k rotated together (one pass)
-    q, k = qk[:, :, :heads], qk[:, :, heads:]
-    kv.k[index].index_copy_(2, slot, k.transpose(1, 2))
-    kv.v[index].index_copy_(2, slot, qkv[:, :, heads + kv_heads:].transpose(1, 2))
-    x = x + F.linear(_attend_one(q, kv.k[index], kv.v[index], bias), layer.o.weight)
+    qkv = F.linear(_norm_one(x, gains[0], layer.input_norm.eps), layer.qkv.weight).view(-1, d)  # (H+2KV, D)
+    qk = apply_rope(qkv[:heads + kv_heads], *rope)  # q and k rotated together; rope rows (1, D)
+    keys.index_copy_(1, slot, qk[heads:, None])
+    values.index_copy_(1, slot, qkv[heads + kv_heads:, None])
+    scores = torch.baddbmm(bias, qk[:heads].view(kv_heads, heads // kv_heads, d), keys_t, alpha=d**-0.5)
+    att = torch.bmm(scores.softmax(-1), values).view(1, 1, heads * d)  # head i uses kv head i // (H/KV)
+    x = x + F.linear(att, layer.o.weight)
     gate, up = F.linear(_norm_one(x, gains[1], layer.post_norm.eps), layer.gate_up.weight).chunk(2, dim=-1)
     # plain ATen GeGLU: oneDNN's fused kernel (the prefill's choice) is ~6x slower for one row
     return x + F.linear(F.gelu(gate, approximate="tanh").mul_(up), layer.down.weight)
@@ -125,18 +130,6 @@ def _norm_one(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x.to(dtype)`` without the dispatch when it already is (the decode step counts its ops)."""
     return x if x.dtype == dtype else x.to(dtype)
-
-
-def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """One query token: q (B, 1, H, D), k/v (B, KV, T, D), bias (B, 1, 1, T) -> (B, 1, H*D). Two small
-    matmuls and a softmax (the same math as `attend`; SDPA's CPU kernel costs several times more for a
-    single query row)."""
-    b, _, h, d = q.shape
-    kv, t = k.shape[1], k.shape[2]
-    qg = q.reshape(b * kv, h // kv, d)  # head i attends with key/value head i // (H / KV), as `attend`
-    scores = torch.baddbmm(bias.reshape(b, 1, t).repeat_interleave(kv, 0) if kv > 1 else bias.view(b, 1, t),
-                           qg, k.reshape(b * kv, t, d).transpose(1, 2), alpha=d**-0.5)  # (B*KV, G, T)
-    return torch.bmm(scores.softmax(-1), v.reshape(b * kv, t, d)).reshape(b, 1, h * d)
 
 
 class Pi0FastDecodeModel:
@@ -168,7 +161,10 @@ class Pi0FastDecodeModel:
         # load-time constants of the decode step: RoPE rows of every position (the same float32 math as
         # `rope_cos_sin` per position, gathered by index), the text slot indices, the bias values
         every = torch.arange(self.image_slots + self.cache_len, device=self.device)[None]
-        self.rope_table = rope_cos_sin(every, g.head_dim, g.rope_theta, net.dtype)  # (1, T, 1, D) each
+        self.rope_table = tuple(t[0, :, 0] for t in rope_cos_sin(every, g.head_dim, g.rope_theta, net.dtype))
+        # per layer: views of batch row 0 of the K/V buffers (same storage, fixed at load)
+        self.layer_caches = [(self.kv.k[i, 0], self.kv.v[i, 0], self.kv.k[i, 0].transpose(1, 2))
+                             for i in range(g.depth)]
         self.text_slots = torch.arange(self.cache_len, device=self.device)
         self.bias_values = (torch.zeros((), dtype=net.dtype, device=self.device),
                             torch.full((), mask_value(net.dtype), dtype=net.dtype, device=self.device))
@@ -195,10 +191,11 @@ class Pi0FastDecodeModel:
         """Graph body of one decode step (module docstring)."""
         net, bufs = self.net, self.buffers
         position = (bufs["prefix_image_count"] + io.position).view(1)  # RoPE position of io.token
-        rope = tuple(t.index_select(1, position) for t in self.rope_table)  # (B, 1, 1, D)
+        rope = tuple(t.index_select(0, position) for t in self.rope_table)  # (1, D) each
         text_bias = torch.where(self.text_slots <= io.position, *self.bias_values)[None]
-        bias = torch.cat([bufs["prefix_image_bias"], text_bias], dim=1)[:, None, None, :]
-        h = net.decode_hidden(net.embed(io.token), rope, self.kv, self.image_slots + io.position, bias)
+        bias = torch.cat([bufs["prefix_image_bias"], text_bias], dim=1)[None]  # (1, 1, T)
+        h = net.decode_hidden(net.embed(io.token), rope, self.layer_caches, self.image_slots + io.position,
+                              bias)
         io.logits.copy_(net.logits(h)[:, 0])
 
     def describe(self) -> dict[str, Any]:
