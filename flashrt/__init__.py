@@ -16,7 +16,7 @@ _LAZY = {
     "AsyncPolicy": "flashrt.runner.async_policy",
     "Guidance": "flashrt.runtime.rtc",
     "load_vocoder": "flashrt.runner.vocoder",
-    "load_tts": "flashrt.tts",
+    "load_tts": "flashrt.runner.tts",
     "InputError": "flashrt.errors",
     "CheckpointError": "flashrt.errors",
     "CaptureError": "flashrt.errors",

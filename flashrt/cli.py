@@ -32,7 +32,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("flashrt.bench.cli", "bench"),
     ("flashrt.bench.cli", "loop"),
     ("flashrt.bench.cli", "soak"),
-    ("flashrt.tts", "say"),
+    ("flashrt.runner.tts", "say"),
     ("flashrt.serve.cli", "serve"),
     ("flashrt.calibrate", "calibrate"),
     ("flashrt.serve.policy_cli", "serve_policy"),

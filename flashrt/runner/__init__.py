@@ -7,5 +7,5 @@ the stream runner, the TTS runners).
 token selection on the device; `flashrt.runner.stream` one-shot + streaming decode over a
 `StreamFrontend` (held partial frames, context windows); `flashrt.runner.vocoder` the vocoder families
 behind it (`load_vocoder`); `flashrt.runner.orpheus` the Orpheus-style TTS chain (LM -> frames -> SNAC),
-a `load_tts` family (`flashrt.tts`, `flashrt.frontends.registry.TTS_FAMILIES`).
+a `load_tts` family (`flashrt.runner.tts`, `flashrt.frontends.registry.TTS_FAMILIES`).
 """

@@ -38,7 +38,7 @@ from typing import Any
 
 from flashrt.chain import Chain, ChainFull, Stage, StageError
 from flashrt.errors import InputError
-from flashrt.tts import pcm16
+from flashrt.runner.tts import pcm16
 
 __all__ = ["ServerLimits", "SpeechServer", "build_app", "wav_header", "OPENAI_MODELS"]
 

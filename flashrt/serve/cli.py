@@ -30,8 +30,8 @@ def serve(
     """Serve POST /v1/audio/speech, GET /v1/models and GET /health (OpenAI-compatible)."""
     import uvicorn
 
+    from flashrt.runner.tts import load_tts
     from flashrt.serve.app import ServerLimits, SpeechServer, build_app
-    from flashrt.tts import load_tts
 
     voices = {}
     for source in voice or ["en_US-joe-medium"]:

