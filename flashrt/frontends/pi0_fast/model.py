@@ -34,6 +34,7 @@ Numerics follow lerobot 0.6.1 ``PI0FastPytorch.sample_actions_fast_kv_cache``, r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -65,10 +66,11 @@ class Pi0FastNet(nn.Module):
         self.lm_head = nn.Linear(g.width, g.vocab_size, bias=False)
 
     def reset_derived(self) -> None:
-        """On the CPU, the Pi0 family's kernel choices for the vision tower and the VLM."""
-        for layer in self.vlm.layers:  # the decode step's norm gains 1 + w, float32 (`_norm_one`)
-            layer.decode_gains = (1.0 + layer.input_norm.weight.float(), 1.0 + layer.post_norm.weight.float())
-        self.decode_gain = 1.0 + self.vlm.norm.weight.float()
+        """The decode step's plain-tensor view of the weights (`DecodeLayer`s: no nn.Module attribute
+        lookups per token) and, on the CPU, the Pi0 family's kernel choices for the vision tower and the
+        VLM. Runs at load; call again after replacing weights."""
+        self.decode_layers = tuple(DecodeLayer.of(layer) for layer in self.vlm.layers)
+        self.decode_final = (1.0 + self.vlm.norm.weight.float(), self.vlm.norm.eps)
         if self.projector.weight.device.type == "cpu":
             use_mlp_kernels(self, "onednn" if onednn_available() else "aten")
 
@@ -96,29 +98,51 @@ class Pi0FastNet(nn.Module):
         """One token x (1, 1, W) at cache slot ``slot`` (1,) int64 -> final-normed (1, 1, W); ``caches``
         per layer: (keys (KV, T, D), values (KV, T, D), keys transposed (KV, D, T)), views of batch row 0
         of the static K/V (`Pi0FastDecodeModel.layer_caches`); ``bias`` (1, 1, T)."""
-        for layer, cache in zip(self.vlm.layers, caches):
+        for layer, cache in zip(self.decode_layers, caches):
             x = _decode_layer(layer, x, rope, cache, slot, bias)
-        return _norm_one(x, self.decode_gain, self.vlm.norm.eps)
+        return _norm_one(x, *self.decode_final)
 
 
-def _decode_layer(layer: GemmaLayer, x: torch.Tensor, rope: tuple, cache: tuple, slot: torch.Tensor,
+@dataclass(frozen=True)
+class DecodeLayer:
+    """One `GemmaLayer`'s weights as plain tensors for the decode step (the same storage), with the
+    norm gains ``1 + w`` precomputed in float32. Valid while the module's weights keep their storage."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    gain_in: torch.Tensor
+    gain_post: torch.Tensor
+    eps: float
+
+    @classmethod
+    def of(cls, layer: GemmaLayer) -> DecodeLayer:
+        return cls(*layer.shape, layer.qkv.weight, layer.o.weight, layer.gate_up.weight, layer.down.weight,
+                   1.0 + layer.input_norm.weight.float(), 1.0 + layer.post_norm.weight.float(),
+                   layer.input_norm.eps)
+
+
+def _decode_layer(p: DecodeLayer, x: torch.Tensor, rope: tuple, cache: tuple, slot: torch.Tensor,
                   bias: torch.Tensor) -> torch.Tensor:
     """`GemmaLayer.forward` for one token (batch 1) whose slot is a device tensor: K/V stored with
     index_copy_, attention over every slot of the cache under ``bias``, as two small batched matmuls
     (SDPA's CPU kernel costs several times more for one query row); the same math as `attend`."""
-    heads, kv_heads, d = layer.shape
+    heads, kv, d = p.heads, p.kv_heads, p.head_dim
     keys, values, keys_t = cache
-    gains = layer.decode_gains
-    qkv = F.linear(_norm_one(x, gains[0], layer.input_norm.eps), layer.qkv.weight).view(-1, d)  # (H+2KV, D)
-    qk = apply_rope(qkv[:heads + kv_heads], *rope)  # q and k rotated together; rope rows (1, D)
+    qkv = F.linear(_norm_one(x, p.gain_in, p.eps), p.qkv).view(-1, d)  # (H + 2KV, D)
+    qk = apply_rope(qkv[:heads + kv], *rope)  # q and k rotated together; rope rows (1, D)
     keys.index_copy_(1, slot, qk[heads:, None])
-    values.index_copy_(1, slot, qkv[heads + kv_heads:, None])
-    scores = torch.baddbmm(bias, qk[:heads].view(kv_heads, heads // kv_heads, d), keys_t, alpha=d**-0.5)
+    values.index_copy_(1, slot, qkv[heads + kv:, None])
+    scores = torch.baddbmm(bias, qk[:heads].view(kv, heads // kv, d), keys_t, alpha=d**-0.5)
     att = torch.bmm(scores.softmax(-1), values).view(1, 1, heads * d)  # head i uses kv head i // (H/KV)
-    x = x + F.linear(att, layer.o.weight)
-    gate, up = F.linear(_norm_one(x, gains[1], layer.post_norm.eps), layer.gate_up.weight).chunk(2, dim=-1)
+    x = x + F.linear(att, p.o)
+    gate, up = F.linear(_norm_one(x, p.gain_post, p.eps), p.gate_up).chunk(2, dim=-1)
     # plain ATen GeGLU: oneDNN's fused kernel (the prefill's choice) is ~6x slower for one row
-    return x + F.linear(F.gelu(gate, approximate="tanh").mul_(up), layer.down.weight)
+    return x + F.linear(F.gelu(gate, approximate="tanh").mul_(up), p.down)
 
 
 def _norm_one(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
@@ -166,6 +190,10 @@ class Pi0FastDecodeModel:
         self.layer_caches = [(self.kv.k[i, 0], self.kv.v[i, 0], self.kv.k[i, 0].transpose(1, 2))
                              for i in range(g.depth)]
         self.text_slots = torch.arange(self.cache_len, device=self.device)
+        self.image_count = self.buffers["prefix_image_count"]
+        self.image_bias = self.buffers["prefix_image_bias"]
+        self.embed_weight, self.embed_scale = net.vlm.embed.weight, net.vlm.embed_scale
+        self.head_weight, self.dtype = net.lm_head.weight, net.dtype
         self.bias_values = (torch.zeros((), dtype=net.dtype, device=self.device),
                             torch.full((), mask_value(net.dtype), dtype=net.dtype, device=self.device))
 
@@ -188,15 +216,16 @@ class Pi0FastDecodeModel:
         bufs["prefix_image_count"].copy_(img_valid.sum(dim=1, keepdim=True))
 
     def decode(self, io: Any) -> None:
-        """Graph body of one decode step (module docstring)."""
-        net, bufs = self.net, self.buffers
-        position = (bufs["prefix_image_count"] + io.position).view(1)  # RoPE position of io.token
-        rope = tuple(t.index_select(0, position) for t in self.rope_table)  # (1, D) each
-        text_bias = torch.where(self.text_slots <= io.position, *self.bias_values)[None]
-        bias = torch.cat([bufs["prefix_image_bias"], text_bias], dim=1)[None]  # (1, 1, T)
-        h = net.decode_hidden(net.embed(io.token), rope, self.layer_caches, self.image_slots + io.position,
-                              bias)
-        io.logits.copy_(net.logits(h)[:, 0])
+        """Graph body of one decode step (module docstring). Reads only plain attributes (no module or
+        buffer-table lookups): on the CPU the step is dispatch-bound."""
+        position, net = io.position, self.net
+        rope_position = (self.image_count + position).view(1)  # RoPE position of io.token
+        rope = tuple(t.index_select(0, rope_position) for t in self.rope_table)  # (1, D) each
+        text_bias = torch.where(self.text_slots <= position, *self.bias_values)[None]
+        bias = torch.cat([self.image_bias, text_bias], dim=1)[None]  # (1, 1, T)
+        x = _as(F.embedding(io.token, self.embed_weight) * self.embed_scale, self.dtype)
+        h = net.decode_hidden(x, rope, self.layer_caches, self.image_slots + position, bias)
+        io.logits.copy_(_as(F.linear(h, self.head_weight), torch.float32)[:, 0])
 
     def describe(self) -> dict[str, Any]:
         c = self.net.config
