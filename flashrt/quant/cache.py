@@ -62,6 +62,7 @@ FORMAT = "flashrt-calibration"
 FORMAT_VERSION = 1
 SUFFIX = ".safetensors"
 _TMP_PREFIX = ".tmp-"
+REPORT_SUFFIX = ".report.json"  # flashrt.quant.flow's per-layer report beside an entry
 MAX_ENTRY_BYTES = 256 << 20  # scales are a few KB; anything near this is not an entry
 _NAME_DIGEST_CHARS = 16  # file names only; the full key is stored inside and compared on load
 Scales = dict[str, torch.Tensor]
@@ -361,6 +362,8 @@ class CalibrationCache:
         for p in targets:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
+            with contextlib.suppress(FileNotFoundError):  # the quality-gate report written beside it
+                p.with_name(p.stem + REPORT_SUFFIX).unlink()
         return targets
 
     def _all_files(self) -> list[Path]:

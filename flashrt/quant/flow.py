@@ -42,7 +42,7 @@ from tqdm import tqdm
 from flashrt.errors import CalibrationError, ConfigError
 from flashrt.io.atomic import atomic_write_bytes
 from flashrt.quant import linear
-from flashrt.quant.cache import CacheKey, CalibrationCache
+from flashrt.quant.cache import REPORT_SUFFIX, CacheKey, CalibrationCache
 from flashrt.quant.calibrate import Recipe, load_recipe, reduce_amax, samples_digest
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,8 @@ def quantize_model(model: nn.Module, job: QuantJob) -> dict[str, Any]:
 
 
 def report_path(entry: Path) -> Path:
-    return entry.with_name(entry.stem + ".report.json")
+    """The per-layer quality-gate report beside a cache entry (removed with it by `flashrt cache rm`)."""
+    return entry.with_name(entry.stem + REPORT_SUFFIX)
 
 
 def _calibrate_and_gate(model: nn.Module, sites: dict, job: QuantJob, entry: Path) -> dict[str, torch.Tensor]:

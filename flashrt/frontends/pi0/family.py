@@ -141,7 +141,9 @@ class Pi0PolicyFrontend:
         ck = self.checkpoint if cameras is None else replace(self.checkpoint, cameras=tuple(cameras))
         frontend = frontend_cls(self.frontend.model, len(ck.cameras), self.frontend.buckets, backend)
         frontend.capture()
-        return Pi0PolicyFrontend(ck, frontend, self.prompts)
+        sibling = Pi0PolicyFrontend(ck, frontend, self.prompts)
+        sibling.quantization = self.quantization  # the same (possibly quantized) weights
+        return sibling
 
 
 # ---------------------------------------------------------------------------------- loading

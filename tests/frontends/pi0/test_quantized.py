@@ -128,3 +128,15 @@ def test_int8_trace_backend_replays_the_eager_result_bit_for_bit(checkpoints, tm
     traced = flashrt.load_policy(checkpoints["pi05"], precision="int8", backend="trace", calibration=opts)
     obs, noise = _held_out(eager)[0]
     assert np.array_equal(eager.infer(obs, noise=noise)["actions"], traced.infer(obs, noise=noise)["actions"])
+
+
+def test_cache_rm_removes_the_entry_and_its_report(checkpoints, tmp_path):
+    from flashrt.quant.cache import CalibrationCache
+
+    q = flashrt.load_policy(checkpoints["pi0"], precision="fp8", calibration={"cache_dir": tmp_path,
+                                                                              "progress": False})
+    entry, report = Path(q.frontend.quantization["entry"]), Path(q.frontend.quantization["report"])
+    assert entry.is_file() and report.is_file()
+    assert q.frontend.sibling("eager").quantization == q.frontend.quantization
+    assert CalibrationCache(tmp_path).remove(entry.name) == [entry]
+    assert not entry.exists() and not report.exists()
