@@ -91,3 +91,26 @@ def test_tokenizer_of_another_vocabulary(tmp_path):
 def test_bad_options(value):
     with pytest.raises(ConfigError):
         family.load(POLICY, tokenizer=TOKENIZER, sync_every=value)
+
+
+def test_relative_actions_add_the_raw_state(tmp_path):
+    """lerobot's use_relative_actions: the network's chunk is relative to the raw state; the
+    postprocessor adds the state back on the relative dims (here: every dim; names unknown)."""
+    import numpy as np
+    from support.pi0_fast import observation
+
+    import flashrt
+
+    folder = _copy(tmp_path)
+    path = folder / "policy_preprocessor.json"
+    data = json.loads(path.read_text())
+    for step in data["steps"]:
+        if step["registry_name"] == "relative_actions_processor":
+            step["config"].update(enabled=True, exclude_joints=[])
+    path.write_text(json.dumps(data))
+    obs = observation("cam1", 0)
+    plain = flashrt.load_policy(POLICY, tokenizer=TOKENIZER).infer(obs)["actions"]
+    relative = flashrt.load_policy(folder, tokenizer=TOKENIZER).infer(obs)["actions"]
+    action_dim = plain.shape[1]
+    np.testing.assert_allclose(relative - plain, np.broadcast_to(obs["state"][:action_dim], plain.shape),
+                               atol=1e-5)
