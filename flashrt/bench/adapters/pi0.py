@@ -70,7 +70,7 @@ OBS_KEYS = ("images", "state", "prompt")
 TOKENIZER_MAX = {"pi0": 48, "pi05": 200}  # lerobot 0.6.1 defaults (tokenizer_max_length)
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "fp8": "fp8"}
 FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")  # `--vs fp32`: the same checkpoint loaded in that precision
-_MODEL_KEYS = ("seed",)
+_MODEL_KEYS = ("seed", "recipe")  # recipe: the calibration recipe of an int8 / fp8 run (calibration/)
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -328,7 +328,9 @@ class Pi0Benchmark:
         from flashrt.runner.policy import load_policy
 
         start, s = time.perf_counter(), self.profile.shapes
-        quantized = {"calibration": {"progress": False}} if precision in ("int8", "fp8") else {}
+        recipe = str(self.profile.model.get("recipe", ""))
+        quantized = {"calibration": {"recipe": recipe, "progress": False}} if precision in ("int8", "fp8") \
+            else {}
         policy = load_policy(self.folder, device=self.device, precision=precision, num_steps=s.steps or None,
                              backend=self.profile.runtime.backend, buckets=s.buckets or None, **quantized)
         if not record:
@@ -381,7 +383,7 @@ class Pi0Benchmark:
             return None
         from flashrt.quant.calibrate import load_recipe
 
-        return float(load_recipe(q["recipe"]).max_abs_delta), 0.0
+        return float(load_recipe(self.profile.model.get("recipe") or q["recipe"]).max_abs_delta), 0.0
 
     def quality(self) -> dict[str, Any] | None:
         """The calibration gate's figures of a quantized run (from the report next to its cache entry)."""
