@@ -82,3 +82,17 @@ def test_missing_and_broken_files(tmp_path):
     (tmp_path / "processor_config.json").write_text('{"scale": 10, "min_token": 0}')
     with pytest.raises(CheckpointError, match="tokenizer.json"):
         FastTokenizer.load(tmp_path)
+
+
+def test_hostile_fast_files(tmp_path):
+    """A FIFO or /dev/zero named as tokenizer.json is refused at once (regular files only, capped)."""
+    import os
+
+    (tmp_path / "processor_config.json").write_text('{"scale": 10, "min_token": 0}')
+    os.mkfifo(tmp_path / "tokenizer.json")
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        FastTokenizer.load(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer.json").symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        FastTokenizer.load(tmp_path)
