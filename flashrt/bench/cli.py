@@ -165,6 +165,8 @@ def loop(
     checkpoint: CheckpointOpt = None,
     out: OutOpt = None,
     plot: Annotated[bool, typer.Option(help="write loop.png")] = True,
+    async_mode: Annotated[bool, typer.Option("--async", help="also run through flashrt.AsyncPolicy "
+                                             "(real-time chunking) and report both side by side")] = False,
 ) -> None:
     """Control-loop simulator: step(obs) at a fixed rate; deadline misses, action age, chunk boundaries."""
     from flashrt.bench.loop import LoopConfig, loop_figure, loop_tables, run_loop_benchmark
@@ -174,12 +176,17 @@ def loop(
     folder = _out_dir(out, "loop", name, profile)
     try:
         prof = load_profile(profile)
-        config = LoopConfig(rate or prof.bench.target_rate_hz, steps, chunk, load, load_kind)
+        config = LoopConfig(rate or prof.bench.target_rate_hz, steps, chunk, load, load_kind,
+                            async_mode=async_mode)
         record = run_loop_benchmark(name, prof, config, checkpoint)
     except (FlashRTError, ImportError, ValueError) as exc:
         return _finish(_failure("loop", name, profile, exc), folder)
     files = {"png": str(loop_figure(record, folder / "loop.png"))} if plot else {}
     loop_tables(record)
+    if "loop_async" in record:
+        from flashrt.bench.loop_async import side_by_side_tables
+
+        side_by_side_tables(record)
     _finish(record | {"line": _loop_line(record)}, folder, files)
 
 
@@ -190,7 +197,18 @@ def _loop_line(record: dict[str, Any]) -> dict[str, Any]:
             "miss_rate": s["miss_rate"], "dropped_ticks": s["dropped_ticks"],
             "latency_p50": s["latency"].p50, "latency_p99": s["latency"].p99,
             "action_age_p50": s["action_age"].p50, "action_age_p99": s["action_age"].p99,
-            "boundaries": s["boundaries"]}
+            "boundaries": s["boundaries"], **_async_line(record)}
+
+
+def _async_line(record: dict[str, Any]) -> dict[str, Any]:
+    if "loop_async" not in record:
+        return {}
+    s = record["loop_async"]
+    sides = {"sync": record["loop"], "async": s}
+    return {"async": {"missed": s["missed"], "dropped_ticks": s["dropped_ticks"],
+                      "action_age_p50": s["action_age"].p50, "action_age_p99": s["action_age"].p99,
+                      **s["async"]},
+            "discontinuity": {name: side["discontinuity"] for name, side in sides.items()}}
 
 
 def soak(

@@ -51,6 +51,7 @@ class LoopConfig:
     load_workers: int = 0
     load_kind: str = "process"
     warmup: int = 1
+    async_mode: bool = False   # also run the policy through flashrt.AsyncPolicy (flashrt.bench.loop_async)
 
     def __post_init__(self) -> None:
         if (not self.rate_hz > 0 or self.steps < 1 or self.chunk_size < 0 or self.load_workers < 0
@@ -137,8 +138,12 @@ def _boundary(policy: Any, executed: int, chunk_size: int) -> bool:
 
 def run_loop(policy: Any, observe: Callable[[int], Any], config: LoopConfig,
              clock: Callable[[], float] = time.perf_counter,
-             sleep: Callable[[float], None] = time.sleep) -> list[Tick]:
-    """Run the loop (see module doc); `observe(k)` returns frame k. Returns the executed ticks."""
+             sleep: Callable[[float], None] = time.sleep, actions: list | None = None) -> list[Tick]:
+    """Run the loop (see module doc); `observe(k)` returns frame k. Returns the executed ticks;
+    `actions`, when given, receives each tick's action (None for a failed tick).
+
+    A policy with an int `source_step` attribute (`flashrt.AsyncPolicy`'s loop view) names the executed
+    tick whose frame its action came from; the action age counts from that frame."""
     chunk = config.chunk_size or int(getattr(policy, "chunk_size", 0) or 0)
     period = config.period_ms
     ticks: list[Tick] = []
@@ -150,17 +155,22 @@ def run_loop(policy: Any, observe: Callable[[int], Any], config: LoopConfig,
         wait = k * period - now_ms()
         if wait > 0:
             sleep(wait / 1e3)
-        obs, start, error = observe(k), now_ms(), ""
+        obs, start, error, action = observe(k), now_ms(), "", None
         try:
-            policy.step(obs)
+            action = policy.step(obs)
         except Exception as exc:  # counted as a missed tick, never dropped
             error = f"{type(exc).__name__}: {exc}"
+        if actions is not None:
+            actions.append(action)
         done = now_ms()
         missed = bool(error) or done > (k + 1) * period
         dropped = k - ticks[-1].index - 1 if ticks else 0
         boundary = _boundary(policy, len(ticks), chunk)
         fresh = boundary or (chunk <= 0 and not isinstance(getattr(policy, "replanned", None), bool))
         source = k * period if fresh or source is None else source   # no chunking known: every tick
+        src = getattr(policy, "source_step", None)
+        if isinstance(src, int) and not isinstance(src, bool) and 0 <= src < len(ticks):
+            source = ticks[src].obs_ms
         ticks.append(Tick(k, k * period, start, done, missed, boundary, dropped, error, source))
         k = max(k + 1, math.ceil(done / period - 1e-9)) if missed else k + 1
     return ticks
@@ -215,10 +225,36 @@ def run_loop_benchmark(name: str, profile: Any, config: LoopConfig, checkpoint: 
         trace = freeze_trace(adapter, profile, None)
         warm_up(policy, trace[0], config.warmup)
         with BackgroundLoad(config.load_workers, config.load_kind):
-            ticks = run_loop(policy, lambda k: trace[k], config)
+            ticks, summary = _timed_loop(policy, trace, config)
+            sides = _async_side(policy, trace, config) if config.async_mode else {}
     return {"schema": "flashrt.loop.result/1", "kind": "loop", "benchmark": name, "status": "ok",
             "profile": profile.to_dict(), "trace": trace.record(), "cold_start_ms": cold,
-            "loop": summarize_loop(ticks, config), "ticks": _columns(ticks), "env": environment()}
+            "loop": summary, "ticks": _columns(ticks), **sides, "env": environment()}
+
+
+def _timed_loop(policy: Any, trace: Any, config: LoopConfig) -> tuple[list[Tick], dict[str, Any]]:
+    from flashrt.bench.loop_async import discontinuity
+
+    actions: list = []
+    ticks = run_loop(policy, lambda k: trace[k], config, actions=actions)
+    summary = summarize_loop(ticks, config)
+    summary["discontinuity"] = discontinuity([t.boundary for t in ticks], actions)
+    return ticks, summary
+
+
+def _async_side(policy: Any, trace: Any, config: LoopConfig) -> dict[str, Any]:
+    """The same policy and trace through flashrt.AsyncPolicy (flashrt.bench.loop_async)."""
+    from flashrt.bench.loop_async import AsyncLoopPolicy, async_summary
+
+    async_policy = AsyncLoopPolicy(policy, config.rate_hz)
+    try:
+        warm_up(async_policy, trace[0], config.warmup)
+        async_policy.prime(trace[0])
+        ticks, summary = _timed_loop(async_policy, trace, config)
+        summary["async"] = async_summary(async_policy)
+    finally:
+        async_policy.close()
+    return {"loop_async": summary, "ticks_async": _columns(ticks)}
 
 
 def _columns(ticks: list[Tick]) -> dict[str, list]:

@@ -191,6 +191,14 @@ class AsyncPolicy:
         self.steps += 1
         return action
 
+    def prime(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None) -> None:
+        """Infer the episode's first chunk now (blocking, e.g. before the robot's clock starts), so the
+        first `step` returns at once; its actions count as computed from the first step's tick."""
+        if not self._queue and self._pending is None:
+            self._request(obs, noise, seed, guided=False)
+            self._take(self._wait())
+            self.replanned = False
+
     def reset(self) -> None:
         """New episode: forget the queue; a chunk in flight is waited for and discarded."""
         if self._pending is not None:
