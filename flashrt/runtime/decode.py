@@ -32,6 +32,10 @@ A ``constraint`` (optional) runs inside both graphs before the pick: ``constrain
 logits`` with ``step`` the (1,) index of the token being picked, e.g. a mask allowing only the codes
 valid at that place of an audio frame (the Orpheus runner's `frame_constraint`).
 
+``penalty=False`` builds the graphs without the repetition-penalty work (the penalize pass and the
+``seen`` bookkeeping, ~7 of a small model's per-token ops); requests must then ask for 1.0 (checked).
+Pi0-FAST uses it: lerobot's action-token decode has no penalty.
+
 One request at a time per Decoder: a second concurrent `generate` raises ConfigError (the chain runs
 each stage in one worker, so it never happens there).
 """
@@ -148,8 +152,9 @@ class Decoder:
     def __init__(self, model: DecodeModel, buckets: Iterable[int] = DEFAULT_BUCKETS,
                  max_new_tokens: int = 256, backend: str | None = None, strict: bool = True,
                  constraint: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 candidates: int = 1024) -> None:
+                 candidates: int = 1024, penalty: bool = True) -> None:
         self.model, self.constraint, self.candidates = model, constraint, int(candidates)
+        self.penalty = bool(penalty)  # False: no repetition-penalty work in the graphs (requests use 1.0)
         fits = sorted({int(b) for b in buckets if int(b) < model.cache_len})
         self.buckets = tuple(fits) or (model.cache_len - 1,)
         self.max_new_tokens = int(max_new_tokens)
@@ -181,11 +186,12 @@ class Decoder:
 
         def run() -> None:
             model.prefill(bucket, io)
-            prompt = io.prompt[:, :bucket]
-            valid = (torch.arange(bucket, device=prompt.device) < io.length).to(torch.float32)
-            counts = torch.zeros(io.seen.shape, device=prompt.device).scatter_add_(
-                1, prompt, valid.expand_as(prompt))
-            io.seen.copy_(counts > 0)
+            if self.penalty:
+                prompt = io.prompt[:, :bucket]
+                valid = (torch.arange(bucket, device=prompt.device) < io.length).to(torch.float32)
+                counts = torch.zeros(io.seen.shape, device=prompt.device).scatter_add_(
+                    1, prompt, valid.expand_as(prompt))
+                io.seen.copy_(counts > 0)
             io.position.copy_(io.length)
             io.step.zero_()
             self._pick(greedy=False)  # the first token: greedy or sampled by the temperature buffer
@@ -203,7 +209,7 @@ class Decoder:
     def _pick(self, greedy: bool) -> None:
         """Penalize, choose, record: token (feeds the next step), out[:, step], seen; step += 1."""
         io = self.io
-        logits = penalize(io.logits, io.seen, io.penalty)
+        logits = penalize(io.logits, io.seen, io.penalty) if self.penalty else io.logits
         if self.constraint is not None:
             logits = self.constraint(logits, io.step)
         chosen = greedy_token(logits)
@@ -213,7 +219,8 @@ class Decoder:
             chosen = torch.where(io.temperature > 0, drawn, chosen)
         io.token.copy_(chosen)
         io.out.index_copy_(1, io.step.clamp(max=io.out.shape[1] - 1), chosen)
-        io.seen.scatter_(1, chosen, True)
+        if self.penalty:
+            io.seen.scatter_(1, chosen, True)
         io.step.add_(1)
 
     # ------------------------------------------------------------------------------ hot path
@@ -232,6 +239,9 @@ class Decoder:
             raise InputError(f"max_new_tokens {limit}: must lie in 1..{self.max_new_tokens} and fit the "
                              f"cache with the prompt ({n} + {limit} > {self.model.cache_len} slots)")
         sampling.check()
+        if not self.penalty and sampling.repetition_penalty != 1.0:
+            raise InputError("this Decoder was built without the repetition penalty (penalty=False); "
+                             f"repetition_penalty must be 1.0, got {sampling.repetition_penalty}")
         return bucket, ids, limit
 
     def write(self, bucket: int, ids: torch.Tensor, sampling: Sampling) -> None:

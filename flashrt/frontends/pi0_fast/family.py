@@ -177,7 +177,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     # greedy checkpoints (temperature 0, lerobot's default) rank one candidate in the prefill's shared
     # sampling branch instead of a top-1024 over the whole vocabulary (~3.5 ms at 157k tokens on a CPU)
     candidates = 1 if ck.temperature == 0 else 1024
-    decoder = Decoder(model, sizes, max_new_tokens=steps, backend=backend, candidates=candidates).capture()
+    decoder = Decoder(model, sizes, max_new_tokens=steps, backend=backend, candidates=candidates,
+                      penalty=False).capture()  # lerobot's action-token decode has no repetition penalty
     k = _positive("sync_every", sync_every) if sync_every is not None else (1 if dev.type == "cpu" else 8)
     return Pi0FastPolicyFrontend(ck, model, decoder, tok, detok, k)
 

@@ -63,3 +63,15 @@ def test_trace_decode_step_equals_eager_bit_for_bit_and_tokens_match_lerobot():
     got = list(dec.generate(ids, STEPS, stop=(end,)))
     assert got == reference_tokens("cam2", 5, end)
     assert dec.report()["decode_captures"] == {"greedy": 1, "sample": 1}
+
+
+def test_decoder_without_penalty_refuses_a_penalty():
+    import pytest
+
+    from flashrt.errors import InputError
+
+    model, _ = _decoder("eager")
+    dec = Decoder(model, (64,), max_new_tokens=STEPS, backend="eager", penalty=False)
+    with pytest.raises(InputError, match="repetition_penalty"):
+        dec.check([2, 3], STEPS, Sampling(repetition_penalty=1.2))
+    assert dec.check([2, 3], STEPS, Sampling())[0] == 64
