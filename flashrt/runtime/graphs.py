@@ -17,6 +17,8 @@ Backends (registry by name, `get_backend(name, **opts)`; add more with `register
            (`flashrt.runtime.trace`)
     cuda   `torch.cuda.CUDAGraph` with side-stream warm-up and one memory pool per backend instance
            (`flashrt.runtime.cuda_graph`)
+    onnxrt the step exported to ONNX (export cache) and run by onnxruntime, IO-bound to the buffers
+           (`flashrt.runtime.onnxrt`)
 
 Ownership and lifetime of a Graph: the frontend that captured it owns it, together with the Buffers
 it was captured against and the module's weights. The graph stays valid only while those tensors
@@ -238,3 +240,6 @@ register_backend("eager", EagerBackend, devices=("cpu", "cuda"),
                  doc="plain call of fn; debugging and the fast CPU default")
 register_backend("trace", "flashrt.runtime.trace:TraceBackend", devices=("cpu", "cuda"),
                  doc="CPU stand-in: recorded aten program, refuses what a CUDA graph cannot hold")
+register_backend("onnxrt", "flashrt.runtime.onnxrt:OnnxRuntimeBackend", devices=("cpu", "cuda"),
+                 doc="the step exported to ONNX (cached), run by onnxruntime with IO binding on the buffers",
+                 takes_device=True)

@@ -25,8 +25,8 @@ CPU_BACKENDS = ["eager", "trace"]
 
 def test_builtin_backends_are_registered():
     assert set(backend_names()) >= {"eager", "trace", "cuda"}
-    assert backends_for("cpu") == ["eager", "trace"]
-    assert backends_for("cuda") == ["cuda", "eager", "trace"]
+    assert backends_for("cpu") == ["eager", "trace", "onnxrt"]
+    assert backends_for("cuda") == ["cuda", "eager", "trace", "onnxrt"]
 
 
 def test_unknown_backend_and_bad_options_are_config_errors():

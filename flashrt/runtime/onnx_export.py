@@ -1,0 +1,427 @@
+"""Export a captured step (a no-argument fn over static buffers) to ONNX, its buffers as named inputs/outputs.
+
+How a step that reads and writes static buffers becomes a function of its inputs:
+
+1. `record(fn, buffers)` runs fn once under the `trace` backend's recorder (same refusals: host syncs,
+   data-dependent shapes, RNG), giving the aten program and every static tensor it touched.
+2. `plan(...)` sorts those statics: a named buffer, or a view inside one (found by address range, so the
+   frontend's slices `bufs["audio"][:, :n]` map to the buffer `audio`), is a graph input; a buffer the
+   program writes into is also a graph output; anything else is a constant (weights, tables) that goes
+   into the file as an initializer. A written tensor that is not a named buffer is carried as a state
+   input/output `state.<i>` so its update is not lost.
+3. `StepModule.forward(*inputs)` replays the program with each static replaced by its input (a clone
+   for written buffers, so the update is functional: new value = f(old values)) and returns the written
+   buffers; `torch.onnx.export` (torch.export based) turns it into ONNX with static shapes, checked by
+   `onnx.checker`.
+
+Names: a read-only buffer is the input `<name>`; a written buffer is the output `<name>` and the input
+`<name>.in` (its current contents: a partial write keeps the rest). `ExportPlan.key_fields()` is the
+content of the export: digests of the constants (weights) and of the program (ops and their scalar
+arguments: the model config and every frozen Python value), the buffer shapes and dtypes, the exporter
+versions and the opset. Files are limited to protobuf's 2 GB (no external data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+
+from flashrt.errors import CaptureError
+from flashrt.io.digest import tensor_digest
+from flashrt.runtime.graphs import named_tensors
+from flashrt.runtime.trace import Recorder, Step, _bound, _DispatchRecorder, _FunctionChecker
+
+OPSET = 18
+SCHEME_VERSION = 1  # bump when what an exported file means changes (naming, plan rules)
+
+# --------------------------------------------------------------------------------------- recording
+
+
+@dataclass(frozen=True)
+class Recording:
+    """The aten program of one fn, the static tensors it touched (in order of first use) and the
+    [start, end) address ranges its in-place ops wrote (through statics or views of them)."""
+
+    steps: list[Step]
+    nslots: int
+    statics: list[torch.Tensor]
+    written: list[tuple[int, int]]
+
+    def writes(self, t: torch.Tensor) -> bool:
+        lo, hi = _extent(t)
+        return any(a < hi and lo < b for a, b in self.written)
+
+
+class _WriteRecorder(_DispatchRecorder):
+    """The trace recorder, also noting the memory each op writes (schema arguments marked written)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__(recorder)
+        self.written: list[tuple[int, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func._schema.is_mutable:
+            bound = _bound(func, args, kwargs or {})
+            for arg in func._schema.arguments:
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    self.written += [_extent(t) for t in tree_leaves(bound.get(arg.name))
+                                     if isinstance(t, torch.Tensor)]
+        return out
+
+
+def record(fn: Callable[[], Any], buffers: Any = None) -> Recording:
+    """Run fn once under the trace recorder (it writes its outputs, as a trace capture does)."""
+    if not callable(fn):
+        raise CaptureError(f"capture needs a no-argument callable, got {type(fn).__name__}")
+    names = {id(t): f"buffer {n!r}" for n, t in named_tensors(buffers).items()}
+    recorder = Recorder(names)
+    mode = _WriteRecorder(recorder)
+    with torch.no_grad(), _FunctionChecker(), mode:
+        fn()
+    return Recording(recorder.program(), recorder.nslots, list(recorder.statics.values()), mode.written)
+
+
+# --------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Port:
+    """One graph input (and output, if written): a named buffer or a carried state tensor."""
+
+    name: str
+    tensor: torch.Tensor
+    written: bool
+
+    @property
+    def input_name(self) -> str:
+        return f"{self.name}.in" if self.written else self.name
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one static comes from inside the graph: port `port` (whole, or a view), or constant `const`."""
+
+    port: int | None = None
+    view: tuple | None = None  # how to rebuild the view inside the port's tensor (`_view`)
+    const: int | None = None
+
+
+@dataclass
+class ExportPlan:
+    recording: Recording
+    ports: list[Port]
+    sources: list[Source]
+    constants: list[torch.Tensor]
+    _weights_digest: str | None = field(default=None, repr=False)
+
+    @property
+    def inputs(self) -> list[Port]:
+        return self.ports
+
+    @property
+    def outputs(self) -> list[Port]:
+        return [p for p in self.ports if p.written]
+
+    def input_names(self) -> list[str]:
+        return [p.input_name for p in self.ports]
+
+    def output_names(self) -> list[str]:
+        return [p.name for p in self.outputs]
+
+    def weights_digest(self) -> str:
+        if self._weights_digest is None:
+            self._weights_digest = tensor_digest({f"c{i}": t.detach() for i, t in enumerate(self.constants)})
+        return self._weights_digest
+
+    def program_digest(self) -> str:
+        return _program_digest(self.recording)
+
+    def shapes(self) -> dict[str, Any]:
+        return {p.name: {"shape": list(p.tensor.shape), "dtype": str(p.tensor.dtype), "written": p.written}
+                for p in self.ports}
+
+    def key_fields(self) -> dict[str, Any]:
+        """What the exported file depends on (the device arch and runtime version are added by the cache)."""
+        dtypes = sorted({str(t.dtype) for t in self.constants} | {str(p.tensor.dtype) for p in self.ports})
+        return {"weights": self.weights_digest(), "program": self.program_digest(),
+                "shapes": json.dumps(self.shapes(), sort_keys=True), "precision": ",".join(dtypes),
+                "exporter": exporter_versions(), "scheme": SCHEME_VERSION}
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[start, end) byte addresses a tensor can touch."""
+    if t.numel() == 0:
+        return t.data_ptr(), t.data_ptr()
+    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _locate(t: torch.Tensor, buffers: list[tuple[str, torch.Tensor]]) -> tuple[int, tuple | None] | None:
+    """(index of the named buffer holding t, None if t is it / its view geometry), or None if outside all."""
+    if t.is_mkldnn:  # oneDNN-packed weights have no storage: constants, never buffers
+        return None
+    lo, hi = _extent(t)
+    for i, (name, buf) in enumerate(buffers):
+        if t is buf:
+            return i, None
+        blo, bhi = _extent(buf)
+        if hi <= blo or lo >= bhi:
+            continue
+        if lo < blo or hi > bhi or t.dtype != buf.dtype or not buf.is_contiguous():
+            raise CaptureError(f"the step touches a tensor overlapping buffer {name!r} that is not a view of "
+                               "it in its own dtype; onnxrt needs contiguous buffers and plain views")
+        return i, _view(buf, t, (lo - blo) // t.element_size())
+    return None
+
+
+def _view(buf: torch.Tensor, t: torch.Tensor, offset: int) -> tuple:
+    """How to rebuild view t of contiguous buf inside the graph: ("slice", starts, sizes) when it is a
+    box of buf (the exporter handles writes through slices), ("flat", offset, shape) when contiguous,
+    else ("strided", size, stride, offset) (read-only use: the exporter cannot write through it)."""
+    size, stride = tuple(t.shape), tuple(t.stride())
+    if t.dim() == buf.dim() and all(st == bst or n == 1 for n, st, bst in zip(size, stride, buf.stride())):
+        starts = tuple((offset // bst) % bn for bst, bn in zip(buf.stride(), buf.shape))
+        if sum(a * bst for a, bst in zip(starts, buf.stride())) == offset and \
+                all(a + n <= bn for a, n, bn in zip(starts, size, buf.shape)):
+            return ("slice", starts, size)
+    if t.is_contiguous():
+        return ("flat", offset, size)
+    return ("strided", size, stride, offset)
+
+
+def plan(recording: Recording, buffers: Any) -> ExportPlan:
+    """Sort the statics into ports (buffers, states) and constants; see the module docstring."""
+    named = list(named_tensors(buffers).items())
+    located = [_locate(t, named) for t in recording.statics]
+    used = sorted({loc[0] for loc in located if loc is not None})
+    written_bufs = {i for i in used if recording.writes(named[i][1])}
+    ports = [Port(named[i][0], named[i][1], i in written_bufs) for i in used]
+    port_of = {i: k for k, i in enumerate(used)}
+    sources, constants = [], []
+    for t, loc in zip(recording.statics, located):
+        if loc is not None:
+            sources.append(Source(port=port_of[loc[0]], view=loc[1]))
+        elif not t.is_mkldnn and recording.writes(t):
+            sources.append(Source(port=len(ports)))
+            ports.append(Port(f"state.{len(ports)}", t, True))
+        else:
+            sources.append(Source(const=len(constants)))
+            constants.append(t.to_dense() if t.is_mkldnn else t)
+    return ExportPlan(recording, ports, sources, constants)
+
+
+def _encode_leaf(leaf: Any, static_index: dict[int, int]) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return ["static", static_index[id(leaf)]]
+    if isinstance(leaf, float):
+        return ["float", leaf.hex()]
+    return [type(leaf).__name__, repr(leaf)]
+
+
+def _program_digest(recording: Recording) -> str:
+    """Deterministic across processes: statics by order of first use, intermediates by slot."""
+    static_index = {id(t): i for i, t in enumerate(recording.statics)}
+    h = hashlib.sha256(b"flashrt.onnx_export.program.v1\0")
+    for step in recording.steps:
+        reads = dict(step.reads)
+        leaves = [["slot", reads[i]] if i in reads else _encode_leaf(leaf, static_index)
+                  for i, leaf in enumerate(step.leaves)]
+        h.update(json.dumps([str(step.func), str(step.spec), leaves, list(step.writes)]).encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------- the module
+
+
+def _unary(y: torch.Tensor, attr: str | None, scalars: Sequence[Any], algorithm: str | None) -> torch.Tensor:
+    fn = {"none": lambda: y, "": lambda: y, None: lambda: y, "relu": lambda: torch.relu(y),
+          "leaky_relu": lambda: torch.nn.functional.leaky_relu(y, float(scalars[0])),
+          "gelu": lambda: torch.nn.functional.gelu(y, approximate=algorithm or "none"),
+          "swish": lambda: torch.nn.functional.silu(y), "silu": lambda: torch.nn.functional.silu(y),
+          "sigmoid": lambda: torch.sigmoid(y), "tanh": lambda: torch.tanh(y),
+          "hardtanh": lambda: torch.clamp(y, float(scalars[0]), float(scalars[1]))}.get(attr)
+    if fn is None:
+        raise CaptureError(f"onnx export: oneDNN fused unary {attr!r} has no portable form here")
+    return fn()
+
+
+def _binary(y: torch.Tensor, other: torch.Tensor, attr: str, alpha: Any = None) -> torch.Tensor:
+    if attr in ("add", "sum"):
+        return y + (other if alpha is None else other * alpha)
+    if attr == "sub":
+        return y - (other if alpha is None else other * alpha)
+    if attr == "mul":
+        return y * other
+    raise CaptureError(f"onnx export: oneDNN fused binary {attr!r} has no portable form here")
+
+
+def _conv(x, w, b, padding, stride, dilation, groups) -> torch.Tensor:
+    return torch.ops.aten.convolution.default(x, w, b, stride, padding, dilation, False, [0] * len(padding),
+                                              groups)
+
+
+def _conv_pointwise(x, w, b, padding, stride, dilation, groups, attr, scalars, algorithm):
+    return _unary(_conv(x, w, b, padding, stride, dilation, groups), attr, scalars, algorithm)
+
+
+def _conv_pointwise_binary(x, other, w, b, padding, stride, dilation, groups, battr, alpha, uattr, uscalars,
+                           ualgorithm):
+    y = _binary(_conv(x, w, b, padding, stride, dilation, groups), other, battr, alpha)
+    return _unary(y, uattr, uscalars, ualgorithm)
+
+
+def _conv_pointwise_into(other, x, *rest):
+    return other.copy_(_conv_pointwise_binary(x, other, *rest))
+
+
+def _linear_pointwise(x, w, b, attr, scalars, algorithm):
+    return _unary(torch.nn.functional.linear(x, w, b), attr, scalars, algorithm)
+
+
+def _linear_pointwise_binary(x, other, w, b, attr):
+    return _binary(torch.nn.functional.linear(x, w, b), other, attr)
+
+
+def _index_copy_(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """index_copy_ as index_put_ (torch's decomposition of index_copy_ fails on channels-last strides)."""
+    dim = dim % x.dim()
+    return torch.ops.aten.index_put_.default(x, [None] * dim + [index], source)
+
+
+def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    return _index_copy_(x.clone(), dim, index, source)
+
+
+def _portable_ops() -> dict[Any, Callable[..., Any]]:
+    """Ops the exporter cannot take, and their aten compositions: CPU-only fused ops (oneDNN, as
+    flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding) and index_copy."""
+    mk = getattr(torch.ops, "mkldnn", None)
+    pairs = [("_convolution_pointwise", "default", _conv_pointwise),
+             ("_convolution_pointwise", "binary", _conv_pointwise_binary),
+             ("_convolution_pointwise_", "binary", _conv_pointwise_into),
+             ("_linear_pointwise", "default", _linear_pointwise),
+             ("_linear_pointwise", "binary", _linear_pointwise_binary)]
+    table: dict[Any, Callable[..., Any]] = {torch.ops.aten.index_copy_.default: _index_copy_,
+                                            torch.ops.aten.index_copy.default: _index_copy}
+    for packet, overload, fn in pairs:
+        op = getattr(getattr(mk, packet, None), overload, None) if mk is not None else None
+        if op is not None:
+            table[op] = fn
+    return table
+
+
+PORTABLE = _portable_ops()
+
+
+
+class StepModule(torch.nn.Module):
+    """forward(*port inputs) -> written ports: the recorded program with statics replaced (see docstring)."""
+
+    def __init__(self, p: ExportPlan) -> None:
+        super().__init__()
+        self.steps, self.nslots = p.recording.steps, p.recording.nslots
+        self.sources, self.written = p.sources, [port.written for port in p.ports]
+        for i, t in enumerate(p.constants):
+            self.register_buffer(f"c{i}", t.detach())
+        index = {id(t): i for i, t in enumerate(p.recording.statics)}
+        self.static_pos = [[(pos, index[id(leaf)]) for pos, leaf in enumerate(step.leaves)
+                            if isinstance(leaf, torch.Tensor)] for step in self.steps]
+
+    def _static(self, src: Source, ports: list[torch.Tensor]) -> torch.Tensor:
+        if src.const is not None:
+            return getattr(self, f"c{src.const}")
+        base = ports[src.port]
+        if src.view is None:
+            return base
+        kind, *geometry = src.view
+        if kind == "slice":
+            starts, size = geometry
+            return base[tuple(slice(a, a + n) for a, n in zip(starts, size))]
+        if kind == "flat":
+            offset, size = geometry
+            n = 1
+            for d in size:
+                n *= d
+            return base.reshape(-1)[offset:offset + n].view(size)
+        return base.as_strided(*geometry)
+
+    def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ports = [x.clone() if w else x for x, w in zip(inputs, self.written)]
+        statics = [self._static(src, ports) for src in self.sources]
+        env: list[Any] = [None] * self.nslots
+        for step, static_pos in zip(self.steps, self.static_pos):
+            leaves = list(step.leaves)
+            for pos, i in static_pos:
+                leaves[pos] = statics[i]
+            for pos, slot in step.reads:
+                leaves[pos] = env[slot]
+            args, kwargs = tree_unflatten(leaves, step.spec)
+            out = PORTABLE.get(step.func, step.func)(*args, **kwargs)
+            if step.writes:
+                outs, _ = tree_flatten(out)
+                for pos, slot in step.writes:
+                    env[slot] = outs[pos]
+        return tuple(x for x, w in zip(ports, self.written) if w)
+
+
+def exporter_versions() -> str:
+    import onnx
+    import onnxscript
+    return f"torch {torch.__version__}; onnxscript {onnxscript.__version__}; onnx {onnx.__version__}; " \
+           f"opset {OPSET}"
+
+
+def export_onnx(p: ExportPlan) -> bytes:
+    """The serialized ONNX model of the plan, checked by onnx.checker, its names those of the ports."""
+    import onnx
+    if not p.outputs:
+        raise CaptureError("the step writes no buffer: nothing to export")
+    module = StepModule(p).eval()
+    args = tuple(port.tensor for port in p.ports)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, args, dynamo=True, input_names=p.input_names(),
+                                    output_names=p.output_names(), opset_version=OPSET, verbose=False,
+                                    external_data=False, optimize=True)
+    model = program.model_proto
+    buf = io.BytesIO()
+    onnx.save_model(model, buf)
+    data = buf.getvalue()
+    check_model(data, p.input_names(), p.output_names())
+    return data
+
+
+def check_model(data: bytes, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+    """onnx.checker (full) and the graph's input/output names against the ports'; CaptureError otherwise."""
+    import onnx
+    model = onnx.load_model_from_string(data)
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as err:
+        raise CaptureError(f"exported ONNX model fails onnx.checker: {err}") from None
+    got_in = [i.name for i in model.graph.input]
+    got_out = [o.name for o in model.graph.output]
+    if got_in != list(inputs) or got_out != list(outputs):
+        raise CaptureError(f"exported ONNX names {got_in} -> {got_out}, expected {list(inputs)} -> "
+                           f"{list(outputs)}")
+
+
+def consumed_inputs(data: bytes) -> set[str]:
+    """Graph inputs some node reads (an input of a fully overwritten buffer is not)."""
+    import onnx
+    model = onnx.load_model_from_string(data)
+    names = {i.name for i in model.graph.input}
+    used: set[str] = set()
+    for node in model.graph.node:
+        used.update(n for n in node.input if n in names)
+    used.update(o.name for o in model.graph.output if o.name in names)
+    return used

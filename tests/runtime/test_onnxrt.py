@@ -1,0 +1,201 @@
+"""The onnxrt graph backend on toy steps: buffers as named ONNX inputs/outputs, views and partial writes,
+state tensors, oneDNN fused ops lowered, parity with eager (onnxruntime is the independent runtime);
+the export cache: hit without export, miss on every key field, corrupt/truncated/tampered/copied entries
+rebuilt and never used."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+
+import onnx
+import pytest
+import torch
+
+from flashrt.errors import CaptureError, ConfigError
+from flashrt.runtime import graphs, onnxrt
+from flashrt.runtime.export_cache import ExportCache
+from flashrt.runtime.graphs import get_backend
+
+TOL = 1e-5
+
+
+@pytest.fixture
+def backend(tmp_path):
+    return functools.partial(onnxrt.OnnxRuntimeBackend, cache_dir=tmp_path / "onnx", threads=1)
+
+
+class Toy:
+    """A step that reads `x`, writes all of `y`, part of `z` (the rest must survive) and an unnamed state."""
+
+    def __init__(self, seed: int = 0, scale: float = 0.5, width: int = 4) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.lin = torch.nn.Linear(width, 6)
+        self.conv = torch.nn.Conv1d(3, 3, 3, padding=1)
+        for p in (*self.lin.parameters(), *self.conv.parameters()):
+            p.data = torch.randn(p.shape, generator=g)
+        self.scale = scale
+        self.buffers = {"x": torch.randn(2, width, generator=g), "y": torch.zeros(2, 6),
+                        "z": torch.full((1, 3, 5), 7.0), "unused": torch.zeros(3)}
+        self.count = torch.zeros(1)  # not a declared buffer, written by the step: carried as a state
+
+    def step(self) -> None:
+        b = self.buffers
+        h = torch.nn.functional.layer_norm(torch.relu(self.lin(b["x"])), (6,)) * self.scale
+        b["y"].copy_(h)
+        b["z"][..., 1:3].copy_(self.conv(h[:, :3].t().unsqueeze(0))[..., :2])
+        self.count.add_(1)
+
+
+def _run(graph_or_fn, toy: Toy) -> dict[str, torch.Tensor]:
+    toy.buffers["z"].fill_(7.0)
+    toy.count.zero_()
+    graph_or_fn()
+    return {**{k: v.clone() for k, v in toy.buffers.items()}, "count": toy.count.clone()}
+
+
+def test_toy_step_equals_eager_and_names_follow_buffers(backend):
+    toy = Toy()
+    graph = backend().capture(toy.step, toy.buffers)
+    model = onnx.load_model_from_string(graph.model_bytes)
+    onnx.checker.check_model(model, full_check=True)
+    assert [i.name for i in model.graph.input] == ["x", "y.in", "z.in", "state.3.in"]
+    assert [o.name for o in model.graph.output] == ["y", "z", "state.3"]
+    for seed in range(3):
+        toy.buffers["x"].copy_(torch.randn(2, 4, generator=torch.Generator().manual_seed(seed + 10)))
+        got = _run(graph.replay, toy)
+        want = _run(toy.step, toy)
+        for name in want:
+            assert (got[name] - want[name]).abs().max() <= TOL, name
+        assert torch.equal(got["z"][..., [0, 3, 4]], torch.full((1, 3, 3), 7.0))  # the rest is kept
+        assert got["count"].item() == 1.0
+
+
+def test_outputs_land_in_the_frontends_own_buffers(backend):
+    toy = Toy()
+    y, z = toy.buffers["y"], toy.buffers["z"]
+    ptrs = (y.data_ptr(), z.data_ptr())
+    graph = backend().capture(toy.step, toy.buffers)
+    y.zero_()
+    graph.replay()
+    assert (y.data_ptr(), z.data_ptr()) == ptrs and y.abs().sum() > 0
+
+
+def test_onednn_fused_ops_are_lowered(backend):
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this torch")
+    g = torch.Generator().manual_seed(1)
+    w, b = torch.randn(8, 6, generator=g), torch.randn(8, generator=g)
+    cw = torch.randn(4, 4, 1, 3, generator=g)
+    bufs = {"x": torch.randn(3, 6, generator=g), "r": torch.randn(1, 4, 1, 9, generator=g),
+            "y": torch.zeros(3, 8), "c": torch.zeros(1, 4, 1, 9)}
+    mk = torch.ops.mkldnn
+
+    def step():
+        h = mk._linear_pointwise(bufs["x"], w, b, "gelu", [], "tanh")
+        bufs["y"].copy_(mk._linear_pointwise.binary(bufs["x"], h, w, None, "mul"))
+        c = mk._convolution_pointwise(bufs["r"], cw, None, [0, 1], [1, 1], [1, 1], 1, "leaky_relu", [0.1], "")
+        bufs["c"].copy_(mk._convolution_pointwise.binary(c, bufs["r"], cw, None, [0, 1], [1, 1], [1, 1], 1,
+                                                         "add", None, None, [], None))
+    graph = backend().capture(step, bufs)
+    step()
+    want = {k: v.clone() for k, v in bufs.items()}
+    bufs["y"].zero_()
+    bufs["c"].zero_()
+    graph.replay()
+    for name in ("y", "c"):
+        assert (bufs[name] - want[name]).abs().max() <= TOL
+
+
+def test_refusals_and_options(backend):
+    bufs = {"x": torch.zeros(3), "y": torch.zeros(3)}
+    with pytest.raises(CaptureError, match="random"):
+        backend().capture(lambda: bufs["y"].copy_(torch.rand(3)), bufs)
+    with pytest.raises(CaptureError, match="writes no buffer"):
+        backend().capture(lambda: bufs["x"] + 1, bufs)
+    with pytest.raises(ConfigError, match="opt_level"):
+        get_backend("onnxrt", opt_level="turbo")
+    with pytest.raises(ConfigError, match="threads"):
+        get_backend("onnxrt", threads=0)
+    assert "onnxrt" in graphs.backends_for("cpu")
+
+
+def test_moved_buffer_is_refused(backend):
+    toy = Toy()
+    graph = backend().capture(toy.step, toy.buffers)
+    toy.buffers["y"] = torch.zeros(2, 6)
+    with pytest.raises(CaptureError, match="'y'"):
+        graph.replay()
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+def _capture(backend, toy: Toy):
+    before = onnxrt.STATS.exports
+    graph = backend().capture(toy.step, toy.buffers)
+    return graph, onnxrt.STATS.exports - before
+
+
+def test_second_load_does_not_export(backend):
+    toy = Toy()
+    first, n1 = _capture(backend, toy)
+    second, n2 = _capture(backend, Toy())
+    assert (n1, n2) == (1, 0) and not first.cache_hit and second.cache_hit
+    assert second.model_bytes == first.model_bytes
+    assert (_run(second.replay, toy)["y"] - _run(toy.step, toy)["y"]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("change", ["weights", "program", "shapes"])
+def test_each_content_field_is_a_miss(backend, change):
+    _capture(backend, Toy())
+    other = {"weights": Toy(seed=1), "program": Toy(scale=0.25), "shapes": Toy(width=5)}[change]
+    graph, n = _capture(backend, other)
+    assert n == 1 and not graph.cache_hit
+    assert (_run(graph.replay, other)["y"] - _run(other.step, other)["y"]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("field", ["runtime", "arch", "exporter", "precision", "scheme"])
+def test_each_version_field_is_a_miss(backend, tmp_path, field):
+    toy = Toy()
+    graph, _ = _capture(backend, toy)
+    b = backend()
+    key = b.key(onnxrt.ox.plan(onnxrt.ox.record(toy.step, toy.buffers), toy.buffers))
+    cache = ExportCache(tmp_path / "onnx")
+    assert cache.load(key) == graph.model_bytes
+    changed = type(key)(**{**key.fields(), field: key.fields()[field] + (1 if field == "scheme" else "x")})
+    assert cache.load(changed) is None and cache.last_miss_reason == "no entry"
+    shutil.copy(cache.path_for(key), cache.path_for(changed))         # an entry copied under another key
+    assert cache.load(changed) is None and f"{field} differ" in cache.last_miss_reason
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip_model_byte", "edit_key", "garbage", "empty"])
+def test_damaged_entry_is_rebuilt_never_used(backend, tmp_path, damage):
+    graph, _ = _capture(backend, Toy())
+    (path,) = ExportCache(tmp_path / "onnx").files()
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[:len(data) - 100]
+    elif damage == "flip_model_byte":
+        data[-50] ^= 0x01
+    elif damage == "edit_key":
+        data = bytearray(bytes(data).replace(b'"scheme":1', b'"scheme":2', 1))
+    elif damage == "garbage":
+        data = bytearray(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + bytes(data[24:]))
+    else:
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    toy = Toy()
+    rebuilt, n = _capture(backend, toy)
+    assert n == 1 and not rebuilt.cache_hit and rebuilt.model_bytes == graph.model_bytes
+    assert path.read_bytes() != bytes(data)                              # replaced by a good entry
+    assert (_run(rebuilt.replay, toy)["y"] - _run(toy.step, toy)["y"]).abs().max() <= TOL
+    assert [e.problem for e in ExportCache(tmp_path / "onnx").entries()] == [""]
+
+
+def test_no_cache_exports_every_time(tmp_path):
+    toy = Toy()
+    for _ in range(2):
+        before = onnxrt.STATS.exports
+        onnxrt.OnnxRuntimeBackend(cache=False).capture(toy.step, toy.buffers)
+        assert onnxrt.STATS.exports == before + 1
