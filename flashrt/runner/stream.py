@@ -35,7 +35,7 @@ between chunks is excluded from compute but included in the time to first audio.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,7 +56,6 @@ class _RunLog:
     first: int = 0
     frames: int = 0
     windows: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class FrameQueue:
