@@ -12,7 +12,7 @@ Registered as the "orpheus" family of `flashrt.frontends.registry.TTS_FAMILIES` 
 
 The chain (`flashrt.chain.Chain`, one worker thread per stage, bounded queues between them):
 
-    lm      prompt ids -> audio token ids       `flashrt.runner.decode.Decoder` (captured prefill
+    lm      prompt ids -> audio token ids       `flashrt.runtime.decode.Decoder` (captured prefill
                                                 buckets, one decode step replayed per token)
     frames  token ids -> SNAC code chunks       `flashrt.frontends.tts.orpheus.FrameDecoder` (7 tokens
                                                 a frame, validated; `frames_per_chunk` frames a chunk)
@@ -54,7 +54,7 @@ from flashrt.frontends.tts.orpheus import (
     read_layout,
     stack_frames,
 )
-from flashrt.runner.decode import Decoder, Generation, Sampling
+from flashrt.runtime.decode import Decoder, Generation, Sampling
 
 __all__ = ["OrpheusTTS", "load_orpheus", "detect", "FAMILY", "ORPHEUS_SAMPLING", "to_pcm16",
            "frame_constraint"]

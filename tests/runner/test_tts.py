@@ -15,9 +15,9 @@ from flashrt.chain import StageError
 from flashrt.errors import CheckpointError, InputError
 from flashrt.frontends.registry import tts_families
 from flashrt.frontends.tts.orpheus import AudioTokenError, FrameDecoder, OrpheusLayout
-from flashrt.runner.decode import Sampling
 from flashrt.runner.orpheus import OrpheusTTS, to_pcm16
 from flashrt.runner.tts import load_tts
+from flashrt.runtime.decode import Sampling
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tts"
 CASES = (("tara", "Hello there."), ("leo", "A much longer sentence, so the prompt lands in another bucket."))

@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 
 from flashrt.errors import InputError
 from flashrt.frontends.lm import load_lm
-from flashrt.runner.decode import DecodeModel, Decoder, Sampling
-from flashrt.runner.sampling import hashed_uniform, sample_token
+from flashrt.runtime.decode import DecodeModel, Decoder, Sampling
+from flashrt.runtime.sampling import hashed_uniform, sample_token
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "lm"
 SAMPLED = Sampling(temperature=0.8, top_k=40, top_p=0.9, repetition_penalty=1.3, seed=11)

@@ -53,9 +53,9 @@ from flashrt.frontends.vocoders.synthetic import random_module
 from flashrt.nn.llama import Llama
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import compute_dtype
-from flashrt.runner.decode import Decoder
 from flashrt.runner.orpheus import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
 from flashrt.runner.vocoder import Vocoder
+from flashrt.runtime.decode import Decoder
 
 _MODEL_KEYS = ("seed",)
 DEFAULT_FRAMES = 24

@@ -4,7 +4,7 @@
     lm = load_lm("path/to/dir", device="cpu", precision="fp32", cache_len=1024)
 
 The frontend (`CausalLM`) owns the module and its static K/V cache; the AR decode runner
-(`flashrt.runner.decode.Decoder`) captures its prefill buckets and its decode step.
+(`flashrt.runtime.decode.Decoder`) captures its prefill buckets and its decode step.
 """
 
 from flashrt.frontends.lm.config import ARCHITECTURES, PRESETS, LMConfig

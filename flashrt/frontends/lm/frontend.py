@@ -2,8 +2,8 @@
 
     lm = load_lm("path/to/transformers_dir", device="cpu", precision="fp32", cache_len=1024)
 
-The AR decode runner (`flashrt.runner.decode.Decoder`) owns the call pattern, the sampler and its own
-step buffers (prompt, length, token, position, logits: a `flashrt.runner.decode.DecodeIO`); this
+The AR decode runner (`flashrt.runtime.decode.Decoder`) owns the call pattern, the sampler and its own
+step buffers (prompt, length, token, position, logits: a `flashrt.runtime.decode.DecodeIO`); this
 frontend owns the module, the cache and the two graph bodies the runner captures:
 
     lm.prefill(bucket, io)   prompt tokens io.prompt[:, :bucket] (valid up to io.length) -> K/V slots

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from flashrt.errors import CheckpointError
 from flashrt.frontends.lm import LMConfig, load_lm
-from flashrt.runner.decode import Decoder, Sampling
+from flashrt.runtime.decode import Decoder, Sampling
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lm"
 MODELS = ("llama_tiny", "qwen3_tiny", "qwen2_tiny")
