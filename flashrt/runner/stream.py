@@ -34,6 +34,7 @@ between chunks is excluded from compute but included in the time to first audio.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -130,6 +131,7 @@ class StreamRunner:
         self.stream_chunk = int(chunk)
         self.exact_stream = bool(exact_stream)
         self._last: _RunLog | None = None
+        self._lock = threading.Lock()   # one window at a time through the frontend's static buffers
         if self.stream_chunk <= 0:
             raise ConfigError(f"stream_chunk ({self.stream_chunk}) must be positive")
 
@@ -166,15 +168,18 @@ class StreamRunner:
         return FrameQueue(self.frontend.rates, self.frontend.context, self.stream_chunk)
 
     def _decode(self, log: _RunLog, window: Window) -> torch.Tensor:
-        """Write, replay and read one window; its audio samples [lo, hi) on the host."""
+        """Write, replay and read one window; its audio samples [lo, hi) on the host. Windows are
+        serialized (a lock around the three): calls and streams from several threads, or several
+        streams interleaved in one thread, each get their own audio (a stream's state is its own)."""
         fe = self.frontend
-        with log.timer.stage("h2d"):
-            bucket = fe.bucket(window.frames)
-            fe.write(bucket, window)
-        with log.timer.stage("replay"), torch.inference_mode():
-            fe.replay(bucket)
-        with log.timer.stage("d2h"):
-            audio = fe.read(window)
+        with self._lock:
+            with log.timer.stage("h2d"):
+                bucket = fe.bucket(window.frames)
+                fe.write(bucket, window)
+            with log.timer.stage("replay"), torch.inference_mode():
+                fe.replay(bucket)
+            with log.timer.stage("d2h"):
+                audio = fe.read(window)
         log.windows += 1
         return audio
 
