@@ -404,14 +404,25 @@ class KernelTable:
 
     def _measure(self, key: tuple, w: QuantWeight, x: torch.Tensor) -> str:
         times = {}
-        for name, kernel in KERNELS[w.kind].items():
-            if kernel.applies(w, x):
-                times[name] = _time(kernel, w, x, self.reps, min(times.values(), default=None))
+        for name in self._survivors(w, x):
+            times[name] = _time(KERNELS[w.kind][name], w, x, self.reps, min(times.values(), default=None))
         if not times:
             raise RuntimeError(f"no {w.kind} kernel applies to {tuple(x.shape)} x {tuple(w.q.shape)}")
         best = min(times, key=times.get)
         self.choice[key], self.measured[key] = best, {k: round(v * 1e6, 1) for k, v in times.items()}
         return best
+
+    def _survivors(self, w: QuantWeight, x: torch.Tensor, probe_rows: int = 32) -> list[str]:
+        """The applicable kernels, less those 3x slower than the best on a few rows (one call each):
+        a scalar fallback is then never run at full size."""
+        names = [n for n, k in KERNELS[w.kind].items() if k.applies(w, x)]
+        probe = x[:probe_rows]
+        if len(names) < 2 or probe.shape[0] == x.shape[0]:
+            return names
+        usable = [n for n in names if KERNELS[w.kind][n].applies(w, probe)]
+        quick = {n: _time(KERNELS[w.kind][n], w, probe, 0, None) for n in usable}
+        best = min(quick.values(), default=0.0)
+        return [n for n in names if n not in quick or quick[n] <= 3 * best]
 
     def report(self) -> list[dict]:
         return [{"device": k[0], "kind": k[1], "mode": k[2], "M": k[3], "K": k[4], "N": k[5],
