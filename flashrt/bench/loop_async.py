@@ -8,7 +8,9 @@ Per side: missed and dropped ticks, action age p50 / p99 (from the frame the exe
 computed from), and the discontinuity at chunk boundaries: max and p50 of |a_t - a_{t-1}| (max over
 action dims) over ticks where a new chunk took over, against the same over ticks inside a chunk. For
 the asynchronous side also: chunks inferred, late and starved takeovers, and the inference delay
-(ticks from request to takeover) p50 / max.
+(ticks from request to takeover) p50 / max, and the takeover gap: max |a_new - a_old| between the new
+chunk's first executed action and the action the old chunk had planned for the same tick (what
+real-time chunking keeps small).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class AsyncLoopPolicy:
     `noise` goes to inference, every other key is the observation; `replanned` and `source_step` after
     each step (the loop reads them for boundaries and action age)."""
 
-    def __init__(self, loop_policy: Any, rate_hz: float) -> None:
+    def __init__(self, loop_policy: Any, rate_hz: float, transition: str = "auto") -> None:
         from flashrt.runner.async_policy import AsyncPolicy
 
         inner = getattr(loop_policy, "policy", loop_policy)
@@ -35,7 +37,7 @@ class AsyncLoopPolicy:
             raise ConfigError("--async needs a benchmark whose policy() is (or wraps, as .policy) a flashrt "
                               "Policy")
         self.keys = getattr(loop_policy, "obs_keys", None)
-        self.async_policy = AsyncPolicy(inner, rate_hz=rate_hz)
+        self.async_policy = AsyncPolicy(inner, rate_hz=rate_hz, transition=transition)
         self.chunk_size = inner.n_action_steps
         self.replanned, self.source_step = False, 0
 
@@ -82,11 +84,14 @@ def async_summary(policy: AsyncLoopPolicy) -> dict[str, Any]:
     taken = [c for c in ap.chunks if c.takeover_step >= 0 and c.mode != "first"]
     delays = [c.delay_steps for c in taken]
     latency = [c.latency_ms for c in taken]
+    gaps = [c.takeover_gap for c in taken if not np.isnan(c.takeover_gap)]
     return {"transition": ap.transition, "chunks": len(ap.chunks), "late": ap.late, "starved": ap.starved,
             "delay_ticks_p50": float(np.median(delays)) if delays else float("nan"),
             "delay_ticks_max": max(delays) if delays else 0,
             "inference_ms_p50": float(np.median(latency)) if latency else float("nan"),
-            "assumed_delay_last": ap.chunks[-1].assumed_delay if ap.chunks else 0}
+            "assumed_delay_last": ap.chunks[-1].assumed_delay if ap.chunks else 0,
+            "takeover_gap_p50": float(np.median(gaps)) if gaps else float("nan"),
+            "takeover_gap_max": max(gaps) if gaps else float("nan")}
 
 
 def side_by_side_tables(record: dict[str, Any], console: Any = None) -> None:
@@ -112,6 +117,7 @@ def side_by_side_tables(record: dict[str, Any], console: Any = None) -> None:
                           f"{asy['discontinuity'][key]:.4f}")
     a = asy["async"]
     table.add_row("late / starved takeovers", "-", f"{a['late']} / {a['starved']}")
+    table.add_row("takeover gap p50 / max", "-", f"{a['takeover_gap_p50']:.4f} / {a['takeover_gap_max']:.4f}")
     table.add_row("inference delay, ticks p50 / max", "-",
                   f"{a['delay_ticks_p50']:g} / {a['delay_ticks_max']}")
     print_tables(table, console=console)

@@ -25,8 +25,9 @@ chunk. Ticks are `step` calls. Chunk position j of a chunk requested at tick T i
   linearly from 1/(m+1) to m/(m+1). "none": the new chunk just replaces the old.
 
 Per chunk (`chunks`): request tick, takeover tick, inference delay in ticks and ms, the delay the
-guidance assumed, mode. Per executed action: `source_step` (the tick whose observation produced it)
-and the action age in ticks (`ages`).
+guidance assumed, mode, and the takeover gap (how far the new chunk's first executed action is from
+the action the old chunk had planned for that tick). Per executed action: `source_step` (the tick
+whose observation produced it) and the action age in ticks (`ages`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class ChunkRecord:
     latency_ms: float = 0.0
     frozen: int = 0
     late: bool = False
+    takeover_gap: float = float("nan")   # max |new chunk's first action - the old chunk's, same tick|
 
     @property
     def delay_steps(self) -> int:
@@ -261,6 +263,8 @@ class AsyncPolicy:
         new = [(a, rec.request_step) for a in actions[skip:]]
         if rec.mode == "blend" and self._queue:
             new = self._blend(new)
+        if self._queue and new:  # the first action executed from the new chunk vs the old plan
+            rec.takeover_gap = float(np.max(np.abs(new[0][0] - self._queue[0][0])))
         self._queue = deque(new)
         self._executed_in_chunk = 0
         self.replanned = True

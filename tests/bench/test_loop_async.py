@@ -77,6 +77,7 @@ def test_async_loop_view_runs_every_tick_and_passes_noise_apart():
         assert s["executed"] == 20 and s["errors"] == 0 and all(a is not None for a in actions)
         assert toy.seen[0] == (["state"], "n") and toy.calls >= 2
         assert all(t.action_age_ms >= 0 for t in ticks)
+        view.close()  # the worker finishes the chunk in flight, if any
         summary = async_summary(view)
         assert summary["transition"] == "blend" and summary["chunks"] == toy.calls
     finally:

@@ -48,6 +48,7 @@ def test_schedule_and_transitions_on_pi05(one_thread, transition):
         assert schedule == [(0, 0, 0), (2, 4, 2)]
         assert ap.chunks[1].mode == transition and ap.chunks[1].frozen == 4
         assert ap.ages == [0, 1, 2, 3, 2, 3] and ap.source_step == 2
+        assert ap.chunks[1].takeover_gap == pytest.approx(float(np.abs(want[4] - c0[4]).max()), abs=1e-6)
         if transition == "rtc":  # the guided chunk agrees with what executed while it was inferred
             free = policy().infer(_obs(2), seed=11)["actions"]
             assert np.abs(c1[:2] - c0[2:4]).max() < 0.2 * np.abs(free[:2] - c0[2:4]).max()
