@@ -15,6 +15,7 @@ instance, hence (on CUDA) one memory pool: replay them one at a time, never conc
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 
 from flashrt.errors import ConfigError, FlashRTError, InputError
+
+log = logging.getLogger(__name__)
 
 ON_MISS = ("error", "capture", "eager")
 DEFAULT_MAX_GRAPHS = 16
@@ -132,10 +135,18 @@ class GraphSet:
         self._missed: list[int] = []
 
     def capture_all(self) -> GraphSet:
-        """Capture a graph for every declared bucket not captured yet (load time, not the hot path)."""
-        for bucket in self.buckets:
-            if bucket not in self._graphs:
-                self._capture(bucket)
+        """Capture a graph for every declared bucket not captured yet (load time, not the hot path).
+        With flashrt's logging at INFO (`flashrt -v`), a progress bar on stderr shows the buckets."""
+        todo = [b for b in self.buckets if b not in self._graphs]
+        from tqdm import tqdm
+
+        name = getattr(self.backend, "name", type(self.backend).__name__)
+        quiet = not log.isEnabledFor(logging.INFO) or len(todo) < 2
+        for bucket in tqdm(todo, desc=f"capture ({name})", unit="bucket", disable=quiet, leave=False):
+            self._capture(bucket)
+        if todo:
+            log.info("captured %d bucket(s) on %s in %.2f s", len(todo), name,
+                     sum(self._capture_s[b] for b in todo))
         return self
 
     def _capture(self, bucket: int) -> Any:
