@@ -18,16 +18,18 @@ Failure behaviour: a malformed message (not msgpack, a forbidden dtype, a bad ob
 reply naming the problem and the connection stays usable; a message over ``max_message_bytes`` is
 refused by the websocket layer, which closes that connection with code 1009; an unexpected error is
 answered and the connection closed with 1011; a client that disconnects while its request runs leaves
-the server healthy (the reply is dropped). Requests from several connections run one at a time (the
-policy's lock), in arrival order. Binds 127.0.0.1 unless told otherwise.
+the server healthy (the reply is dropped). Requests from several connections run one at a time, in
+arrival order, on one worker thread (the only caller of the policy). Binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
 from http import HTTPStatus
 from typing import Any
 
@@ -69,6 +71,9 @@ class PolicyServer:
         self._server = serve(self._handle, host, port, max_size=self.max_message_bytes, compression=None,
                              process_request=self._health)
         self._thread: threading.Thread | None = None
+        self._requests: queue.Queue[tuple[Any, Future] | None] = queue.Queue()
+        self._worker = threading.Thread(target=self._work, name="flashrt-policy-server-worker", daemon=True)
+        self._worker.start()
 
     @property
     def port(self) -> int:
@@ -92,9 +97,18 @@ class PolicyServer:
         """Stop accepting, close open connections, wait for their handlers (idempotent)."""
         if self._thread is None:  # never served: websockets' shutdown() would wait for serve_forever
             self._server.socket.close()
-            return
-        self._server.shutdown()
-        self._thread.join(timeout=10)
+        else:
+            self._server.shutdown()
+            self._thread.join(timeout=10)
+        self._requests.put(None)
+        self._worker.join(timeout=10)
+
+    def _work(self) -> None:
+        """The one caller of the policy: requests of every connection, in arrival order."""
+        while (item := self._requests.get()) is not None:
+            message, future = item
+            if future.set_running_or_notify_cancel():
+                future.set_result(self._answer(*message))
 
     def __enter__(self) -> PolicyServer:
         return self.start()
@@ -117,7 +131,9 @@ class PolicyServer:
             prev_total_ms = None
             for message in ws:
                 start = time.perf_counter()
-                reply, fatal = self._answer(message, prev_total_ms)
+                future: Future = Future()
+                self._requests.put(((message, prev_total_ms), future))
+                reply, fatal = future.result()
                 ws.send(reply)
                 if fatal:
                     ws.close(CLOSE_INTERNAL_ERROR, "internal server error")

@@ -77,6 +77,30 @@ def test_fifty_infers_equal_in_process(server):
             assert out["server_timing"]["prev_total_ms"] > 0
 
 
+def test_concurrent_connections_get_their_own_results(server):
+    import threading
+
+    obs = [E2E.case(CASE).obs(i) for i in range(3)]
+    want = {(c, k): policy().infer(obs[c], seed=100 * c + k)["actions"] for c in range(3) for k in range(5)}
+    got, errors = {}, []
+
+    def client(c: int) -> None:
+        try:
+            cl = _client(server)
+            for k in range(5):
+                got[c, k] = cl.infer({**obs[c], "seed": 100 * c + k})["actions"]
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and set(got) == set(want)
+    assert all(np.array_equal(got[key], want[key]) for key in want)
+
+
 def test_noise_over_the_wire_matches_lerobot(server):
     """The caller's noise travels as a numpy array; the result is lerobot's own chunk."""
     case, client = E2E.case(CASE), _client(server)
