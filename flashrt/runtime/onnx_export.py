@@ -391,7 +391,7 @@ def export_onnx(p: ExportPlan) -> bytes:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(module, args, dynamo=True, input_names=p.input_names(),
                                     output_names=p.output_names(), opset_version=OPSET, verbose=False,
-                                    external_data=False, optimize=True)
+                                    external_data=False, optimize=False)
     model = program.model_proto
     buf = io.BytesIO()
     onnx.save_model(model, buf)
