@@ -99,7 +99,8 @@ class PolicyServer:
             self._server.socket.close()
         else:
             self._server.shutdown()
-            self._thread.join(timeout=10)
+            if self._thread is not threading.current_thread():  # serve_forever() interrupted here
+                self._thread.join(timeout=10)
         self._requests.put(None)
         self._worker.join(timeout=10)
 
