@@ -35,6 +35,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("flashrt.runner.tts", "say"),
     ("flashrt.serve.cli", "serve"),
     ("flashrt.calibrate", "calibrate"),
+    ("flashrt.export", "export"),
     ("flashrt.serve.policy_cli", "serve_policy"),
 )
 

@@ -1,4 +1,4 @@
-"""`flashrt cache ...`: list, verify and remove calibration cache entries.
+"""`flashrt cache ...`: list, verify and remove calibration cache entries (`ls` also lists ONNX exports).
 
 `cache_app` is a Typer sub-application; the main `flashrt` command mounts it as `cache`. Every command
 takes `--dir` to point at another cache folder (default: `flashrt.quant.cache.default_root()`).
@@ -44,14 +44,48 @@ def _table_row(r: dict) -> tuple[str, ...]:
     return Path(r["name"]).stem, str(r["arch"]), str(r["scales"]), created, r["problem"] or "ok"
 
 
-@cache_app.command("ls")
-def ls_cmd(dir: DirOption = None, as_json: JsonOption = False):
-    """List the entries (header facts only: `verify` checks the contents)."""
-    cache = CalibrationCache(dir)
-    rows = [_entry_row(e) for e in cache.entries()]
-    if as_json:
-        typer.echo(json.dumps(rows, indent=1))
+ExportDirOption = Annotated[Path | None, typer.Option(
+    "--export-dir", help="ONNX export cache folder (default: the folder `onnx` beside the calibration one).")]
+
+
+def _export_rows(folder: Path) -> list[dict]:
+    """The export cache's entries (`flashrt.runtime.export_cache`), as `ls` rows of kind "onnx"."""
+    from flashrt.runtime.export_cache import ExportCache
+    rows = []
+    for e in ExportCache(folder).entries():
+        key = e.key or {}
+        rows.append({"kind": "onnx", "name": e.path.name, "model": key.get("model", ""),
+                     "arch": key.get("arch", ""), "runtime": key.get("runtime", ""),
+                     "weights": str(key.get("weights", ""))[:16], "bytes": e.size, "created": e.created,
+                     "problem": e.problem})
+    return rows
+
+
+def _print_exports(rows: list[dict], folder: Path) -> None:
+    if not rows:
+        typer.echo(f"no onnx export entries in {folder}")
         return
+    table = Table(title=f"onnx export cache: {folder}")
+    for col in ("entry", "arch", "runtime", "bytes", "created", "status"):
+        table.add_column(col, no_wrap=col != "status", overflow="fold")
+    for r in rows:
+        table.add_row(Path(r["name"]).stem, r["arch"], r["runtime"], str(r["bytes"]),
+                      r["created"][:16].replace("T", " "), r["problem"] or "ok")
+    _console().print(table)
+
+
+@cache_app.command("ls")
+def ls_cmd(dir: DirOption = None, as_json: JsonOption = False, export_dir: ExportDirOption = None):
+    """List the entries of both caches, calibration and ONNX export (header facts: `verify` checks the
+    calibration entries' contents; export entries are checked as they are listed)."""
+    cache = CalibrationCache(dir)
+    exports_root = export_dir or cache.root.parent / "onnx"
+    rows = [{"kind": "calibration", **_entry_row(e)} for e in cache.entries()]
+    exports = _export_rows(exports_root)
+    if as_json:
+        typer.echo(json.dumps(rows + exports, indent=1))
+        return
+    _print_exports(exports, exports_root)
     if not rows:
         typer.echo(f"no calibration entries in {cache.root}")
         return
