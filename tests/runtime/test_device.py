@@ -46,11 +46,11 @@ def test_cpu_arch_and_description():
     assert info["torch"] == torch.__version__ and info["threads"] >= 1
     assert isinstance(info["name"], str) and info["name"]
     assert info["memory_bytes"] is None or info["memory_bytes"] > 0
-    assert info["backends"] == ["eager", "trace"]
+    assert info["backends"] == ["eager", "trace", "onnxrt"]
 
 
 def test_available_backends_cpu_default_first():
-    assert available_backends("cpu") == ["eager", "trace"]
+    assert available_backends("cpu") == ["eager", "trace", "onnxrt"]
 
 
 @pytest.mark.cuda
