@@ -1,4 +1,5 @@
 import gc
+import mmap
 
 import pytest
 
@@ -15,15 +16,20 @@ def test_slope():
 
 
 def test_leaking_step_is_flagged():
-    """Real RSS, decided from memory only: each step keeps 256 KiB of written pages (mmap-sized, so the
-    allocator returns nothing and no lazily mapped zero page hides it); other garbage is collected
-    first and the collector is off during the run, so a loaded machine can only slow it down."""
+    """Real RSS, decided from memory only: each step keeps 256 KiB of written pages in its own anonymous
+    mapping (so no heap memory freed by earlier tests can absorb it, and no zero page hides it); other
+    garbage is collected first and the collector is off during the run, so load can only slow it down."""
     hoard = []
     gc.collect()
     gc.disable()
+
+    def leak(i: int) -> None:  # fresh anonymous pages, written: never reused from a freed heap
+        block = mmap.mmap(-1, 256 << 10)
+        block.write(b"\x01" * (256 << 10))
+        hoard.append(block)
+
     try:
-        summary = run_soak(lambda i: hoard.append(b"\x01" * (256 << 10)), SoakConfig(steps=200, warmup=20,
-                                                                                  sample_every=5))
+        summary = run_soak(leak, SoakConfig(steps=200, warmup=20, sample_every=5))
     finally:
         gc.enable()
     assert summary["leak"] and summary["rss"]["leak"]  # 45 MiB kept; the flag needs > 8 MiB and > 1 MiB/1k
