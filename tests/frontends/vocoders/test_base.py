@@ -85,9 +85,11 @@ def test_unbatched_numpy_and_batched_inputs(voc, reference):
 def test_trace_backend_equals_eager(weights, voc):
     traced = load_vocoder(weights, family="hifigan", config="tiny", buckets=(24,), backend="trace",
                           stream_chunk=4)
-    mel = _mel(21)
-    assert torch.equal(traced(mel), load_vocoder(weights, family="hifigan", config="tiny", buckets=(24,),
-                                                 stream_chunk=4)(mel))
+    eager = load_vocoder(weights, family="hifigan", config="tiny", buckets=(24,), stream_chunk=4)
+    mel = _mel(24)   # the bucket's own length: the same shapes on both sides, bit for bit
+    assert torch.equal(traced(mel), eager(mel))
+    short = _mel(21)  # eager runs 21 frames, the trace the padded bucket: equal up to conv rounding
+    assert (traced(short) - eager(short)).abs().max() <= 1e-6
     assert traced.report()["graphs"]["backend"] == "trace"
 
 
