@@ -77,3 +77,36 @@ def test_rm_ambiguous_prefix(tmp_path):
     result = _run("rm", "same", "--dir", str(tmp_path))
     assert result.exit_code == 2 and "matches 2 entries" in result.output
     assert len(cache.files()) == 2
+
+
+def _export_entry(folder, model: str = "graph") -> str:
+    from flashrt.runtime.export_cache import ExportCache, ExportKey
+
+    key = ExportKey(weights="cd" * 32, program="ef" * 32, shapes="{}", precision="torch.float32",
+                    exporter="torch x", runtime="onnxruntime y", arch="cpu-x86_64", scheme=1, model=model)
+    return ExportCache(folder).store(key, b"onnx model bytes").name
+
+
+def test_ls_lists_export_entries_beside_calibration_entries(filled, tmp_path):
+    cache, paths = filled
+    good = _export_entry(tmp_path / "onnx")  # default: the folder `onnx` beside the calibration one
+    bad = tmp_path / "onnx" / _export_entry(tmp_path / "onnx", "edited")
+    bad.write_bytes(bad.read_bytes()[:-1] + b"X")
+    rows = json.loads(_run("ls", "--dir", str(cache.root), "--json").output)
+    by_kind = {k: sorted(r["name"] for r in rows if r["kind"] == k) for k in ("calibration", "onnx")}
+    assert by_kind == {"calibration": sorted(p.name for p in paths), "onnx": sorted([good, bad.name])}
+    onnx_rows = {r["name"]: r for r in rows if r["kind"] == "onnx"}
+    assert onnx_rows[good]["problem"] == "" and onnx_rows[good]["runtime"] == "onnxruntime y"
+    assert "digest" in onnx_rows[bad.name]["problem"]    # tampered bytes are reported, not trusted
+    table = _run("ls", "--dir", str(cache.root))
+    assert table.exit_code == 0
+    assert "onnx export cache" in table.output and "calibration cache" in table.output
+    assert "alpha" in table.output and "graph-" in table.output
+
+
+def test_ls_export_dir_option(filled, tmp_path):
+    cache, _ = filled
+    name = _export_entry(tmp_path / "elsewhere")
+    rows = json.loads(_run("ls", "--dir", str(cache.root), "--export-dir", str(tmp_path / "elsewhere"),
+                           "--json").output)
+    assert [r["name"] for r in rows if r["kind"] == "onnx"] == [name]

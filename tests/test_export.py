@@ -1,0 +1,74 @@
+"""`flashrt export PATH --format onnx [--bucket N] -o DIR` (flashrt/export.py), run in-process as the console
+script does: one checked ONNX file per bucket plus manifest.json, graph inputs/outputs named after the
+vocoder's own declared buffers, a second export served by the export cache, bad arguments one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+import flashrt
+from flashrt.cli import main
+
+pytestmark = pytest.mark.timeout(300)
+CHECKPOINT = Path(__file__).resolve().parent / "fixtures" / "vocoders" / "hifigan_v1_tiny"
+
+
+def _export(capsys, out: Path, cache: Path, *extra: str) -> tuple[int, dict]:
+    code = main(["export", str(CHECKPOINT), "--format", "onnx", "--bucket", "16", "-o", str(out),
+                 "--cache-dir", str(cache), *extra])
+    capsys.readouterr()
+    manifest = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
+    return code, manifest
+
+
+@pytest.fixture(scope="module")
+def buffer_roles() -> dict[str, str]:
+    """The declared buffers of the same checkpoint, loaded independently of the export: name -> role."""
+    voc = flashrt.load_vocoder(CHECKPOINT, backend="eager", buckets=(16,))
+    return {spec.name: spec.role for spec in voc.frontend.buffers.specs}
+
+
+def test_export_writes_checked_models_named_after_the_buffers(capsys, tmp_path, one_thread, buffer_roles):
+    code, manifest = _export(capsys, tmp_path / "out", tmp_path / "cache")
+    assert code == 0
+    assert manifest["format"] == "onnx" and "16" in manifest["buckets"]
+    for bucket, entry in manifest["buckets"].items():
+        path = tmp_path / "out" / entry["file"]
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model, full_check=True)
+        assert path.stat().st_size == entry["bytes"]
+        inputs = [i.name for i in model.graph.input]
+        outputs = [o.name for o in model.graph.output]
+        assert inputs == list(entry["inputs"]) and outputs == list(entry["outputs"]), bucket
+        # a read buffer is the input <name>; a written one the output <name> and the input <name>.in
+        assert {n.removesuffix(".in") for n in inputs} <= set(buffer_roles), inputs
+        assert outputs == ["audio"] and buffer_roles["audio"] == "output"
+        assert "features" in inputs and "audio.in" in inputs
+        dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+        assert dims == entry["inputs"][inputs[0]]["shape"]  # static shapes, as the manifest says
+        assert not entry["cache_hit"]
+
+
+def test_second_export_is_served_by_the_cache(capsys, tmp_path, one_thread):
+    _, first = _export(capsys, tmp_path / "a", tmp_path / "cache")
+    code, again = _export(capsys, tmp_path / "b", tmp_path / "cache")
+    assert code == 0
+    assert all(e["cache_hit"] for e in again["buckets"].values())
+    for bucket, entry in again["buckets"].items():
+        same = first["buckets"][bucket]["file"]
+        assert (tmp_path / "b" / entry["file"]).read_bytes() == (tmp_path / "a" / same).read_bytes()
+
+
+@pytest.mark.parametrize(("extra", "needle"), [(("--kind", "robot"), "kind 'robot'"),
+                                               (("--format", "tflite"), "format 'tflite'")])
+def test_bad_arguments_are_one_line_errors(capsys, tmp_path, extra, needle):
+    argv = ["export", str(CHECKPOINT), "-o", str(tmp_path / "out"), *extra]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert needle in err and err.startswith("flashrt: error: ")
+    assert not (tmp_path / "out" / "manifest.json").exists()
