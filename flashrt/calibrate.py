@@ -29,6 +29,8 @@ def calibrate(
     = None,
     precision: Annotated[str, typer.Option(help="int8 or fp8")] = "int8",
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto")] = "cpu",
+    tokenizer: Annotated[Path | None, typer.Option(help="tokenizer file when the checkpoint lacks it "
+                                                   "(Pi0/Pi0.5: PaliGemma's tokenizer.model)")] = None,
     cache_dir: Annotated[Path | None, typer.Option("--dir", help="calibration cache folder")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
@@ -41,7 +43,8 @@ def calibrate(
         raise ConfigError(f"--precision must be one of {list(QUANTIZED)}, got {precision!r}")
     observations = _trace_observations(data) if data is not None else None
     start = time.perf_counter()
-    policy = flashrt.load_policy(path, device=device, precision=precision,
+    options = {"tokenizer": str(tokenizer)} if tokenizer is not None else {}
+    policy = flashrt.load_policy(path, device=device, precision=precision, **options,
                                  calibration=Calibration(recipe=recipe, samples=samples, data=observations,
                                                          cache_dir=cache_dir, progress=not as_json))
     info = dict(policy.frontend.quantization or {})

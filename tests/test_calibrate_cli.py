@@ -41,3 +41,15 @@ def test_calibrate_from_a_recorded_trace(capsys, tmp_path):
 def test_calibrate_refuses_a_float_precision(capsys, tmp_path):
     assert run_app(app, ["calibrate", str(tmp_path), "--precision", "bf16"]) == 2
     assert "--precision" in capsys.readouterr().err
+
+
+def test_calibrate_takes_the_tokenizer_of_a_checkpoint_without_one(capsys, tmp_path, monkeypatch):
+    ck = tmp_path / "ck"
+    write_checkpoint(ck, SyntheticSpec("pi05", TINY, ("top", "wrist")))
+    tokenizer = (ck / "tokenizer.model").rename(tmp_path / "paligemma.model")
+    monkeypatch.setattr("flashrt.frontends.pi0.tokenizer.hub_file", lambda *a, **k: None)  # no hub cache
+    argv = ["calibrate", str(ck), "--dir", str(tmp_path / "cache"), "--samples", "2", "--json"]
+    assert run_app(app, argv) == 2
+    assert "--tokenizer PATH" in capsys.readouterr().err
+    assert run_app(app, [*argv, "--tokenizer", str(tokenizer)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["cache"] == "calibrated"

@@ -24,6 +24,9 @@ ProfileOpt = Annotated[str, typer.Option("--profile", "-p", help="profile name (
 OutOpt = Annotated[Path | None, typer.Option("--out", help="output folder [bench/results/<kind>-<name>-...]")]
 CheckpointOpt = Annotated[str | None, typer.Option("--checkpoint", help="checkpoint path (when the "
                                                    "benchmark loads one; default: tiny/seeded preset)")]
+TokenizerOpt = Annotated[str | None, typer.Option("--tokenizer", help="the policy's text tokenizer when the "
+                                                  "checkpoint lacks it (Pi0/Pi0.5/Pi0-FAST: PaliGemma's "
+                                                  "tokenizer.model); sets the profile's [model] tokenizer")]
 
 
 def _out_dir(out: Path | None, kind: str, name: str, profile: str) -> Path:
@@ -91,6 +94,7 @@ def bench(
     warmup: Annotated[int | None, typer.Option(help="warm-up calls [profile bench.warmup]")] = None,
     backend: Annotated[str | None, typer.Option(help="graph backend [profile runtime.backend]")] = None,
     checkpoint: CheckpointOpt = None,
+    tokenizer: TokenizerOpt = None,
     trace: Annotated[str | None, typer.Option(help="replay a recorded trace file")] = None,
     save_trace: Annotated[bool, typer.Option(help="save the frozen trace as trace.pt in --out")] = False,
     trace_out: Annotated[Path | None, typer.Option(help="write the timed calls' stages as a Chrome / "
@@ -115,7 +119,7 @@ def bench(
     from flashrt.errors import FlashRTError
 
     folder = _out_dir(out, "bench", name, profile)
-    options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision)
+    options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision, tokenizer)
     try:
         result = run_benchmark(name, load_profile(profile), options)
     except (FlashRTError, ImportError) as exc:
@@ -163,19 +167,21 @@ def loop(
     load: Annotated[int, typer.Option(help="background CPU burners")] = 0,
     load_kind: Annotated[str, typer.Option(help="process | thread")] = "process",
     checkpoint: CheckpointOpt = None,
+    tokenizer: TokenizerOpt = None,
     out: OutOpt = None,
     plot: Annotated[bool, typer.Option(help="write loop.png")] = True,
     async_mode: Annotated[bool, typer.Option("--async", help="also run through flashrt.AsyncPolicy "
                                              "(real-time chunking) and report both side by side")] = False,
 ) -> None:
     """Control-loop simulator: step(obs) at a fixed rate; deadline misses, action age, chunk boundaries."""
+    from flashrt.bench.harness import with_tokenizer
     from flashrt.bench.loop import LoopConfig, loop_figure, loop_tables, run_loop_benchmark
     from flashrt.bench.profiles import load_profile
     from flashrt.errors import FlashRTError
 
     folder = _out_dir(out, "loop", name, profile)
     try:
-        prof = load_profile(profile)
+        prof = with_tokenizer(load_profile(profile), tokenizer)
         config = LoopConfig(rate or prof.bench.target_rate_hz, steps, chunk, load, load_kind,
                             async_mode=async_mode)
         record = run_loop_benchmark(name, prof, config, checkpoint)
@@ -216,18 +222,20 @@ def soak(
     profile: ProfileOpt = "cpu-tiny",
     steps: Annotated[int | None, typer.Option(help="steps [profile bench.soak_steps]")] = None,
     checkpoint: CheckpointOpt = None,
+    tokenizer: TokenizerOpt = None,
     out: OutOpt = None,
     plot: Annotated[bool, typer.Option(help="write soak.png")] = True,
     progress: Annotated[bool, typer.Option(help="progress bar on stderr")] = True,
 ) -> None:
     """Soak: K steps, memory growth (RSS slope) and latency drift; flags a leaking frontend."""
+    from flashrt.bench.harness import with_tokenizer
     from flashrt.bench.profiles import load_profile
     from flashrt.bench.soak import SoakConfig, run_soak_benchmark, soak_figure, soak_tables
     from flashrt.errors import FlashRTError
 
     folder = _out_dir(out, "soak", name, profile)
     try:
-        prof = load_profile(profile)
+        prof = with_tokenizer(load_profile(profile), tokenizer)
         config = SoakConfig(steps=steps or prof.bench.soak_steps)
         record = run_soak_benchmark(name, prof, config, checkpoint, progress)
     except (FlashRTError, ImportError, ValueError) as exc:

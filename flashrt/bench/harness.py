@@ -118,6 +118,7 @@ class BenchOptions:
     trace_path: str | None = None
     progress: bool = True
     precision: str | None = None
+    tokenizer: str | None = None  # `--tokenizer`: the profile's [model] tokenizer
 
 
 def apply_options(profile: Profile, options: BenchOptions) -> Profile:
@@ -125,7 +126,13 @@ def apply_options(profile: Profile, options: BenchOptions) -> Profile:
     bench = {k: v for k, v in (("iters", options.iters), ("warmup", options.warmup)) if v is not None}
     runtime = {"backend": options.backend} if options.backend else {}
     profile = profile.with_overrides(bench=bench, runtime=runtime)
-    return profile if options.precision is None else profile.with_precision(options.precision)
+    profile = profile if options.precision is None else profile.with_precision(options.precision)
+    return with_tokenizer(profile, options.tokenizer)
+
+
+def with_tokenizer(profile: Profile, tokenizer: str | None) -> Profile:
+    """`--tokenizer PATH`: the profile with `[model] tokenizer = PATH` (the policy adapters read it)."""
+    return profile if tokenizer is None else replace(profile, model=profile.model | {"tokenizer": tokenizer})
 
 
 def vs_tolerances(adapter: Any, name: str, atol: float, rtol: float) -> tuple[float, float]:

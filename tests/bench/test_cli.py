@@ -106,3 +106,30 @@ def test_trace_out_is_a_chrome_trace_of_the_stages(app, tmp_path, profile_file, 
     assert sum(e["name"] == "replay" and e["pid"] == 1 for e in spans) == 5       # iters of the profile
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert len(names) == 2
+
+
+@pytest.fixture
+def pi05_without_tokenizer(tmp_path, monkeypatch):
+    """A tiny Pi0.5 checkpoint whose tokenizer.model lives elsewhere (as a real download's does)."""
+    from flashrt.frontends.pi0.synthetic import TINY, SyntheticSpec, write_checkpoint
+
+    folder = tmp_path / "ck"
+    write_checkpoint(folder, SyntheticSpec("pi05", TINY, ("top", "wrist")))
+    tokenizer = (folder / "tokenizer.model").rename(tmp_path / "paligemma.model")
+    monkeypatch.setattr("flashrt.frontends.pi0.tokenizer.hub_file", lambda *a, **k: None)  # no hub cache
+    return folder, tokenizer
+
+
+def test_tokenizer_flag_loads_a_checkpoint_without_one(app, tmp_path, profile_file, pi05_without_tokenizer):
+    folder, tokenizer = pi05_without_tokenizer
+    common = ["-p", profile_file, "--checkpoint", str(folder), "--no-plot"]
+    res = CliRunner().invoke(app, ["bench", "pi05", *common, "--out", str(tmp_path / "no"), "--no-progress"])
+    assert res.exit_code == 2 and "--tokenizer PATH" in res.stderr, res.output
+    res = CliRunner().invoke(app, ["bench", "pi05", *common, "--tokenizer", str(tokenizer), "--out",
+                                   str(tmp_path / "b"), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert data["profile"]["model"]["tokenizer"] == str(tokenizer) and data["steady"]["iters"] == 5
+    res = CliRunner().invoke(app, ["loop", "pi05", *common, "--tokenizer", str(tokenizer), "--steps", "4",
+                                   "--rate", "50", "--out", str(tmp_path / "l")])
+    assert res.exit_code == 0 and _last_json(res.stdout)["executed"] >= 1, res.output

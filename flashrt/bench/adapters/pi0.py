@@ -25,7 +25,8 @@ one. Sizes come from `profile.shapes.preset` (`PRESETS`):
 `shapes.views` sets the camera count (default 2), `shapes.chunk` / `shapes.steps` the chunk size and
 Euler steps, `shapes.buckets` the prompt-length buckets (default: the checkpoint's ladder); `[model]`
 takes `seed`. With `--checkpoint DIR` a real lerobot / openpi checkpoint is loaded instead (its variant
-must be the benchmark's; `views` and `chunk` then come from it).
+must be the benchmark's; `views` and `chunk` then come from it); `--tokenizer PATH` (`[model] tokenizer`)
+names PaliGemma's tokenizer.model when the checkpoint folder and the hub cache lack it.
 
 References (`--vs`, `quality.reference`):
 
@@ -70,7 +71,9 @@ OBS_KEYS = ("images", "state", "prompt")
 TOKENIZER_MAX = {"pi0": 48, "pi05": 200}  # lerobot 0.6.1 defaults (tokenizer_max_length)
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "fp8": "fp8"}
 FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")  # `--vs fp32`: the same checkpoint loaded in that precision
-_MODEL_KEYS = ("seed", "recipe")  # recipe: the calibration recipe of an int8 / fp8 run (calibration/)
+# recipe: the calibration recipe of an int8 / fp8 run (calibration/); tokenizer: PaliGemma's tokenizer.model
+# for a --checkpoint that lacks it (`flashrt bench --tokenizer PATH` sets it)
+_MODEL_KEYS = ("seed", "recipe", "tokenizer")
 
 
 # ------------------------------------------------------------------------------------------ presets
@@ -328,11 +331,9 @@ class Pi0Benchmark:
         from flashrt.runner.policy import load_policy
 
         start, s = time.perf_counter(), self.profile.shapes
-        recipe = str(self.profile.model.get("recipe", ""))
-        quantized = {"calibration": {"recipe": recipe, "progress": False}} if precision in ("int8", "fp8") \
-            else {}
         policy = load_policy(self.folder, device=self.device, precision=precision, num_steps=s.steps or None,
-                             backend=self.profile.runtime.backend, buckets=s.buckets or None, **quantized)
+                             backend=self.profile.runtime.backend, buckets=s.buckets or None,
+                             **self._load_options(precision))
         if not record:
             return policy
         total, captured = _ms_since(start), policy.frontend.report()["capture_s"]
@@ -346,6 +347,15 @@ class Pi0Benchmark:
             raise ConfigError(f"{self.folder} holds a {policy.config.variant} checkpoint; this is the "
                               f"{self.variant} benchmark")
         return policy
+
+    def _load_options(self, precision: str) -> dict[str, Any]:
+        """load_policy's family options: the calibration of an int8 / fp8 run, the `--tokenizer`."""
+        model, options = self.profile.model, {}
+        if precision in ("int8", "fp8"):
+            options["calibration"] = {"recipe": str(model.get("recipe", "")), "progress": False}
+        if "tokenizer" in model:
+            options["tokenizer"] = str(model["tokenizer"])
+        return options
 
     @property
     def frame(self) -> tuple[int, int]:

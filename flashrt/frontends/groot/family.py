@@ -74,7 +74,7 @@ def _tokenizer_path(folder: Path, backbone_dir: Path | None, tokenizer: str | Pa
             return base / "tokenizer.json"
     raise CheckpointError(
         f"{folder}: no tokenizer.json next to the checkpoint or its backbone config; pass "
-        "tokenizer=PATH (the Cosmos-Reason2 / Qwen3-VL tokenizer.json)"
+        "tokenizer=PATH (CLI: --tokenizer PATH; the Cosmos-Reason2 / Qwen3-VL tokenizer.json)"
     )
 
 

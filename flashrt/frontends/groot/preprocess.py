@@ -217,7 +217,8 @@ class PromptTokenizer:
         except ModuleNotFoundError as exc:  # pragma: no cover - a declared dependency
             raise CheckpointError("GR00T needs the 'tokenizers' package (pip install tokenizers)") from exc
         if not path.is_file():
-            raise CheckpointError(f"{path}: tokenizer.json not found (pass tokenizer=PATH)")
+            raise CheckpointError(f"{path}: tokenizer.json not found (pass tokenizer=PATH; "
+                                  "CLI: --tokenizer PATH)")
         self.path = path
         self.tok = Tokenizer.from_file(str(check_regular(path, "GR00T tokenizer")))
         self.ids = {s: self.tok.token_to_id(s) for s in self.SPECIALS}

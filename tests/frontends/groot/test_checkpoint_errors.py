@@ -76,3 +76,14 @@ def test_bad_checkpoint_is_a_checkpoint_error(tmp_path, name):
     tag = "tag_rel" if "relative" in name else "tag_a"
     with pytest.raises(CheckpointError, match=match):
         family.load(folder, embodiment=tag)
+
+
+def test_missing_tokenizer_names_the_option_and_the_cli_flag(tmp_path):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(CKPT, folder)
+    (folder / "backbone" / "tokenizer.json").unlink()
+    _json(folder, "config.json", lambda d: d.update(model_name=str(folder / "backbone")))
+    with pytest.raises(CheckpointError, match=r"tokenizer=PATH \(CLI: --tokenizer PATH"):
+        family.load(folder, embodiment="tag_a")
+    with pytest.raises(CheckpointError, match="--tokenizer PATH"):
+        family.load(folder, embodiment="tag_a", tokenizer=tmp_path / "absent.json")
