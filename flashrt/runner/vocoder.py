@@ -105,9 +105,11 @@ class Vocoder(StreamRunner):
             if d["spectral_convs"] else ""
         if d["phase_split_convs"]:
             convs += f", {d['phase_split_convs']} phase-split dilated convs (position-invariant)"
+        warnings = "".join(f"; WARNING: {w}" for w in d["warnings"])
         return (f"{d['family']} vocoder: {d['sample_rate']} Hz, hop {d['hop_length']}, context "
                 f"{d['context']} frames, buckets {d['buckets']}, stream chunk {self.stream_chunk}"
-                f"{exact}, backend {d['backend']}{length}, {d['buffer_bytes']:,d} buffer bytes{convs}")
+                f"{exact}, backend {d['backend']}{length}, {d['buffer_bytes']:,d} buffer bytes{convs}"
+                f"{warnings}")
 
 
 def load_vocoder(

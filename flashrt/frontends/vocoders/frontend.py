@@ -30,12 +30,15 @@ would change. Padding costs compute, so without explicit buckets a graph backend
 bucket range as a geometric ladder (`ladder`: each bucket at most `LADDER_RATIO` times the one below,
 so a call computes at most 25 % more frames than its own); the buffers stay sized for the largest
 bucket, the graphs of one set share one memory pool on CUDA, and capture time grows with the count.
+`describe()` reports the padding of the windows replayed so far (`PaddingLog`) and warns when one
+computed more than `PADDING_WARN` (50 %) more frames than its own, e.g. with explicit buckets far apart.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,9 +53,10 @@ from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.frontend import Window
 from flashrt.runtime.graphs import backend_for_device
 
-__all__ = ["VocoderFrontend", "ladder", "LADDER_RATIO"]
+__all__ = ["VocoderFrontend", "ladder", "LADDER_RATIO", "PaddingLog", "PADDING_WARN"]
 
 LADDER_RATIO = 1.25
+PADDING_WARN = 0.5  # describe() warns when a window replays a bucket over 50 % longer than itself
 
 
 def ladder(buckets: Sequence[int], ratio: float = LADDER_RATIO) -> tuple[int, ...]:
@@ -65,6 +69,40 @@ def ladder(buckets: Sequence[int], ratio: float = LADDER_RATIO) -> tuple[int, ..
         size = min(hi, max(size + 1, int(size * ratio)))
         sizes.add(size)
     return tuple(sorted(sizes))
+
+
+@dataclass
+class PaddingLog:
+    """Padding of the windows replayed so far, (bucket - frames) / frames each: their count, how many
+    exceeded `PADDING_WARN`, the worst one. Owned by one frontend, written by its `write` (under the
+    runner's lock), never reset; at the exact length every window's padding is zero."""
+
+    windows: int = 0
+    over: int = 0
+    worst: float = 0.0
+    worst_frames: int = 0
+    worst_bucket: int = 0
+
+    def record(self, frames: int, bucket: int) -> None:
+        overhead = (bucket - frames) / frames
+        self.windows += 1
+        self.over += overhead > PADDING_WARN
+        if overhead > self.worst:
+            self.worst, self.worst_frames, self.worst_bucket = overhead, frames, bucket
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"windows": self.windows, "over_limit": self.over, "limit": PADDING_WARN,
+                "worst_overhead": self.worst, "worst_frames": self.worst_frames,
+                "worst_bucket": self.worst_bucket}
+
+    def warnings(self) -> list[str]:
+        if not self.over:
+            return []
+        return [f"{self.over} of {self.windows} window(s) padded by more than {100 * PADDING_WARN:.0f} % "
+                f"of their own length (worst: {self.worst_frames} frames replayed at the "
+                f"{self.worst_bucket}-frame bucket, +{100 * self.worst:.0f} %); load with a bucket near that "
+                "length (buckets=...), or without buckets (a ladder), or on the eager backend (each call at "
+                "its own length)"]
 
 
 class VocoderFrontend:
@@ -103,6 +141,7 @@ class VocoderFrontend:
         self.buffers: Buffers | None = None
         self.graphs: GraphSet | None = None
         self._rows, self._frames = self.batch, 0     # the window written last (rows, frames)
+        self.padding = PaddingLog()
         if self.batch <= 0 or self.buckets[0] <= 0:
             raise ConfigError(f"batch ({self.batch}) and buckets ({list(self.buckets)}) must be positive")
 
@@ -200,6 +239,7 @@ class VocoderFrontend:
         self.buffers["length"].fill_(window.frames)
         self.buffers["offset"].fill_(window.offset)
         self._rows, self._frames = rows, window.frames
+        self.padding.record(window.frames, bucket)
 
     def replay(self, bucket: int) -> None:
         if self.exact_length:
@@ -221,7 +261,8 @@ class VocoderFrontend:
                 "buckets": list(self.buckets), "captured": []}
 
     def describe(self) -> dict[str, Any]:
-        """What was chosen at load: sizes, buckets, backend, buffer bytes, conv algorithms."""
+        """What was chosen at load: sizes, buckets, backend, buffer bytes, conv algorithms; the padding of
+        the windows replayed so far and a warning for any padded by more than `PADDING_WARN`."""
         sig = self.signature
         spectral = sum(1 for m in self.module.modules() if isinstance(m, SpectralPlan))
         split = sum(1 for m in self.module.modules() if getattr(m, "phase_split", False))
@@ -230,4 +271,5 @@ class VocoderFrontend:
                 "exact_length": self.exact_length, "batch": self.batch, "dtype": str(self.dtype),
                 "buffer_bytes": self.buffers.nbytes() if self.buffers else 0, "spectral_convs": spectral,
                 "spectral_bytes": spectral_bytes(self.module) if spectral else 0,
-                "phase_split_convs": split}
+                "phase_split_convs": split, "padding": self.padding.as_dict(),
+                "warnings": self.padding.warnings()}
