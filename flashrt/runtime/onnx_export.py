@@ -8,7 +8,8 @@ How a step that reads and writes static buffers becomes a function of its inputs
    frontend's slices `bufs["audio"][:, :n]` map to the buffer `audio`), is a graph input; a buffer the
    program writes into is also a graph output; anything else is a constant (weights, tables) that goes
    into the file as an initializer. A written tensor that is not a named buffer is carried as a state
-   input/output `state.<i>` so its update is not lost.
+   input/output `state.<i>` so its update is not lost; tensors sharing one storage (a cache written
+   through one view and read through another) are one state, each a view of it.
 3. `StepModule.forward(*inputs)` replays the program with each static replaced by its input (a clone
    for written buffers, so the update is functional: new value = f(old values)) and returns the written
    buffers; `torch.onnx.export` (torch.export based) turns it into ONNX with static shapes, checked by
@@ -40,7 +41,7 @@ from flashrt.runtime.graphs import named_tensors
 from flashrt.runtime.trace import Recorder, Step, _bound, _DispatchRecorder, _FunctionChecker
 
 OPSET = 18
-SCHEME_VERSION = 1  # bump when what an exported file means changes (naming, plan rules)
+SCHEME_VERSION = 2  # bump when what an exported file means changes (naming, plan rules)
 
 # --------------------------------------------------------------------------------------- recording
 
@@ -198,6 +199,32 @@ def _view(buf: torch.Tensor, t: torch.Tensor, offset: int) -> tuple:
     return ("strided", size, stride, offset)
 
 
+def _state_bases(carried: list[torch.Tensor]) -> list[torch.Tensor]:
+    """One tensor per storage among the written statics that are no named buffer: the tensor itself when
+    it is the only one, else a 1-D tensor over the union of their extents (a K/V cache written through
+    `k[i]` and read through `k[i].transpose(1, 2)` must be ONE graph input, or the read misses the write)."""
+    groups: dict[int, list[torch.Tensor]] = {}
+    for t in carried:
+        group = groups.setdefault(t.untyped_storage().data_ptr(), [])
+        if all(u is not t for u in group):
+            group.append(t)
+    bases = []
+    for group in groups.values():
+        if len(group) == 1:
+            bases.append(group[0])
+            continue
+        if len({t.dtype for t in group}) != 1:
+            raise CaptureError("the step writes a tensor that it also reads as another dtype (a "
+                               "reinterpreting view); onnxrt cannot carry that state")
+        first = group[0]
+        lo = min(_extent(t)[0] for t in group)
+        hi = max(_extent(t)[1] for t in group)
+        size = first.element_size()
+        start = (lo - first.untyped_storage().data_ptr()) // size
+        bases.append(first.new_empty(0).set_(first.untyped_storage(), start, ((hi - lo) // size,), (1,)))
+    return bases
+
+
 def plan(recording: Recording, buffers: Any) -> ExportPlan:
     """Sort the statics into ports (buffers, states) and constants; see the module docstring."""
     named = list(named_tensors(buffers).items())
@@ -206,13 +233,17 @@ def plan(recording: Recording, buffers: Any) -> ExportPlan:
     written_bufs = {i for i in used if recording.writes(named[i][1])}
     ports = [Port(named[i][0], named[i][1], i in written_bufs) for i in used]
     port_of = {i: k for k, i in enumerate(used)}
+    carried = [t for t, loc in zip(recording.statics, located)
+               if loc is None and not t.is_mkldnn and recording.writes(t)]
+    states = [(f"state.{len(ports) + k}", base) for k, base in enumerate(_state_bases(carried))]
+    ports += [Port(name, base, True) for name, base in states]
     sources, constants = [], []
     for t, loc in zip(recording.statics, located):
         if loc is not None:
             sources.append(Source(port=port_of[loc[0]], view=loc[1]))
         elif not t.is_mkldnn and recording.writes(t):
-            sources.append(Source(port=len(ports)))
-            ports.append(Port(f"state.{len(ports)}", t, True))
+            k, view = _locate(t, states)
+            sources.append(Source(port=len(used) + k, view=view))
         else:
             sources.append(Source(const=len(constants)))
             constants.append(t.to_dense() if t.is_mkldnn else t)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flashrt.errors import CaptureError, ConfigError
-from flashrt.runtime import graphs, onnxrt
+from flashrt.runtime import graphs, onnx_export, onnxrt
 from flashrt.runtime.export_cache import ExportCache
 from flashrt.runtime.graphs import get_backend
 
@@ -179,7 +179,10 @@ def test_damaged_entry_is_rebuilt_never_used(backend, tmp_path, damage):
     elif damage == "flip_model_byte":
         data[-50] ^= 0x01
     elif damage == "edit_key":
-        data = bytearray(bytes(data).replace(b'"scheme":1', b'"scheme":2', 1))
+        scheme = onnx_export.SCHEME_VERSION
+        edited = bytes(data).replace(f'"scheme":{scheme}'.encode(), f'"scheme":{scheme + 1}'.encode(), 1)
+        assert edited != bytes(data)
+        data = bytearray(edited)
     elif damage == "garbage":
         data = bytearray(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!" + bytes(data[24:]))
     else:
@@ -199,3 +202,33 @@ def test_no_cache_exports_every_time(tmp_path):
         before = onnxrt.STATS.exports
         onnxrt.OnnxRuntimeBackend(cache=False).capture(toy.step, toy.buffers)
         assert onnxrt.STATS.exports == before + 1
+
+
+def test_a_state_written_through_one_view_and_read_through_another_is_one_input(backend):
+    """A K/V cache outside the declared buffers, written with index_copy_ through `cache[i]` and read
+    through `cache[i].transpose(1, 2)` in the same step: one state input/output, so the read sees the
+    write (two separate inputs gave 31 off and a clobbered cache)."""
+    cache = torch.zeros(2, 3, 5, 4)
+    views = [(cache[i], cache[i].transpose(1, 2)) for i in range(2)]
+    g = torch.Generator().manual_seed(0)
+    bufs = {"x": torch.randn(3, 1, 4, generator=g), "slot": torch.tensor([2]), "y": torch.zeros(2, 3, 1, 5)}
+
+    def step() -> None:
+        for i, (k, kt) in enumerate(views):
+            k.index_copy_(1, bufs["slot"], bufs["x"] * (i + 1))
+            bufs["y"][i].copy_(torch.bmm(bufs["x"], kt))
+
+    graph = backend().capture(step, bufs)
+    names = [i.name for i in onnx.load_model_from_string(graph.model_bytes).graph.input]
+    assert sum(n.startswith("state.") for n in names) == 1, names
+    for slot in (2, 4, 0):
+        bufs["slot"].fill_(slot)
+        start = torch.randn(cache.shape, generator=g)
+        cache.copy_(start)
+        step()
+        want, want_cache = bufs["y"].clone(), cache.clone()
+        cache.copy_(start)
+        bufs["y"].zero_()
+        graph.replay()
+        assert (bufs["y"] - want).abs().max() <= TOL
+        assert (cache - want_cache).abs().max() == 0
