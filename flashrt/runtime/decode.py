@@ -56,7 +56,7 @@ from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import backend_for_device
 from flashrt.runtime.sampling import greedy_token, penalize, sample_token
 
-__all__ = ["DecodeModel", "DecodeIO", "Sampling", "Decoder", "Generation"]
+__all__ = ["DecodeModel", "DecodeIO", "JoinedBuffers", "Sampling", "Decoder", "Generation"]
 
 DEFAULT_BUCKETS = (16, 64, 256)
 MODES = ("greedy", "sample")
@@ -69,7 +69,9 @@ class DecodeModel(Protocol):
     ``prefill(bucket, io)`` may read more than the prompt ids (a VLA's images, a speaker embedding):
     the model keeps those in its own static buffers, written by its own ``write`` before the caller
     starts iterating `Decoder.generate` (the prefill replays at the first ``next``). Its K/V cache
-    must hold ``cache_len`` slots; the runner keeps prompt + new tokens within it."""
+    must hold ``cache_len`` slots; the runner keeps prompt + new tokens within it. A model that keeps
+    static buffers of its own exposes them as ``buffers`` (a `Buffers`): graphs are captured against
+    them too (`JoinedBuffers`)."""
 
     device: torch.device
     vocab_size: int
@@ -81,6 +83,24 @@ class DecodeModel(Protocol):
     def decode(self, io: DecodeIO) -> None: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+
+class JoinedBuffers:
+    """The runner's step buffers and the model's own declared buffers (images, K/V cache) as the one
+    named set every graph is captured against: a backend that exports the step (onnxrt) makes each an
+    input or output instead of baking it in as a constant, and every backend checks their storage.
+    Live: `tensors` reads both sets at each call. Names must not clash (ConfigError)."""
+
+    def __init__(self, *sets: Buffers | None) -> None:
+        self._sets = [s for s in sets if s is not None]
+        names = [n for s in self._sets for n in s.tensors]
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise ConfigError(f"the decode runner and its model both declare buffer(s) {clash}; rename them")
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {n: t for s in self._sets for n, t in s.tensors.items()}
 
 
 class DecodeIO:
@@ -162,7 +182,8 @@ class Decoder:
             raise ConfigError(f"max_new_tokens must be positive, got {max_new_tokens}")
         self.backend = backend_for_device(backend, model.device)
         self.io = DecodeIO(model.batch, self.buckets[-1], model.vocab_size, self.max_new_tokens, model.device)
-        self.prefills = GraphSet(self.backend, self._prefill_body, self.buckets, buffers=self.io.buffers,
+        self.graph_buffers = JoinedBuffers(self.io.buffers, getattr(model, "buffers", None))
+        self.prefills = GraphSet(self.backend, self._prefill_body, self.buckets, buffers=self.graph_buffers,
                                  strict=strict)
         self.steps: dict[str, Any] = {}
         self.captures = {mode: 0 for mode in MODES}
@@ -177,7 +198,7 @@ class Decoder:
         self.write(self.buckets[0], torch.zeros((1, 1), dtype=torch.int64), Sampling())
         self.prefills.capture_all()
         for mode in MODES:
-            self.steps[mode] = self.backend.capture(self._decode_body(mode), self.io.buffers)
+            self.steps[mode] = self.backend.capture(self._decode_body(mode), self.graph_buffers)
             self.captures[mode] += 1
         return self
 

@@ -75,3 +75,21 @@ def test_pi0_onnxrt_equals_eager(case):
         got = policy.infer(c.obs(i), seed=i)["actions"]
         want = eager.infer(c.obs(i), seed=i)["actions"]
         assert np.abs(got - want).max() <= TOL
+
+
+def test_pi0_fast_onnxrt_tokens_equal_lerobot():
+    """The AR decode runner on onnxrt: prefill and the self-feeding decode graph exported, the model's own
+    buffers (images, K/V cache) graph inputs/outputs, not constants baked at capture (which froze the
+    first observation's images and gave other actions)."""
+    from support import pi0_fast
+
+    name = "cam2"
+    policy = flashrt.load_policy(pi0_fast.ROOT / name / "policy", tokenizer=pi0_fast.TOKENIZER,
+                                 backend="onnxrt", buckets=(97,))
+    front = policy.frontend
+    info, io = pi0_fast.case(name)
+    for i in range(len(info["observations"])):
+        out = policy.infer(pi0_fast.observation(name, i))
+        assert front.tokens == pi0_fast.reference_tokens(name, i, front.end_id), f"obs {i}"
+        np.testing.assert_allclose(out["actions"], io[f"obs{i}.actions"].numpy(), atol=1e-4, rtol=0)
+    assert front.report()["backend"] == "onnxrt"

@@ -85,3 +85,20 @@ def test_top_k_one_is_greedy_and_the_noise_is_uniform():
         assert picked.item() == logits.argmax().item()
     u = hashed_uniform(torch.tensor([5]), torch.tensor([0]), 100_000)
     assert u.min() > 0 and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
+
+
+def test_graphs_are_captured_against_the_models_own_buffers_too():
+    """JoinedBuffers: the step buffers and the model's (K/V cache) as one live named set; clashes refused."""
+    from flashrt.errors import ConfigError
+    from flashrt.runtime.buffers import Buffers, BufferSpec
+    from flashrt.runtime.decode import JoinedBuffers
+
+    step = Buffers([BufferSpec("token", (1, 1), torch.int64, "state")])
+    model = Buffers([BufferSpec("lm_k", (2, 3), torch.float32, "state")])
+    joined = JoinedBuffers(step, model, None)
+    assert set(joined.tensors) == {"token", "lm_k"}
+    moved = torch.zeros(2, 3)
+    model.tensors["lm_k"] = moved
+    assert joined.tensors["lm_k"] is moved  # live: a replaced buffer is seen (and guarded)
+    with pytest.raises(ConfigError, match="token"):
+        JoinedBuffers(step, Buffers([BufferSpec("token", (1,), torch.int64, "state")]))
