@@ -17,7 +17,8 @@ values are refused with a ConfigError naming the file and the key. Layout (every
     buckets = []                  # shape buckets (prompt length, audio chunk, ...)
     views = 0 / chunk = 0 / steps = 0   # 0 = the model's own value
     [runtime]
-    backend = "eager"             # eager | trace | cuda
+    backend = "eager"             # a registered graph backend that runs on device.kind (eager | trace |
+                                  # onnxrt on cpu; cuda | tensorrt | eager | trace | onnxrt on cuda)
     [bench]
     warmup = 10, iters = 200, trace_len = 16, seed = 0, target_rate_hz = 50.0, soak_steps = 10000
     [quality]
@@ -41,7 +42,6 @@ from flashrt.resources import data_dir
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8", "int8")
 DEVICE_KINDS = ("cpu", "cuda")
 DEVICE_MODELS = ("any", "h100", "h200", "rtx4090", "rtx5090", "orin", "thor")
-BACKENDS = ("eager", "trace", "cuda")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,12 @@ class ShapesSection:
 @dataclass(frozen=True)
 class RuntimeSection:
     backend: str = "eager"
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"backend": BACKENDS}
+
+    def check(self) -> None:
+        from flashrt.runtime.graphs import backend_names
+
+        if self.backend not in backend_names():
+            raise ValueError(f"backend: {self.backend!r} is not one of {backend_names()}")
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,12 @@ class Profile:
     model: dict[str, Any] = field(default_factory=dict)
     path: str = ""
     def check(self) -> None:
-        if self.runtime.backend == "cuda" and self.device.kind != "cuda":
-            raise ValueError("runtime.backend: 'cuda' needs device.kind = 'cuda'")
+        from flashrt.runtime.graphs import backends_for
+
+        runs_here = backends_for(self.device.kind)
+        if self.runtime.backend not in runs_here:
+            raise ValueError(f"runtime.backend: {self.runtime.backend!r} does not run on device.kind = "
+                             f"{self.device.kind!r} (backends there: {runs_here})")
 
     def with_overrides(self, **sections: dict[str, Any]) -> Profile:
         """A copy with some section keys replaced, e.g. `with_overrides(bench={"iters": 20})`;

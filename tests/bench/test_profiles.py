@@ -46,6 +46,7 @@ def test_unknown_key_rejected_naming_file_and_key(tmp_path, text, key):
     ('[bench]\ntarget_rate_hz = nan\n', "target_rate_hz"),
     ('[runtime]\nbackend = "tensorrt"\n', "backend"),
     ('[runtime]\nbackend = "cuda"\n', "backend"),          # cuda backend on a cpu profile
+    ('[runtime]\nbackend = "nope"\n', "backend"),
     ('[device]\nkind = "tpu"\n', "kind"),
     ('[device]\nmodel = "h200"\n', "model"),               # cpu kind with a gpu model
     ('[shapes]\nbuckets = [64, 32]\n', "buckets"),
@@ -69,6 +70,16 @@ def test_missing_and_broken_files(tmp_path):
         load_profile(tmp_path / "absent.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_profile(_write(tmp_path, "[bench\n"))
+
+
+def test_any_registered_backend_that_runs_on_the_device_kind():
+    """[runtime] backend comes from the graph-backend registry (onnxrt on a CPU), not a fixed list."""
+    from flashrt.runtime.graphs import backends_for
+
+    p = load_profile("cpu-tiny")
+    for name in backends_for("cpu"):
+        assert p.with_overrides(runtime={"backend": name}).runtime.backend == name
+    assert "onnxrt" in backends_for("cpu")
 
 
 def test_overrides_are_validated():
