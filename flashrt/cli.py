@@ -37,6 +37,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("flashrt.calibrate", "calibrate"),
     ("flashrt.export", "export"),
     ("flashrt.serve.policy_cli", "serve_policy"),
+    ("flashrt.bench.kernels", "kernels"),
 )
 
 

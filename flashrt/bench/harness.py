@@ -58,6 +58,8 @@ class BenchResult:
     vs              null, or {name, status, reason, attempts, failures, errors, total, stages, pairs,
                      pairs_with_failure, speedup_median, speedup_p10, speedup_p90}
     memory          {rss_start, rss_end, peak_rss, cuda, adapter: {buffers, weights, ...}}
+    kernels         null, or {total, top: {op: count}}: kernels one replay launches on a GPU, counted on
+                     the meta device (`flashrt.profile.kernels`; adapters with `kernels_per_replay()`)
     roofline        null, or {basis, flops_per_call, bytes_per_call, achieved_tflops, achieved_gbs,
                      compute_fraction, bandwidth_fraction, intensity, ridge, bound, peak}
     env             flashrt.bench.env.environment()
@@ -76,6 +78,7 @@ class BenchResult:
     vs: dict[str, Any] | None = None
     memory: dict[str, Any] = field(default_factory=dict)
     roofline: dict[str, Any] | None = None
+    kernels: dict[str, Any] | None = None
     env: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     schema: str = SCHEMA
@@ -100,6 +103,8 @@ class BenchResult:
                 "trace_digest": self.trace.get("digest"), "reason": self.reason or None}
         if isinstance(total, LatencyStats):
             line |= {k: getattr(total, k) for k in ("p50", "p90", "p99", "max", "jitter", "miss_rate")}
+        if self.kernels:
+            line["kernels_per_replay"] = self.kernels.get("total")
         if self.vs:
             line |= {"vs": self.vs.get("name"), "vs_status": self.vs.get("status"),
                      "speedup_median": self.vs.get("speedup_median")}
@@ -324,6 +329,8 @@ class _Run:
                                "cuda": memory.cuda_memory(self.device),
                                "adapter": dict(getattr(self.adapter, "memory", dict)())}
         self.result.roofline = self._roofline(a)
+        counter = getattr(self.adapter, "kernels_per_replay", None)
+        self.result.kernels = counter() if callable(counter) else None
         self.result.cold_start_ms = self.cold
         self.result.plot_data = _plot_data(sides, rate)
         self.result.plot_data["chrome"] = [e for i, side in enumerate(sides)

@@ -52,9 +52,10 @@ def kind_problem(got: torch.dtype, want: torch.dtype) -> str | None:
 
 
 def first_nonfinite(t: torch.Tensor, chunk: int = FINITE_CHUNK) -> int | None:
-    """Flat index of the first NaN/inf element of a float tensor (None when all are finite or t is
-    not a float tensor). One streamed pass; the exact index is found only inside the failing chunk."""
-    if not t.is_floating_point() or t.numel() == 0:
+    """Flat index of the first NaN/inf element of a float tensor (None when all are finite, t is not a
+    float tensor, or t is on the meta device, which holds no values). One streamed pass; the exact
+    index is found only inside the failing chunk."""
+    if not t.is_floating_point() or t.numel() == 0 or t.is_meta:
         return None
     flat = t.detach().reshape(-1)
     for start in range(0, flat.numel(), chunk):

@@ -14,7 +14,8 @@
 5. ``reset_derived()`` is called on every submodule defining it (children first), under
    ``torch.device(device)``, so factory calls without a device land on the target device. It must
    (re)compute non-persistent buffers (RoPE tables, filters, windows) from config and loaded weights.
-6. No meta tensor may remain (a forgotten derived buffer is a CheckpointError naming it).
+6. No meta tensor may remain (a forgotten derived buffer is a CheckpointError naming it), unless
+   ``device`` is meta itself (a shape-only model, e.g. to count the kernels of a release-size step).
 
 The module comes back in eval mode with ``requires_grad`` off. Back-compat for renamed checkpoint keys
 is expressed in the weight map with ``Alt(...)`` sources; their use is logged at INFO in one place
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 _CASTABLE = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
-__all__ = ["load_module", "build_on_meta", "expected_slots", "meta_tensors", "reset_derived"]
+__all__ = ["load_module", "build_on_meta", "expected_slots", "meta_tensors", "meta_twin", "reset_derived"]
 
 
 def load_module(
@@ -53,7 +54,7 @@ def load_module(
     tensors = weight_map.apply(checkpoint, expected_slots(module, dtype), device=device)
     module.load_state_dict(tensors, strict=True, assign=True)
     reset_derived(module, device)
-    leftover = meta_tensors(module)
+    leftover = meta_tensors(module) if device.type != "meta" else []
     if leftover:
         raise CheckpointError(f"{type(module).__name__}: {len(leftover)} tensor(s) still on the meta device "
                               f"after loading: {', '.join(leftover[:20])}. Non-persistent buffers must be "
@@ -103,3 +104,32 @@ def meta_tensors(module: nn.Module) -> list[str]:
     named = list(module.named_parameters(remove_duplicate=False)) + list(
         module.named_buffers(remove_duplicate=False))
     return [name for name, t in named if t.is_meta]
+
+
+def meta_twin(build: Callable[[], nn.Module], dtype: torch.dtype | None = None,
+              slots: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+    """A shape-only module on the meta device (no weight memory, no compute), e.g. to count the kernels
+    of a release-size step (`flashrt.profile.kernels`): ``build()`` on meta, assigned ``slots`` (meta
+    tensors; default `expected_slots` with ``dtype``), derived tables computed by ``reset_derived``
+    on meta, or, for a module whose derivation reads values (a filter's edge extent), on the CPU and
+    then moved to meta together with every tensor (or tuple of tensors) held as a plain attribute."""
+    module = build_on_meta(build)
+    module.load_state_dict(dict(slots) if slots is not None else expected_slots(module, dtype),
+                           strict=True, assign=True)
+    try:
+        reset_derived(module, "meta")
+    except (NotImplementedError, RuntimeError):
+        reset_derived(module, "cpu")
+        _move_to_meta(module)
+    return module.eval().requires_grad_(False)
+
+
+def _move_to_meta(module: nn.Module) -> None:
+    module.to("meta")
+    for sub in module.modules():
+        for name, value in list(vars(sub).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(sub, name, value.to("meta"))
+            elif isinstance(value, tuple | list) and value and all(isinstance(t, torch.Tensor)
+                                                                    for t in value):
+                setattr(sub, name, type(value)(t.to("meta") for t in value))

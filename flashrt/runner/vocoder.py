@@ -108,8 +108,8 @@ class Vocoder(StreamRunner):
         warnings = "".join(f"; WARNING: {w}" for w in d["warnings"])
         return (f"{d['family']} vocoder: {d['sample_rate']} Hz, hop {d['hop_length']}, context "
                 f"{d['context']} frames, buckets {d['buckets']}, stream chunk {self.stream_chunk}"
-                f"{exact}, backend {d['backend']}{length}, {d['buffer_bytes']:,d} buffer bytes{convs}"
-                f"{warnings}")
+                f"{exact}, backend {d['backend']}{length}, {d['buffer_bytes']:,d} buffer bytes{convs}, "
+                f"{d['kernels_per_replay']:,d} kernels per replay{warnings}")
 
 
 def load_vocoder(

@@ -236,8 +236,8 @@ def backends_for(device_type: str) -> list[str]:
 
 register_backend("cuda", "flashrt.runtime.cuda_graph:CudaBackend", devices=("cuda",),
                  doc="torch.cuda.CUDAGraph, side-stream warm-up, shared memory pool", takes_device=True)
-register_backend("eager", EagerBackend, devices=("cpu", "cuda"),
-                 doc="plain call of fn; debugging and the fast CPU default")
+register_backend("eager", EagerBackend, devices=("cpu", "cuda", "meta"),
+                 doc="plain call of fn; debugging and the fast CPU default (on meta: kernel counting)")
 register_backend("trace", "flashrt.runtime.trace:TraceBackend", devices=("cpu", "cuda"),
                  doc="CPU stand-in: recorded aten program, refuses what a CUDA graph cannot hold")
 register_backend("onnxrt", "flashrt.runtime.onnxrt:OnnxRuntimeBackend", devices=("cpu", "cuda"),

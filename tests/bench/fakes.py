@@ -61,6 +61,12 @@ class FakeBenchmark(FakeImpl):
     def memory(self) -> dict[str, int]:
         return {"buffers": 48}
 
+    def kernels_per_replay(self) -> dict[str, Any]:
+        from flashrt.profile.kernels import count_kernels
+
+        x = torch.empty(4, 3, device="meta")
+        return count_kernels(lambda: x * 2 + self.offset).to_dict()
+
     def policy(self) -> Any:
         return FakePolicy()
 

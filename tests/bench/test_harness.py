@@ -9,7 +9,7 @@ from flashrt.profile.stats import LatencyStats
 from .fakes import FakeImpl, register_fake
 
 RESULT_KEYS = ["schema", "kind", "benchmark", "status", "reason", "implementation", "profile", "trace",
-               "gate", "cold_start_ms", "steady", "vs", "memory", "roofline", "env", "files"]
+               "gate", "cold_start_ms", "steady", "vs", "memory", "roofline", "kernels", "env", "files"]
 STEADY_KEYS = {"warmup", "iters", "attempts", "failures", "errors", "total", "stages"}
 VS_KEYS = {"name", "status", "reason", "attempts", "failures", "errors", "total", "stages", "pairs",
            "pairs_with_failure", "speedup_median", "speedup_p10", "speedup_p90"}
@@ -37,9 +37,11 @@ def test_ok_run_has_pinned_schema_and_strict_json(tmp_path, tiny_profile, fake_n
     assert data["memory"]["adapter"] == {"buffers": 48} and data["memory"]["peak_rss"] > 0
     assert data["roofline"]["flops_per_call"] == 12.0 and data["roofline"]["basis"] == "replay p50"
     assert data["env"]["packages"]["torch"] == torch.__version__
+    assert data["kernels"] == {"total": 2, "top": {"aten.mul.Tensor": 1, "aten.add.Tensor": 1}}
     assert files["png"].endswith("latency.png") and (tmp_path / "latency.png").stat().st_size > 20_000
     line = result.summary_line()
     assert json.loads(json.dumps(line, allow_nan=False))["status"] == "ok" and line["vs"] == "eager"
+    assert line["kernels_per_replay"] == 2
     render(result)
 
 

@@ -419,6 +419,10 @@ class Pi0Benchmark:
         nbytes = sum(n * bytes_per_step(cfg, n_cams, b, weight_bytes=wb)["total"] for b, n in buckets.items())
         return float(flops), float(nbytes / calls)
 
+    def kernels_per_replay(self) -> dict[str, Any]:
+        """Kernels one replay of the largest bucket launches on a GPU (meta count, `flashrt.profile.kernels`)."""
+        return self.loaded.frontend.frontend.kernels_per_replay().to_dict()
+
     def memory(self) -> dict[str, int]:
         model = self.loaded.frontend.frontend.model
         return {"buffers": self.loaded.frontend.buffers.nbytes(),

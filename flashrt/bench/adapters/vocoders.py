@@ -394,6 +394,12 @@ class VocoderBenchmark:
         nbytes = self.memory()["weights"] + sum(t.numel() * t.element_size() for t in tensors) + audio
         return self._flops, float(nbytes)
 
+    def kernels_per_replay(self) -> dict[str, Any]:
+        """Kernels one replay of the largest bucket launches on a GPU (meta count, `flashrt.profile.kernels`)."""
+        from flashrt.frontends.vocoders.kernels import kernels_per_replay
+
+        return kernels_per_replay(self.voc.frontend).to_dict()
+
     def memory(self) -> dict[str, int]:
         tensors = [*self.voc.module.parameters(), *self.voc.module.buffers()]
         return {"buffers": self.voc.buffers.nbytes(),

@@ -126,7 +126,8 @@ class Pi0PolicyFrontend:
         dtype = str(self.frontend.model.dtype).removeprefix("torch.")
         return {"family": "pi0", **self.checkpoint.summary(), "device": str(self.device), "dtype": dtype,
                 "buckets": list(self.buckets), "backend": self.frontend.graphs.report().get("backend"),
-                "quantization": self.quantization}
+                "quantization": self.quantization,
+                "kernels_per_replay": self.frontend.kernels_per_replay().total}
 
     def report(self) -> dict[str, Any]:
         return self.frontend.report()

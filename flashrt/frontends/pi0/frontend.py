@@ -35,8 +35,15 @@ from typing import Any
 import torch
 
 from flashrt.errors import InputError
-from flashrt.frontends.pi0.model import Pi0Model, io_buffer_specs, kv_buffer_specs, rtc_buffer_specs
+from flashrt.frontends.pi0.model import (
+    Pi0Model,
+    io_buffer_specs,
+    kv_buffer_specs,
+    meta_twin,
+    rtc_buffer_specs,
+)
 from flashrt.nn.attention import StaticKV
+from flashrt.profile.kernels import KernelCount, count_kernels
 from flashrt.runtime.buffers import Buffers, check_value
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 from flashrt.runtime.rtc import euler_times_f32
@@ -69,8 +76,8 @@ class Pi0Frontend:
         self._guided = False
         self.backend = backend_for_device(backend, self.device, **dict(backend_opts or {}))
         self.graphs = GraphSet(self.backend, self._build, self.buckets, buffers=self.buffers)
-        self._generator = torch.Generator(self.device)
-        self._generator.seed()
+        self._generator: torch.Generator | None = None  # made on first use (none exists on meta)
+        self._kernel_counts: dict[int, KernelCount] = {}
 
     # ------------------------------------------------------------------------------ capture
     def _build(self, bucket: int) -> Callable[[], None]:
@@ -100,6 +107,17 @@ class Pi0Frontend:
         """Capture every bucket now (load time); returns the GraphSet report."""
         self.graphs.capture_all()
         return self.report()
+
+    def kernels_per_replay(self, bucket: int | None = None) -> KernelCount:
+        """The kernels one replay of `bucket` (default: the largest) launches on a CUDA device, counted
+        on a meta twin of this frontend (`flashrt.profile.kernels`; computed once per bucket, ~2 s at
+        full size)."""
+        bucket = self.buckets[-1] if bucket is None else bucket
+        if bucket not in self._kernel_counts:
+            twin = self if self.device.type == "meta" else \
+                Pi0Frontend(meta_twin(self.model), self.n_cams, self.buckets, "eager")
+            self._kernel_counts[bucket] = count_kernels(twin.raw_step(bucket))
+        return self._kernel_counts[bucket]
 
     def report(self) -> dict[str, Any]:
         return {**self.graphs.report(), "buffers_bytes": self.buffers.nbytes(),
@@ -133,6 +151,9 @@ class Pi0Frontend:
             drawn = torch.randn(target.shape, generator=torch.Generator().manual_seed(int(seed)))
             target.copy_(drawn, non_blocking=False)
             return
+        if self._generator is None:
+            self._generator = torch.Generator(self.device)
+            self._generator.seed()
         target.copy_(torch.randn(target.shape, generator=self._generator, device=self.device))
 
     def write_guidance(self, frozen: torch.Tensor | None = None, weights: torch.Tensor | None = None,

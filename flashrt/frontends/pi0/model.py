@@ -70,6 +70,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.frontends.pi0.config import GemmaSpec, Pi0Config
+from flashrt.io import loading as load
 from flashrt.nn.attention import StaticKV, key_padding_bias
 from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
 from flashrt.nn.rope import rope_cos_sin
@@ -295,6 +296,15 @@ def column_major_linears(module: nn.Module) -> None:
         w = sub.weight if isinstance(sub, nn.Linear) else None
         if w is not None and w.dtype == torch.float32 and not w.t().is_contiguous():
             sub.weight.data = w.data.t().contiguous().t()
+
+
+def meta_twin(model: Pi0Model) -> Pi0Model:
+    """A shape-only copy on the meta device (no memory, no compute): the same config and per-tensor
+    dtypes, derived tables recomputed on meta, the default (ATen, CUDA-path) kernels; a quantized GEMM
+    weight becomes a plain one of its dtype (one GEMM kernel). What `flashrt.profile.kernels` counts a
+    step of (`Pi0Frontend.kernels_per_replay`)."""
+    slots = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in model.state_dict().items()}
+    return load.meta_twin(lambda: Pi0Model(model.config), slots=slots)
 
 
 def select_cpu_kernels(model: Pi0Model) -> None:

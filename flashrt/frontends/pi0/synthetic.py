@@ -21,11 +21,12 @@ from typing import Any
 
 import torch
 
+from flashrt.frontends.pi0.config import Pi0Config
 from flashrt.frontends.pi0.preprocess import camera_key
 
 __all__ = ["SyntheticSizes", "SyntheticSpec", "STATE_DIM", "ACTION_DIM", "build_tokenizer",
-           "lerobot_shapes", "random_weights", "config_json", "processor_jsons", "statistics",
-           "write_metadata", "write_checkpoint"]
+           "lerobot_shapes", "sizes_of", "meta_checkpoint", "random_weights", "config_json",
+           "processor_jsons", "statistics", "write_metadata", "write_checkpoint"]
 
 STATE_DIM = ACTION_DIM = 7
 NORMALIZATION = {"pi0": "MEAN_STD", "pi05": "QUANTILES"}  # lerobot defaults for STATE and ACTION
@@ -170,6 +171,26 @@ def lerobot_shapes(variant: str, s: SyntheticSizes, vocab: int) -> dict[str, tup
                                "action_time_mlp_out": (we, we)}.items():
         out[f"model.{name}.weight"], out[f"model.{name}.bias"] = (rows, cols), (rows,)
     return out
+
+
+def sizes_of(config: Pi0Config) -> SyntheticSizes:
+    """The `SyntheticSizes` of a `Pi0Config` (one K/V head, as the family has; ``max_dim`` is the
+    action size, `meta_checkpoint` sizes the state projection apart)."""
+    v, c = config.vision, config
+    return SyntheticSizes(vision_width=v.width, vision_depth=v.depth, vision_mlp=v.mlp_dim,
+                          image_size=v.image_size, vlm_width=c.vlm.width, vlm_mlp=c.vlm.mlp_dim,
+                          expert_width=c.expert.width, expert_mlp=c.expert.mlp_dim, depth=c.vlm.depth,
+                          head_dim=c.vlm.head_dim, chunk_size=c.chunk_size, num_steps=c.num_steps,
+                          max_dim=c.max_action_dim, patch=v.patch)
+
+
+def meta_checkpoint(config: Pi0Config, storage: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Every tensor of a lerobot checkpoint of ``config``'s sizes, on the meta device (shapes only): what
+    `load_pi0(..., device="meta")` maps into a release-size model that costs no memory."""
+    shapes = lerobot_shapes(config.variant, sizes_of(config), config.vlm.vocab_size)
+    if "model.state_proj.weight" in shapes:
+        shapes["model.state_proj.weight"] = (config.expert.width, config.max_state_dim)
+    return {k: torch.empty(shape, dtype=storage, device="meta") for k, shape in shapes.items()}
 
 
 def random_weights(shapes: dict[str, tuple[int, ...]], seed: int, device: str | torch.device = "cpu",

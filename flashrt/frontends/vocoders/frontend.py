@@ -262,7 +262,12 @@ class VocoderFrontend:
 
     def describe(self) -> dict[str, Any]:
         """What was chosen at load: sizes, buckets, backend, buffer bytes, conv algorithms; the padding of
-        the windows replayed so far and a warning for any padded by more than `PADDING_WARN`."""
+        the windows replayed so far and a warning for any padded by more than `PADDING_WARN`; the
+        kernels one replay of the largest bucket launches on a GPU (`kernels.kernels_per_replay`)."""
+        from flashrt.frontends.vocoders.kernels import kernels_per_replay
+
+        if getattr(self, "_kernel_count", None) is None:
+            self._kernel_count = kernels_per_replay(self).total
         sig = self.signature
         spectral = sum(1 for m in self.module.modules() if isinstance(m, SpectralPlan))
         split = sum(1 for m in self.module.modules() if getattr(m, "phase_split", False))
@@ -272,4 +277,4 @@ class VocoderFrontend:
                 "buffer_bytes": self.buffers.nbytes() if self.buffers else 0, "spectral_convs": spectral,
                 "spectral_bytes": spectral_bytes(self.module) if spectral else 0,
                 "phase_split_convs": split, "padding": self.padding.as_dict(),
-                "warnings": self.padding.warnings()}
+                "warnings": self.padding.warnings(), "kernels_per_replay": self._kernel_count}

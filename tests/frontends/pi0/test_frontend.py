@@ -127,3 +127,18 @@ def test_noise_is_a_static_input():
         frontend.check_noise(torch.zeros(h, a, dtype=torch.int64))
     with pytest.raises(InputError, match="NaN"):
         frontend.check_noise(torch.full((h, a), float("nan")))
+
+
+@pytest.mark.parametrize("name", ["pi0_cam3", "pi05_cam2"])
+def test_kernels_per_replay_on_meta_equal_the_cpu_steps_op_for_op(name):
+    """The meta twin's count (what describe() reports) is the real step's: run on the CPU with the ATen
+    kernels (the CUDA path), every op name counted the same number of times."""
+    from flashrt.frontends.pi0.model import use_mlp_kernels
+    from flashrt.profile.kernels import count_kernels
+
+    _, model = _model(name)
+    use_mlp_kernels(model, "aten")
+    frontend = Pi0Frontend(model, len(E2E.case(name).info["cameras"]), (16, 32), backend="eager")
+    meta = frontend.kernels_per_replay(32)
+    assert meta.by_op == count_kernels(frontend.raw_step(32)).by_op and meta.total > 100
+    assert frontend.kernels_per_replay() is meta  # computed once per bucket
