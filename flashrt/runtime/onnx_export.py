@@ -332,17 +332,39 @@ def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Te
     return _index_copy_(x.clone(), dim, index, source)
 
 
+def _sdpa_flash_cpu(q, k, v, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None, scale=None):
+    """CPU flash attention in plain ops: (output, logsumexp). Grouped-query key/value heads are repeated
+    for their query heads, as the kernel does (the exporter's own form assumes equal head counts)."""
+    if dropout_p:
+        raise CaptureError("onnx export: attention with dropout has no static graph")
+    rep = q.shape[-3] // k.shape[-3]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    s = torch.matmul(q, k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(s.shape[-1] - s.shape[-2])
+        s = s.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask
+    out, lse = torch.matmul(torch.softmax(s, dim=-1), v), torch.logsumexp(s, dim=-1)
+    # laid out as the kernel lays them out (the output like the query, heads inside positions in the
+    # logsumexp): a later view of them that works in eager must work here too
+    return torch.empty_like(q).copy_(out), lse.transpose(-2, -1).contiguous().transpose(-2, -1)
+
+
 def _portable_ops() -> dict[Any, Callable[..., Any]]:
     """Ops the exporter cannot take, and their aten compositions: CPU-only fused ops (oneDNN, as
-    flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding) and index_copy."""
+    flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding), index_copy and
+    the CPU flash attention with grouped-query heads."""
     mk = getattr(torch.ops, "mkldnn", None)
     pairs = [("_convolution_pointwise", "default", _conv_pointwise),
              ("_convolution_pointwise", "binary", _conv_pointwise_binary),
              ("_convolution_pointwise_", "binary", _conv_pointwise_into),
              ("_linear_pointwise", "default", _linear_pointwise),
              ("_linear_pointwise", "binary", _linear_pointwise_binary)]
-    table: dict[Any, Callable[..., Any]] = {torch.ops.aten.index_copy_.default: _index_copy_,
-                                            torch.ops.aten.index_copy.default: _index_copy}
+    table: dict[Any, Callable[..., Any]] = {
+        torch.ops.aten.index_copy_.default: _index_copy_, torch.ops.aten.index_copy.default: _index_copy,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa_flash_cpu}
     for packet, overload, fn in pairs:
         op = getattr(getattr(mk, packet, None), overload, None) if mk is not None else None
         if op is not None:

@@ -232,3 +232,42 @@ def test_a_state_written_through_one_view_and_read_through_another_is_one_input(
         graph.replay()
         assert (bufs["y"] - want).abs().max() <= TOL
         assert (cache - want_cache).abs().max() == 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention_exports(backend, causal):
+    """SDPA with fewer key/value heads than query heads (enable_gqa, the Llama/Qwen3 layers) runs the CPU
+    flash kernel; its export repeats the key/value heads (the exporter's own form failed shape inference)."""
+    g = torch.Generator().manual_seed(3)
+    bufs = {"q": torch.randn(1, 8, 5, 4, generator=g), "kv": torch.randn(2, 1, 2, 5, 4, generator=g),
+            "bias": torch.randn(1, 1, 5, 5, generator=g), "out": torch.zeros(1, 8, 5, 4)}
+
+    def step() -> None:
+        mask = None if causal else bufs["bias"]
+        att = torch.nn.functional.scaled_dot_product_attention(
+            bufs["q"], bufs["kv"][0], bufs["kv"][1], attn_mask=mask, is_causal=causal, enable_gqa=True)
+        bufs["out"].copy_(att)
+
+    graph = backend().capture(step, bufs)
+    step()
+    want = bufs["out"].clone()
+    bufs["out"].zero_()
+    graph.replay()
+    assert (bufs["out"] - want).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("query", ["contiguous", "transposed"])
+def test_attention_lowering_lays_out_its_outputs_as_the_kernel_does(query):
+    """A view of the kernel's output that works in eager (Llama: a transposed query, the output transposed
+    back and viewed) must work on the lowered form inside the export too: same strides, same values."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, h, 3, 16, generator=g) for h in (8, 2, 2))
+    if query == "transposed":
+        q = torch.randn(2, 3, 8, 16, generator=g).transpose(1, 2)
+    mask = torch.randn(2, 1, 3, 3, generator=g)
+    want = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, attn_mask=mask)
+    got = onnx_export.PORTABLE[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default](
+        q, k, v, attn_mask=mask)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.stride() == b.stride()
+        assert (a - b).abs().max() <= TOL
