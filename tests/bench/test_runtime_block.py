@@ -85,3 +85,26 @@ def test_bench_runs_trace_replay_against_eager(tiny_profile):
     assert result.steady["total"].count == 6 and result.vs["pairs"] == 6
     assert list(result.steady["stages"]) == ["validate", "h2d", "replay", "d2h", "postprocess"]
     assert result.roofline["bound"] in ("compute", "memory")
+
+
+def test_onnxrt_as_the_measured_backend_and_as_vs(tiny_profile, tmp_path, monkeypatch):
+    """`--backend onnxrt` and `--vs onnxrt`: the layer exported (export cache in a tmp folder) and run by
+    onnxruntime on its own static buffers, gated against eager and timed pair by pair."""
+    import functools
+
+    from flashrt.runtime import graphs, onnxrt
+
+    entry = graphs._REGISTRY["onnxrt"]
+    monkeypatch.setitem(graphs._REGISTRY, "onnxrt", graphs.BackendEntry(
+        "onnxrt", functools.partial(onnxrt.OnnxRuntimeBackend, cache_dir=tmp_path, threads=1), entry.devices,
+        entry.doc, entry.takes_device))
+    profile = tiny_profile(quality={"atol": 1e-5, "rtol": 1e-5})  # cpu-tiny's: onnxruntime sums in its order
+    options = BenchOptions(vs="onnxrt", iters=3, warmup=1, progress=False)
+    result = run_benchmark("runtime-block", profile, options)
+    assert result.status == "ok", result.reason
+    assert result.vs["name"] == "onnxrt" and result.vs["status"] == "ok"
+    assert result.gate["vs"]["passed"] and result.vs["pairs"] == 3
+    measured = run_benchmark("runtime-block", profile, BenchOptions(backend="onnxrt", iters=2, warmup=1,
+                                                                   progress=False))
+    assert measured.status == "ok" and measured.implementation == "flashrt:onnxrt"
+    assert measured.gate["passed"] and onnxrt.STATS.cache_hits >= 1   # the second run loads, no export

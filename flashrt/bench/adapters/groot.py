@@ -12,9 +12,9 @@ RANDOM weights (`flashrt.frontends.groot.synthetic`, no checkpoint file): `profi
 tiny / small / full; `shapes.views` cameras (default 2), `shapes.steps` flow steps, `shapes.buckets`
 prompt buckets; `[model]` takes `seed` and `variant` ("n17", or "n16": no VL self-attention).
 
-References (`--vs`): "eager" / "trace" / "cuda" (the same weights behind that graph backend, own
-buffers). lerobot is compared by `bench/groot_vs_lerobot.py` (it needs the reference venv and builds
-its own checkpoint), not here.
+References (`--vs`): any graph backend that runs on the device ("eager", "trace", "onnxrt", "cuda",
+...: the same weights behind that graph backend, own buffers). lerobot is compared by
+`bench/groot_vs_lerobot.py` (it needs the reference venv and builds its own checkpoint), not here.
 
 FLOPs per call: 2 x multiply-adds of every matmul (vision tokens through the vision tower and mergers,
 prompt tokens through the kept Qwen3 layers and the VL self-attention, cross-attention K/V once, the
@@ -39,7 +39,6 @@ from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import compute_dtype
 
 _MODEL_KEYS = ("seed", "variant")
-BACKENDS = ("eager", "trace", "cuda")
 
 
 class GrootImplementation:
@@ -108,9 +107,14 @@ class GrootBenchmark(GrootImplementation):
         return [{"obs": o, "noise": rng.standard_normal(noise_shape).astype(np.float32)} for o in obs]
 
     def reference(self, name: str) -> GrootImplementation:
-        if name not in BACKENDS:
+        import torch
+
+        from flashrt.runtime.graphs import backends_for
+
+        here = backends_for(torch.device(self.device).type)
+        if name not in here:
             raise ReferenceUnavailable(
-                f"groot-n17 compares graph backends {list(BACKENDS)}; lerobot runs in "
+                f"groot-n17 compares graph backends {here}; lerobot runs in "
                 "bench/groot_vs_lerobot.py (reference venv)"
             )
         return GrootImplementation(self._frontend(name), f"flashrt:{name}")
