@@ -2,13 +2,15 @@
 
 `models/`, `profiles/` and `calibration/` live at the repository root (they are data, edited by people)
 and are installed as `flashrt._models`, `flashrt._profiles` and `flashrt._calibration`, so
-`flashrt.resources` finds them the same way in a wheel and in an editable checkout.
+`flashrt.resources` finds them the same way in a wheel and in an editable checkout. `csrc/` (CUDA
+sources, compiled on first use where a toolkit is: `flashrt.runtime.csrc`) ships as `flashrt._csrc`;
+nothing is compiled at install time.
 """
 
 from setuptools import find_packages, setup
 
 DATA_PACKAGES = {"flashrt._models": "models", "flashrt._profiles": "profiles",
-                 "flashrt._calibration": "calibration"}
+                 "flashrt._calibration": "calibration", "flashrt._csrc": "csrc"}
 
 setup(
     packages=find_packages(include=["flashrt", "flashrt.*"]) + list(DATA_PACKAGES),

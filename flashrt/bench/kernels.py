@@ -5,14 +5,17 @@ runs anywhere in seconds, no weights and no GPU needed. Regime: batch 1; Pi0 / P
 cards (models/pi0-base.toml, pi05-base.toml: SigLIP So400m/14, Gemma 2B + 300M expert) with
 ``--cams`` cameras (default 2), the card's Euler steps (10) and chunk (50), its longest prompt bucket
 (``tokenizer_max_length``); every vocoder card at its preset, the largest bucket of its card. Metric:
-kernels per replay (total, and the most frequent ops with ``--top``).
+kernels per replay (total, and the most frequent ops with ``--top``), for each row of the kernel table
+(`flashrt.nn.fused.KERNELS`): "aten" (the references: what the CPU and a CUDA install without the csrc
+library run) and "fused" (the ``flashrt::`` custom ops, one kernel each: a CUDA install with csrc
+built). Vocoders use no fused op: both rows are the same.
 
     flashrt kernels                       # every model, bf16 (the GPU precision), table + JSON line
-    flashrt kernels pi05-base --top 12    # one model, its op breakdown
+    flashrt kernels pi05-base --top 12    # one model, its op breakdown (of the fused row)
     flashrt kernels --precision fp32
 
 Prints a table on stderr and one JSON line last on stdout: {"kind": "kernels", "precision", "cams",
-"models": {card: {"total", "top"}}}.
+"models": {card: {"aten": {"total", "top"}, "fused": {"total", "top"}}}}.
 """
 
 from __future__ import annotations
@@ -26,18 +29,21 @@ from flashrt.profile.kernels import KernelCount
 __all__ = ["count_card", "policy_count", "vocoder_count", "kernels"]
 
 PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+ROWS = ("aten", "fused")  # rows of flashrt.nn.fused.KERNELS
 
 
-def policy_count(card: dict[str, Any], dtype: Any, cams: int = 2) -> KernelCount:
+def policy_count(card: dict[str, Any], dtype: Any, cams: int = 2, kernels: str = "fused") -> KernelCount:
     """Pi0 / Pi0.5 at the card's sizes: the real loader on a meta checkpoint, one replay of the longest
-    prompt bucket."""
+    prompt bucket with the kernel-table row ``kernels``."""
     from flashrt.frontends.pi0.config import config_from_card
     from flashrt.frontends.pi0.frontend import Pi0Frontend
     from flashrt.frontends.pi0.synthetic import meta_checkpoint
     from flashrt.frontends.pi0.weights import load_pi0
+    from flashrt.nn.fused import use_kernels
 
     config = config_from_card(card)
     model = load_pi0(config, meta_checkpoint(config), device="meta", dtype=dtype)
+    use_kernels(model, kernels)
     prompt = int(card.get("preprocess", {}).get("tokenizer_max_length", 48))
     return Pi0Frontend(model, cams, (prompt,), "eager").kernels_per_replay()
 
@@ -52,8 +58,8 @@ def vocoder_count(card: dict[str, Any], dtype: Any) -> KernelCount:
     return kernels_per_replay(meta_frontend(family, config, dtype, card.get("runtime", {}).get("buckets")))
 
 
-def count_card(name: str, precision: str = "bf16", cams: int = 2) -> KernelCount:
-    """Kernels per replay of the model card ``name`` (models/<name>.toml)."""
+def count_card(name: str, precision: str = "bf16", cams: int = 2, kernels: str = "fused") -> KernelCount:
+    """Kernels per replay of the model card ``name`` (models/<name>.toml), kernel-table row ``kernels``."""
     import torch
 
     from flashrt.resources import read_data
@@ -61,7 +67,7 @@ def count_card(name: str, precision: str = "bf16", cams: int = 2) -> KernelCount
     card = read_data("models", name)
     dtype = getattr(torch, PRECISIONS[precision])
     if card.get("family") == "pi0":
-        return policy_count(card, dtype, cams)
+        return policy_count(card, dtype, cams, kernels)
     return vocoder_count(card, dtype)
 
 
@@ -85,11 +91,12 @@ def kernels(
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r}: choose one of {sorted(PRECISIONS)}")
     names = models or release_cards()
-    counts = {name: count_card(name, precision, cams) for name in names}
-    typer.echo(f"{'model':32} {'kernels/replay':>14}   ({precision}, {cams} cameras for Pi0/Pi0.5)", err=True)
-    for name, count in counts.items():
-        typer.echo(f"{name:32} {count.total:>14,d}", err=True)
-        for op, n in count.top(top):
+    counts = {name: {k: count_card(name, precision, cams, k) for k in ROWS} for name in names}
+    typer.echo(f"{'model':32} {'aten':>8} {'fused':>8}   kernels per replay ({precision}, {cams} cameras "
+               "for Pi0/Pi0.5)", err=True)
+    for name, rows in counts.items():
+        typer.echo(f"{name:32} {rows['aten'].total:>8,d} {rows['fused'].total:>8,d}", err=True)
+        for op, n in rows["fused"].top(top):
             typer.echo(f"{'':34}{n:>8,d}  {op}", err=True)
-    typer.echo(json_line({"kind": "kernels", "precision": precision, "cams": cams,
-                          "models": {n: c.to_dict() for n, c in counts.items()}}))
+    models = {name: {k: c.to_dict() for k, c in rows.items()} for name, rows in counts.items()}
+    typer.echo(json_line({"kind": "kernels", "precision": precision, "cams": cams, "models": models}))

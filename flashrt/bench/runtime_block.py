@@ -27,6 +27,7 @@ import torch
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
+from flashrt.io.loading import reset_derived
 from flashrt.nn.attention import StaticKV
 from flashrt.nn.gemma import GemmaLayer
 from flashrt.nn.rope import rope_cos_sin
@@ -98,6 +99,7 @@ class _Model:
                 p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
         self.cfg, self.device, self.dtype = cfg, device, dtype
         self.layer = layer.to(device=device, dtype=dtype).eval()
+        reset_derived(self.layer, device)  # the norms' 1 + w tables of the drawn weights
         shape = (1, cfg.batch, cfg.kv_heads, cfg.kv_len, cfg.head_dim)
         self.prefix_k = torch.randn(shape, generator=gen).to(device, dtype)
         self.prefix_v = torch.randn(shape, generator=gen).to(device, dtype)

@@ -12,23 +12,34 @@ Differences from a textbook Gemma, all exact re-arrangements of the same math:
   expert tokens after). Nothing is concatenated per call.
 * ``kv_only_last=True`` stops the last layer after its K/V projection: a prefix pass only needs the
   cache, never the prefix's output (that skips the last query rows, attention, MLP and final norm).
-* The rotated keys are written straight into their K/V slots (``apply_rope(out=...)``), no copy.
-* The GeGLU runs through `MLP_KERNELS` by name (``GemmaLayer.mlp_kernel``): "aten" (default) or
-  "onednn" (CPU, float32: GELU and product fused into oneDNN GEMMs), picked by the model's loader.
+* The rotated keys are written straight into their K/V slots (``rope_qkv``: q and k rotated, v
+  stored, in one op), no copy.
+* Every residual add is fused with the norm after it (``add_rms_norm``): layer i ends with the input
+  norm of layer i + 1 (the last layer with the final norm), so a layer takes the residual stream and
+  its own normed input, ``(x, h)``. The norms' ``1 + w`` are load-time tables (`RMSNorm.scale`).
+* Norm, RoPE and GeGLU products run through the kernel table `flashrt.nn.fused.KERNELS` by name
+  (``kernels`` of `Gemma` and `GemmaLayer`, set with `flashrt.nn.fused.use_kernels`): "aten" (the
+  references, default) or "fused" (the ``flashrt::`` custom ops: one CUDA kernel each where csrc is
+  built). The GeGLU's GEMMs run through `MLP_KERNELS` by name (``GemmaLayer.mlp_kernel``): "aten"
+  (default) or "onednn" (CPU, float32: GELU and product fused into oneDNN GEMMs), picked by the
+  model's loader.
 * With ``cond_dim`` (Pi0.5 expert) the norms are adaptive; the caller passes a modulation table
-  ``mods`` (2N + 1, 3, W) (rows: layer i input norm at 2i, post-attention norm at 2i + 1, final norm
-  last), typically precomputed once per denoise schedule (`Gemma.modulation`).
+  ``mods`` (2N + 1, 3, W) float32 (rows: layer i input norm at 2i, post-attention norm at 2i + 1,
+  final norm last), typically precomputed once per denoise schedule (`Gemma.modulation`), and may pass
+  its gate rows ``gates`` (2N + 1, W) already in the activation dtype (else cast once per call).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.nn.attention import StaticKV, attend
+from flashrt.nn.fused import KERNELS, NormRow
 from flashrt.nn.norms import AdaRMSNorm, RMSNorm, gated_residual
-from flashrt.nn.rope import apply_rope
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin tables (B, L, 1, D) of `rope_cos_sin`
 
@@ -37,9 +48,16 @@ def _norm(width: int, eps: float, cond_dim: int | None) -> nn.Module:
     return RMSNorm(width, eps) if cond_dim is None else AdaRMSNorm(width, cond_dim, eps)
 
 
-def _apply_norm(norm: nn.Module, x: torch.Tensor, mod: torch.Tensor | None):
-    """(normed, gate); gate is None for a plain RMSNorm."""
-    return (norm.forward(x), None) if mod is None else norm.forward(x, mod)
+def norm_rows(norms: list[nn.Module], mods: torch.Tensor | None, gates: torch.Tensor | None,
+              dtype: torch.dtype) -> list[NormRow]:
+    """One `NormRow` per norm: plain RMSNorms their ``scale`` table; adaptive ones the rows of ``mods``
+    (len(norms), 3, W), gates from ``gates`` or ``mods`` cast to ``dtype`` (one cast for all)."""
+    if mods is None:
+        return [NormRow(n.scale) for n in norms]
+    scale, shift, gate = mods.unbind(-2)
+    gate = gate if gates is None else gates
+    gate = gate if gate.dtype == dtype else gate.to(dtype)
+    return list(map(NormRow, scale.unbind(0), shift.unbind(0), gate.unbind(0)))
 
 
 def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
@@ -64,6 +82,7 @@ class GemmaLayer(nn.Module):
                  eps: float = 1e-6, cond_dim: int | None = None) -> None:
         super().__init__()
         self.shape = (num_heads, num_kv_heads, head_dim)
+        self.eps = eps
         self.input_norm = _norm(width, eps, cond_dim)
         self.qkv = nn.Linear(width, (num_heads + 2 * num_kv_heads) * head_dim, bias=False)
         self.o = nn.Linear(num_heads * head_dim, width, bias=False)
@@ -71,48 +90,59 @@ class GemmaLayer(nn.Module):
         self.gate_up = nn.Linear(width, 2 * mlp_dim, bias=False)
         self.down = nn.Linear(mlp_dim, width, bias=False)
         self.mlp_kernel = "aten"  # a key of MLP_KERNELS; loaders may pick another for their device
+        self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
 
-    def project(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
-                mod: torch.Tensor | None, with_q: bool = True):
-        """Normed x -> q (B, L, H, D) with RoPE (None unless ``with_q``) and the input gate; k (RoPE'd)
-        and v are written straight into slots [start, start + L) of layer ``index`` of ``kv``."""
-        h, gate = _apply_norm(self.input_norm, x, mod)
-        heads, kv_heads, d = self.shape
+    def project(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
+                with_q: bool = True) -> torch.Tensor | None:
+        """Normed h -> q (B, L, H, D) with RoPE (None unless ``with_q``); k (RoPE'd) and v are written
+        straight into slots [start, start + L) of layer ``index`` of ``kv``."""
+        heads, _, d = self.shape
         first = 0 if with_q else heads  # a K/V-only pass skips the query rows of the projection
         qkv = F.linear(h, self.qkv.weight[first * d:]).unflatten(-1, (-1, d))  # (B, L, [H +] 2 KV, D)
-        cos, sin = rope
-        k_slot, v_slot = kv.slots(index, start, start + x.shape[1])
-        apply_rope(qkv[:, :, heads - first:heads - first + kv_heads], cos, sin, out=k_slot)
-        v_slot.copy_(qkv[:, :, heads - first + kv_heads:])
-        return (apply_rope(qkv[:, :, :heads], cos, sin) if with_q else None), gate
+        k_slot, v_slot = kv.slots(index, start, start + h.shape[1])
+        q = KERNELS[self.kernels].rope_qkv(qkv, *rope, k_slot, v_slot, heads - first)
+        return q if with_q else None
 
-    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
-                bias: torch.Tensor, mods: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, L, W) -> (B, L, W); K/V of x go to slots [start, start + L) of layer ``index``.
-
-        ``bias`` covers at least slots [0, start + L) (longer is sliced)."""
-        q, gate = self.project(x, rope, kv, index, start, None if mods is None else mods[0])
+    def block(self, x: torch.Tensor, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
+              bias: torch.Tensor, rows: Sequence[NormRow | None]):
+        """The layer on the residual stream x and its normed input h (both (B, L, W)); ``rows``: this
+        layer's input and post-attention norms and the norm after it (None: none, a plain residual).
+        -> (x, that norm of x) (the norm None without one)."""
+        ops, (first, post, after) = KERNELS[self.kernels], rows
+        q = self.project(h, rope, kv, index, start)
         end = start + x.shape[1]
         keys, values = kv.read(index, end)
         bias = bias if bias.shape[-1] == end else bias[..., :end]
-        x = gated_residual(x, _linear(attend(q, keys, values, bias), self.o), gate)
-        h, gate = _apply_norm(self.post_norm, x, None if mods is None else mods[1])
-        return gated_residual(x, self.mlp(h), gate)
+        y = _linear(attend(q, keys, values, bias), self.o)
+        x, h = ops.add_rms_norm(x, y, first.gate, post.scale, post.shift, self.eps)
+        if after is None:
+            return gated_residual(x, self.mlp(h), post.gate), None
+        return ops.add_rms_norm(x, self.mlp(h), post.gate, after.scale, after.shift, self.eps)
+
+    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
+                bias: torch.Tensor, mods: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, W) -> (B, L, W), the whole layer on its own; K/V of x go to slots [start, start + L)
+        of layer ``index``. ``mods`` (2, 3, W): the adaRMS rows of its two norms.
+
+        ``bias`` covers at least slots [0, start + L) (longer is sliced)."""
+        first, post = norm_rows([self.input_norm, self.post_norm], mods, None, x.dtype)
+        h = KERNELS[self.kernels].rms_norm(x, first.scale, first.shift, self.eps)
+        return self.block(x, h, rope, kv, index, start, bias, (first, post, None))[0]
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
         """GeGLU ``down(gelu_tanh(gate) * up)`` with the kernel named by ``mlp_kernel`` (`MLP_KERNELS`)."""
         return MLP_KERNELS[self.mlp_kernel](self, h)
 
-    def write_kv(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
-                 mods: torch.Tensor | None = None) -> None:
-        """Only the K/V projection of x, stored at [start, start + L) (the last layer of a prefill)."""
-        self.project(x, rope, kv, index, start, None if mods is None else mods[0], with_q=False)
+    def write_kv(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int) -> None:
+        """Only the K/V projection of the normed h, stored at [start, start + L) (the last layer of a
+        prefill)."""
+        self.project(h, rope, kv, index, start, with_q=False)
 
 
 def _geglu_aten(layer: GemmaLayer, h: torch.Tensor) -> torch.Tensor:
-    """One gate|up GEMM, tanh-GELU, the product formed in place in gelu's output, the down GEMM."""
-    gate, up = _linear(h, layer.gate_up).chunk(2, dim=-1)
-    return _linear(F.gelu(gate, approximate="tanh").mul_(up), layer.down)
+    """One gate|up GEMM, tanh-GELU times up (`flashrt.nn.fused.gelu_mul_ref`: the product formed in
+    gelu's output), the down GEMM."""
+    return _linear(KERNELS[layer.kernels].gelu_mul(_linear(h, layer.gate_up)), layer.down)
 
 
 def _geglu_onednn(layer: GemmaLayer, h: torch.Tensor) -> torch.Tensor:
@@ -133,13 +163,14 @@ class Gemma(nn.Module):
     def __init__(self, width: int, depth: int, mlp_dim: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, vocab_size: int = 0, eps: float = 1e-6, cond_dim: int | None = None) -> None:
         super().__init__()
-        self.width = width
+        self.width, self.eps = width, eps
         self.embed = nn.Embedding(vocab_size, width) if vocab_size else None
         self.layers = nn.ModuleList(
             GemmaLayer(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, cond_dim)
             for _ in range(depth))
         self.norm = _norm(width, eps, cond_dim)
         self.register_buffer("embed_scale", torch.tensor(width**0.5), persistent=False)
+        self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
 
     def reset_derived(self) -> None:
         """sqrt(W) rounded to the embedding dtype, as the reference multiplies in that dtype."""
@@ -150,23 +181,29 @@ class Gemma(nn.Module):
     def adaptive(self) -> bool:
         return isinstance(self.norm, AdaRMSNorm)
 
+    @property
+    def norms(self) -> list[nn.Module]:
+        """Every norm in order: layer i's input norm at 2i, its post-attention norm at 2i + 1, final last."""
+        return [n for layer in self.layers for n in (layer.input_norm, layer.post_norm)] + [self.norm]
+
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, L) int64 -> (B, L, W) ``embedding * sqrt(W)``."""
         return self.embed(tokens) * self.embed_scale.to(self.embed.weight.dtype)
 
     def modulation(self, cond: torch.Tensor) -> torch.Tensor:
         """adaRMS table for conditioning ``cond`` (..., C) -> (..., 2N + 1, 3, W) float32."""
-        norms = [n for layer in self.layers for n in (layer.input_norm, layer.post_norm)] + [self.norm]
-        return torch.stack([n.modulation(cond) for n in norms], dim=-3)
+        return torch.stack([n.modulation(cond) for n in self.norms], dim=-3)
 
     def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, start: int, bias: torch.Tensor,
-                mods: torch.Tensor | None = None, kv_only_last: bool = False) -> torch.Tensor | None:
+                mods: torch.Tensor | None = None, kv_only_last: bool = False,
+                gates: torch.Tensor | None = None) -> torch.Tensor | None:
         """x (B, L, W) -> final-normed (B, L, W), or None with ``kv_only_last`` (cache filled only)."""
+        rows = norm_rows(self.norms, mods, gates, x.dtype)
+        h = KERNELS[self.kernels].rms_norm(x, rows[0].scale, rows[0].shift, self.eps)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            layer_mods = None if mods is None else mods[2 * i: 2 * i + 2]
             if kv_only_last and i == last:
-                layer.write_kv(x, rope, kv, i, start, layer_mods)
+                layer.write_kv(h, rope, kv, i, start)
                 return None
-            x = layer.forward(x, rope, kv, i, start, bias, layer_mods)
-        return _apply_norm(self.norm, x, None if mods is None else mods[-1])[0]
+            x, h = layer.block(x, h, rope, kv, i, start, bias, rows[2 * i: 2 * i + 3])
+        return h

@@ -3,12 +3,18 @@
 Shapes: ``x`` (..., D); ``cond`` (..., C); modulation tables (..., 3, D) ordered scale | shift | gate.
 
 * `RMSNorm`: Gemma's ``x / rms(x) * (1 + w)``. Statistics and the scale run in float32; the result is
-  cast back to ``x``'s dtype (Gemma multiplies before the downcast, unlike Llama).
+  cast back to ``x``'s dtype (Gemma multiplies before the downcast, unlike Llama). ``1 + w`` is a
+  derived float32 table (``scale``), computed from the loaded weight by `RMSNorm.reset_derived` (which
+  `flashrt.io.load_module` calls; call it again after changing ``weight`` or the module's dtype),
+  never per call.
 * `AdaRMSNorm`: Pi0.5's adaptive RMSNorm. A linear map of the conditioning vector gives
   ``scale | shift | gate`` (each D wide); the norm is ``x / rms(x) * (1 + scale) + shift`` and the gate
   multiplies the branch output before the residual add (`gated_residual`). The conditioning of Pi0.5 is
   a function of the flow-matching time only, so a model can compute the modulation once per schedule
   (`AdaRMSNorm.modulation`) and pass it to `AdaRMSNorm.forward` on every step.
+* `rms_norm_ref` / `add_rms_norm_ref`: the two forms as functions of a (scale, shift) row, the second
+  with the residual add before it; the references of the fused ``flashrt::rms_norm`` /
+  ``flashrt::add_rms_norm`` ops (`flashrt.nn.fused`).
 """
 
 from __future__ import annotations
@@ -35,16 +41,37 @@ def rms_normalize(x: torch.Tensor, eps: float, weight: torch.Tensor | None = Non
     return y if weight is None else y.mul_(_f32(weight))
 
 
+def rms_norm_ref(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None,
+                 eps: float) -> torch.Tensor:
+    """``x / rms(x) * scale [+ shift]`` in float32 (scale, shift float32), returned in x's dtype."""
+    n = rms_normalize(x, eps)
+    n = n.mul_(scale) if shift is None else torch.addcmul(shift, n, scale)
+    return _cast(n, x.dtype)
+
+
+def add_rms_norm_ref(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor,
+                     shift: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``s = gated_residual(x, y, gate)``, ``rms_norm_ref(s, scale, shift, eps)``)."""
+    s = gated_residual(x, y, gate)
+    return s, rms_norm_ref(s, scale, shift, eps)
+
+
 class RMSNorm(nn.Module):
-    """Gemma RMSNorm with the (1 + weight) parametrization; ``weight`` is zero at init."""
+    """Gemma RMSNorm with the (1 + weight) parametrization; ``weight`` is zero at init, ``scale`` the
+    derived float32 ``1 + weight`` (`reset_derived`)."""
 
     def __init__(self, dim: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("scale", torch.ones(dim), persistent=False)
+
+    def reset_derived(self) -> None:
+        """``scale = 1 + weight`` in float32, as the reference computes it on every call."""
+        self.scale = 1.0 + _f32(self.weight.detach())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _cast(rms_normalize(x, self.eps, 1.0 + _f32(self.weight)), x.dtype)
+        return rms_norm_ref(x, self.scale, None, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
@@ -67,8 +94,7 @@ class AdaRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, mod: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` (B, L, D), ``mod`` (3, D) or (B, 1, 3, D) from `modulation` -> (normed, gate), x's dtype."""
         one_plus_scale, shift, gate = mod.unbind(-2)
-        y = torch.addcmul(shift, rms_normalize(x, self.eps), one_plus_scale)
-        return _cast(y, x.dtype), _cast(gate, x.dtype)
+        return rms_norm_ref(x, one_plus_scale, shift, self.eps), _cast(gate, x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, adaptive"

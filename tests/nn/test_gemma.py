@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from flashrt.io.loading import reset_derived
 from flashrt.nn.attention import StaticKV, key_padding_bias
 from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
 from flashrt.nn.rope import rope_cos_sin
@@ -16,7 +17,7 @@ def _randomize(module, seed):
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    module.reset_derived()
+    reset_derived(module, "cpu")  # every submodule's derived tables (the norms' 1 + w)
     return module
 
 
@@ -110,7 +111,7 @@ def test_embedding_is_scaled_by_sqrt_width_in_weight_dtype():
     ids = torch.tensor([[3, 0, 10]])
     assert torch.allclose(model.embed_tokens(ids), model.embed.weight[ids] * W**0.5)
     model = model.bfloat16()
-    model.reset_derived()
+    reset_derived(model, "cpu")
     assert model.embed_scale.dtype == torch.bfloat16
     want = model.embed.weight[ids] * torch.tensor(W**0.5).bfloat16()
     assert torch.equal(model.embed_tokens(ids), want)

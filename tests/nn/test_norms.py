@@ -15,6 +15,7 @@ def test_rmsnorm_matches_formula_with_one_plus_weight():
     norm = RMSNorm(16, eps=1e-6)
     with torch.no_grad():
         norm.weight.normal_(0, 0.3)
+    norm.reset_derived()
     x = torch.randn(2, 5, 16) * 3
     assert torch.allclose(norm(x).double(), _reference_rms(x, norm.weight, 1e-6), atol=1e-5)
 
@@ -32,7 +33,9 @@ def test_rmsnorm_bf16_keeps_dtype_and_computes_in_fp32():
     with torch.no_grad():
         norm.weight.normal_(0, 0.1)
     x = (torch.randn(4, 32) * 100).bfloat16()
-    y = norm.bfloat16()(x)
+    norm = norm.bfloat16()
+    norm.reset_derived()  # 1 + w of the bf16 weight, in float32
+    y = norm(x)
     assert y.dtype == torch.bfloat16
     want = _reference_rms(x.float(), norm.weight.float(), 1e-6).to(torch.bfloat16)
     assert torch.equal(y, want)
@@ -76,3 +79,31 @@ def test_gated_residual():
     x, y = torch.ones(3), torch.full((3,), 2.0)
     assert torch.equal(gated_residual(x, y, None), torch.full((3,), 3.0))
     assert torch.equal(gated_residual(x, y, torch.full((3,), 0.5)), torch.full((3,), 2.0))
+
+
+def test_rmsnorm_one_plus_weight_is_a_load_time_table():
+    """forward reads the float32 ``scale`` table (what reset_derived computed from the weight), it never
+    recomputes 1 + w: a weight changed without reset_derived does not change the output."""
+    from flashrt.profile.kernels import count_kernels
+
+    norm = RMSNorm(8)
+    with torch.no_grad():
+        norm.weight.fill_(0.5)
+    norm.reset_derived()
+    assert norm.scale.dtype == torch.float32 and torch.equal(norm.scale, torch.full((8,), 1.5))
+    x = torch.randn(3, 8)
+    y = norm(x)
+    with torch.no_grad():
+        norm.weight.fill_(2.0)
+    assert torch.equal(norm(x), y)
+    assert count_kernels(lambda: norm(x)).by_op["aten.add.Tensor"] == 0  # no 1 + w per call
+    norm.reset_derived()
+    assert torch.allclose(norm(x), y / 1.5 * 3.0, atol=1e-6)
+
+
+def test_loaded_rmsnorm_tables_are_derived_strictly():
+    """load_module derives the tables (they are not checkpoint keys, and none is left on meta)."""
+    from flashrt.io import Rule, WeightMap, load_module
+
+    norm = load_module(lambda: RMSNorm(4), {"w": torch.full((4,), -0.25)}, WeightMap([Rule("w", "weight")]))
+    assert "scale" not in norm.state_dict() and torch.equal(norm.scale, torch.full((4,), 0.75))

@@ -29,6 +29,7 @@ from flashrt.frontends.pi0.frontend import Pi0Frontend, default_buckets
 from flashrt.frontends.pi0.observation import check_state, split_observation
 from flashrt.frontends.pi0.preprocess import CheckedImage, ImagePreprocessor
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
+from flashrt.nn.fused import resolve_kernels, use_kernels
 from flashrt.quant.precision import compute_dtype, dtype_info
 from flashrt.runtime.device import resolve_device
 from flashrt.runtime.frontend import PolicyFamily
@@ -126,7 +127,7 @@ class Pi0PolicyFrontend:
         dtype = str(self.frontend.model.dtype).removeprefix("torch.")
         return {"family": "pi0", **self.checkpoint.summary(), "device": str(self.device), "dtype": dtype,
                 "buckets": list(self.buckets), "backend": self.frontend.graphs.report().get("backend"),
-                "quantization": self.quantization,
+                "quantization": self.quantization, "kernels": self.frontend.model.vlm.kernels,
                 "kernels_per_replay": self.frontend.kernels_per_replay().total}
 
     def report(self) -> dict[str, Any]:
@@ -161,8 +162,13 @@ def _check_sizes(ck: Pi0Checkpoint, tokenizer: PaliGemmaTokenizer) -> None:
 def load(path: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "float32",
          num_steps: int | None = None, backend: str | None = None, buckets: Sequence[int] | None = None,
          tokenizer: str | Path | None = None, asset_id: str | None = None,
-         calibration: Any = None) -> Pi0PolicyFrontend:
+         calibration: Any = None, kernels: str = "auto") -> Pi0PolicyFrontend:
     """Load a Pi0 / Pi0.5 checkpoint dir (lerobot 0.6.1 or openpi PyTorch) and capture its graphs.
+
+    ``kernels`` (`flashrt.nn.fused`): "auto" runs the fused csrc kernels (RMSNorm + residual, RoPE into
+    the K/V slots, GeGLU product: one kernel each) on a CUDA device where they load (built on first use
+    where a CUDA toolkit is), the ATen references elsewhere; "aten" / "fused" force one. Same numbers
+    either way up to float rounding (the CPU runs the references: bit for bit).
 
     ``precision="int8"`` / ``"fp8"``: the recipe's GEMMs quantized with scales from the calibration
     cache, calibrated and gated on a miss (``calibration``: a recipe name, path, dict or
@@ -171,6 +177,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
 
     dev = resolve_device(device)
     dtype = compute_dtype(precision, quantized=QUANTIZED)
+    kernel_row = resolve_kernels(kernels, dev)
     kind = _quantized_kind(precision)
     if kind is None and calibration is not None:
         raise ConfigError(f"calibration= applies to precision 'int8' or 'fp8', not {precision!r}")
@@ -182,6 +189,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     tok = PaliGemmaTokenizer(ck.tokenizer_path)
     _check_sizes(ck, tok)
     model = load_pi0(config, ck.weights, device=dev, dtype=dtype)
+    use_kernels(model, kernel_row)
     sizes = tuple(buckets) if buckets else default_buckets(ck.max_prompt_len)
     quantization = None
     if kind is not None:
@@ -215,5 +223,5 @@ def detect(path: Path) -> None:
 
 
 FAMILY = PolicyFamily(
-    name="pi0", detect=detect, load=load, options=("tokenizer", "asset_id", "calibration"),
+    name="pi0", detect=detect, load=load, options=("tokenizer", "asset_id", "calibration", "kernels"),
     doc="Pi0 / Pi0.5 (lerobot 0.6.1 policy dirs, openpi PyTorch dirs): PaliGemma + flow-matching expert")

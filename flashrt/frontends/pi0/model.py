@@ -56,7 +56,10 @@ Numerics follow lerobot 0.6.1 ``PI0Pytorch`` / ``PI05Pytorch.sample_actions``; t
 On the CPU, `reset_derived` also picks kernels and layouts (`select_cpu_kernels`): column-major
 weights for the expert's few-row GEMMs, oneDNN GEMMs with the tanh-GELU fused for the VLM and the
 vision tower. Both equal the plain ATen path within float32 rounding (`use_mlp_kernels(model, "aten")`
-restores it; the parity tests run both).
+restores it; the parity tests run both). The Gemmas' norms, RoPE and GeGLU products run through the
+kernel table `flashrt.nn.fused.KERNELS` (``use_kernels(model, "fused")``: one ``flashrt::`` op each,
+the csrc CUDA kernels on a GPU; the family's loader picks, `kernels="auto"`); `meta_twin` and
+`Pi0Frontend.kernels_per_replay` count what a replay launches.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from torch import nn
 from flashrt.frontends.pi0.config import GemmaSpec, Pi0Config
 from flashrt.io import loading as load
 from flashrt.nn.attention import StaticKV, key_padding_bias
+from flashrt.nn.fused import use_kernels
 from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
 from flashrt.nn.rope import rope_cos_sin
 from flashrt.nn.siglip import FC1_GELU_KERNELS, Siglip
@@ -135,7 +139,8 @@ class Pi0Model(nn.Module):
         we, n = self.config.expert.width, num_steps
         if self.config.has_state_token:
             return {"time_bias": (n, we)}
-        return {"time_mods": (n, 2 * self.config.expert.depth + 1, 3, we)}
+        norms = 2 * self.config.expert.depth + 1
+        return {"time_mods": (n, norms, 3, we), "time_gates": (n, norms, we)}
 
     def _register_schedule(self, shapes: dict[str, tuple[int, ...]]) -> None:
         for name, shape in shapes.items():
@@ -152,7 +157,9 @@ class Pi0Model(nn.Module):
     @torch.no_grad()
     def schedule(self, num_steps: int) -> dict[str, torch.Tensor]:
         """Per-step tables that depend only on the time: Pi0 ``time_bias`` (n, We) = time half of
-        action_time_mlp_in + its bias; Pi0.5 ``time_mods`` (n, 2N + 1, 3, We) adaRMS modulations."""
+        action_time_mlp_in + its bias; Pi0.5 ``time_mods`` (n, 2N + 1, 3, We) float32 adaRMS
+        modulations and their gate rows ``time_gates`` (n, 2N + 1, We) in the model dtype (cast once
+        here, not per call)."""
         we = self.config.expert.width
         device = self.action_in.weight.device
         temb = sinusoidal_time_embedding(euler_times(num_steps, device), we, self.config.min_period,
@@ -161,7 +168,8 @@ class Pi0Model(nn.Module):
             w = self.action_time_in.weight
             return {"time_bias": F.linear(temb, w[:, we:], self.action_time_in.bias)}
         cond = F.silu(self.time_out(F.silu(self.time_in(temb))))
-        return {"time_mods": self.expert.modulation(cond)}
+        mods = self.expert.modulation(cond)
+        return {"time_mods": mods, "time_gates": _cast(mods[..., 2, :], self.dtype)}
 
     # ------------------------------------------------------------------ stages
 
@@ -208,13 +216,13 @@ class Pi0Model(nn.Module):
         """One expert pass: x_t (B, H, A) float32 at schedule index ``step`` -> v_t (B, H, A) float32."""
         we = self.config.expert.width
         h = self.action_in(_cast(x_t, self.dtype))  # (B, H, We)
-        mods = None
+        mods = gates = None
         if self.config.has_state_token:  # action half of action_time_mlp_in + the precomputed time half
             h = F.linear(h, self.action_time_in.weight[:, :we], tables["time_bias"][step])
             h = self.action_time_out(F.silu(h, inplace=True))
         else:
-            mods = tables["time_mods"][step]
-        y = self.expert(h, rope, kv, start, bias, mods=mods)
+            mods, gates = tables["time_mods"][step], tables["time_gates"][step]
+        y = self.expert(h, rope, kv, start, bias, mods=mods, gates=gates)
         return _cast(self.action_out(y), torch.float32)
 
     # ------------------------------------------------------------------ the whole step
@@ -300,11 +308,14 @@ def column_major_linears(module: nn.Module) -> None:
 
 def meta_twin(model: Pi0Model) -> Pi0Model:
     """A shape-only copy on the meta device (no memory, no compute): the same config and per-tensor
-    dtypes, derived tables recomputed on meta, the default (ATen, CUDA-path) kernels; a quantized GEMM
+    dtypes, derived tables recomputed on meta, the same `flashrt.nn.fused` kernel table row, the ATen
+    GEMM/GELU kernels (the CUDA path; the CPU's oneDNN choices do not run on meta); a quantized GEMM
     weight becomes a plain one of its dtype (one GEMM kernel). What `flashrt.profile.kernels` counts a
     step of (`Pi0Frontend.kernels_per_replay`)."""
     slots = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in model.state_dict().items()}
-    return load.meta_twin(lambda: Pi0Model(model.config), slots=slots)
+    twin = load.meta_twin(lambda: Pi0Model(model.config), slots=slots)
+    use_kernels(twin, model.vlm.kernels)
+    return twin
 
 
 def select_cpu_kernels(model: Pi0Model) -> None:

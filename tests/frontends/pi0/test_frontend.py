@@ -142,3 +142,30 @@ def test_kernels_per_replay_on_meta_equal_the_cpu_steps_op_for_op(name):
     meta = frontend.kernels_per_replay(32)
     assert meta.by_op == count_kernels(frontend.raw_step(32)).by_op and meta.total > 100
     assert frontend.kernels_per_replay() is meta  # computed once per bucket
+
+
+@pytest.mark.parametrize("name", ["pi0_cam3", "pi05_cam2"])
+def test_fused_kernels_trace_and_equal_the_aten_step_bit_for_bit(name):
+    """The ``flashrt::`` custom ops (the "fused" kernel row) are recorded by the trace backend like any
+    aten op (no refusal; the K/V slots they mutate are static tensors) and, on the CPU, where they run
+    their references, the step equals the ATen row's eager run exactly; one replay launches fewer
+    kernels."""
+    from flashrt.nn.fused import use_kernels
+
+    _, model = _model(name)
+    cams = len(E2E.case(name).info["cameras"])
+    eager = Pi0Frontend(model, cams, (16,), backend="eager")
+    _feed(eager, 7, 11)
+    eager.run(16)
+    aten_count = eager.kernels_per_replay().total
+    use_kernels(model, "fused")
+    try:
+        trace = Pi0Frontend(model, cams, (16,), backend="trace")
+        trace.capture()
+        assert any(op.startswith("flashrt.") for op in trace.graphs._graphs[16].op_names())
+        _feed(trace, 7, 11)
+        trace.run(16)
+        assert torch.equal(trace.actions(), eager.actions())
+        assert trace.kernels_per_replay().total < aten_count
+    finally:
+        use_kernels(model, "aten")

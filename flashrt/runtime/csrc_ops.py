@@ -1,0 +1,117 @@
+"""CUDA implementations of the ``flashrt::`` custom ops over the csrc library's C ABI
+(`flashrt.runtime.csrc`).
+
+Each method takes the op's arguments, checks what its kernel handles (dtype float32 / bfloat16 /
+float16 shared by the activations, contiguous rows, (D,) float32 scale and shift, (D,) gate in the
+activation dtype, last dims contiguous for RoPE), allocates the outputs with torch and launches on
+torch's current stream of the tensors' device (so a CUDA graph captures it); anything else runs the
+reference of `flashrt.nn.fused`, which is always correct. Shapes: as in `flashrt.nn.fused`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+
+from flashrt.nn.fused import gelu_mul_ref, rope_qkv_ref
+from flashrt.nn.norms import add_rms_norm_ref, rms_norm_ref
+
+__all__ = ["CudaOps"]
+
+DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+SIGNATURES = {
+    "flashrt_add_rms_norm": (_I, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _F, _P),
+    "flashrt_rope_qkv": (_I, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64,
+                         _I64, _I64, _I64, _I64, _I, _I, _I64, _P),
+    "flashrt_gelu_mul": (_I, _P, _P, _I64, _I64, _P),
+}
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _vector_ok(v: Tensor | None, dim: int, dtype: torch.dtype) -> bool:
+    return v is None or (v.shape == (dim,) and v.dtype == dtype and v.is_contiguous() and v.is_cuda)
+
+
+class CudaOps:
+    """The CUDA kernels of the custom ops, bound to one loaded csrc library."""
+
+    def __init__(self, handle: ctypes.CDLL) -> None:
+        self.fns = {}
+        for name, argtypes in SIGNATURES.items():
+            fn = getattr(handle, name)
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
+            self.fns[name] = fn
+
+    def _launch(self, name: str, device: torch.device, *args) -> None:
+        with torch.cuda.device(device):
+            rc = self.fns[name](*args, torch.cuda.current_stream(device).cuda_stream)
+        if rc != 0:
+            raise RuntimeError(f"csrc {name}: CUDA error {rc} ({torch.cuda.get_device_name(device)})")
+
+    # ---------------------------------------------------------------------------------- norms
+    def _norm_ok(self, x: Tensor, y: Tensor | None, gate: Tensor | None, scale: Tensor,
+                 shift: Tensor | None) -> bool:
+        d = x.shape[-1] if x.dim() else 0
+        same = y is None or (y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous())
+        return (x.dtype in DTYPES and x.is_cuda and x.is_contiguous() and d > 0 and same
+                and _vector_ok(gate, d, x.dtype) and _vector_ok(scale, d, torch.float32)
+                and _vector_ok(shift, d, torch.float32))
+
+    def _norm(self, x: Tensor, y: Tensor | None, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
+              eps: float) -> tuple[Tensor | None, Tensor]:
+        out = torch.empty_like(x)
+        s = None if y is None else torch.empty_like(x)
+        d = x.shape[-1]
+        self._launch("flashrt_add_rms_norm", x.device, DTYPES[x.dtype], _ptr(x), _ptr(y), _ptr(gate),
+                     _ptr(scale), _ptr(shift), _ptr(s), _ptr(out), x.numel() // d, d, float(eps))
+        return s, out
+
+    def rms_norm(self, x: Tensor, scale: Tensor, shift: Tensor | None, eps: float) -> Tensor:
+        if not self._norm_ok(x, None, None, scale, shift):
+            return rms_norm_ref(x, scale, shift, eps)
+        return self._norm(x, None, None, scale, shift, eps)[1]
+
+    def add_rms_norm(self, x: Tensor, y: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
+                     eps: float) -> tuple[Tensor, Tensor]:
+        if not self._norm_ok(x, y, gate, scale, shift):
+            return add_rms_norm_ref(x, y, gate, scale, shift, eps)
+        return self._norm(x, y, gate, scale, shift, eps)
+
+    # ---------------------------------------------------------------------------------- RoPE
+    def rope_qkv(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_out: Tensor, v_out: Tensor,
+                 heads: int) -> Tensor:
+        b, length, total, d = qkv.shape
+        kv = k_out.shape[2]
+        tensors = (qkv, cos, sin, k_out, v_out)
+        ok = (qkv.dtype in DTYPES and all(t.dtype == qkv.dtype and t.is_cuda and t.dim() == 4
+                                          and t.stride(-1) == 1 for t in tensors)
+              and total == heads + 2 * kv and k_out.shape == v_out.shape == (b, length, kv, d)
+              and cos.shape == sin.shape and cos.stride() == sin.stride() and cos.shape[2] == 1
+              and cos.shape[-1] == d and d % 2 == 0)
+        try:
+            rope = cos.expand(b, length, 1, d) if ok else None
+        except RuntimeError:
+            rope = None
+        if rope is None:
+            return rope_qkv_ref(qkv, cos, sin, k_out, v_out, heads)
+        q = qkv.new_empty((b, length, heads, d))
+        self._launch("flashrt_rope_qkv", qkv.device, DTYPES[qkv.dtype], _ptr(qkv), *qkv.stride()[:3],
+                     _ptr(cos), _ptr(sin), *rope.stride()[:2], _ptr(q), _ptr(k_out), *k_out.stride()[:3],
+                     _ptr(v_out), *v_out.stride()[:3], b, length, heads, kv, d)
+        return q
+
+    # ---------------------------------------------------------------------------------- GeGLU
+    def gelu_mul(self, gate_up: Tensor) -> Tensor:
+        if gate_up.dtype not in DTYPES or not gate_up.is_contiguous() or gate_up.shape[-1] % 2:
+            return gelu_mul_ref(gate_up)
+        m = gate_up.shape[-1] // 2
+        out = gate_up.new_empty((*gate_up.shape[:-1], m))
+        self._launch("flashrt_gelu_mul", gate_up.device, DTYPES[gate_up.dtype], _ptr(gate_up), _ptr(out),
+                     gate_up.numel() // (2 * m) if m else 0, m)
+        return out

@@ -1,0 +1,174 @@
+"""Fused ops (`flashrt.nn.fused`): each reference equals the unfused code it replaces, bit for bit; the
+``flashrt::`` custom ops equal their references on the CPU and pass torch's op checks; a Gemma stack on
+the "fused" row equals the "aten" row and launches one kernel per fused op."""
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from flashrt.errors import ConfigError
+from flashrt.io.loading import reset_derived
+from flashrt.nn.attention import StaticKV, key_padding_bias
+from flashrt.nn.fused import KERNELS, gelu_mul_ref, resolve_kernels, rope_qkv_ref, use_kernels
+from flashrt.nn.gemma import Gemma
+from flashrt.nn.norms import add_rms_norm_ref, gated_residual, rms_norm_ref, rms_normalize
+from flashrt.nn.rope import apply_rope, rope_cos_sin
+from flashrt.profile.kernels import count_kernels
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _data(dtype, rows=7, d=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(2, rows, d, generator=g) * 3).to(dtype)
+    y = torch.randn(2, rows, d, generator=g).to(dtype)
+    w = torch.randn(d, generator=g) * 0.2
+    return x, y, w, torch.randn(d, generator=g).to(dtype), torch.randn(d, generator=g)
+
+
+# ------------------------------------------------------------------------------ references = unfused code
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_ref_is_the_unfused_gemma_rmsnorm(dtype):
+    x, _, w, _, shift = _data(dtype)
+    w = w.to(dtype)
+    unfused = rms_normalize(x, 1e-6, 1.0 + w.float()).to(dtype)  # 1 + w per call, then cast back
+    assert torch.equal(rms_norm_ref(x, 1.0 + w.float(), None, 1e-6), unfused)
+    adaptive = torch.addcmul(shift, rms_normalize(x, 1e-6), 1.0 + w.float()).to(dtype)
+    assert torch.equal(rms_norm_ref(x, 1.0 + w.float(), shift, 1e-6), adaptive)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gated", [False, True])
+def test_add_rms_norm_ref_is_the_residual_then_the_norm(dtype, gated):
+    x, y, w, gate, shift = _data(dtype)
+    gate = gate if gated else None
+    s, n = add_rms_norm_ref(x, y, gate, 1.0 + w, shift, 1e-6)
+    assert torch.equal(s, gated_residual(x, y, gate))
+    assert torch.equal(n, torch.addcmul(shift, rms_normalize(s, 1e-6), 1.0 + w).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [8, 0])
+def test_rope_qkv_ref_rotates_q_k_into_strided_slots(dtype, heads):
+    g = torch.Generator().manual_seed(1)
+    b, length, kv, d = 2, 5, 1, 16
+    qkv = torch.randn(b, length, heads + 2 * kv, d, generator=g).to(dtype)
+    cos, sin = rope_cos_sin(torch.arange(3, 3 + length).expand(b, -1), d, dtype=dtype)
+    cache_k, cache_v = torch.zeros(b, kv, 9, d, dtype=dtype), torch.zeros(b, kv, 9, d, dtype=dtype)
+    k_slot, v_slot = cache_k[:, :, 2:7].transpose(1, 2), cache_v[:, :, 2:7].transpose(1, 2)  # strided
+    q = rope_qkv_ref(qkv, cos, sin, k_slot, v_slot, heads)
+    assert q.shape == (b, length, heads, d)
+    if heads:
+        assert torch.equal(q, apply_rope(qkv[:, :, :heads], cos, sin))
+    assert torch.equal(k_slot, apply_rope(qkv[:, :, heads:heads + kv], cos, sin))
+    assert torch.equal(v_slot, qkv[:, :, heads + kv:])
+    assert cache_k[:, :, :2].abs().sum() == 0 and cache_k[:, :, 7:].abs().sum() == 0  # only the slots
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_mul_ref_is_the_unfused_geglu_product(dtype):
+    gate_up = torch.randn(3, 4, 20).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.equal(gelu_mul_ref(gate_up), F.gelu(gate, approximate="tanh") * up)
+
+
+# ------------------------------------------------------------------------------ the custom ops on the CPU
+def _op_cases(dtype):
+    x, y, w, gate, shift = _data(dtype)
+    qkv = torch.randn(1, 4, 10, 8).to(dtype)
+    cos, sin = rope_cos_sin(torch.arange(4)[None], 8, dtype=dtype)
+    k, v = torch.zeros(1, 1, 6, 8, dtype=dtype), torch.zeros(1, 1, 6, 8, dtype=dtype)
+    slots = (k[:, :, 1:5].transpose(1, 2), v[:, :, 1:5].transpose(1, 2))
+    return {"rms_norm": (x, 1.0 + w, shift, 1e-6), "add_rms_norm": (x, y, gate, 1.0 + w, None, 1e-6),
+            "rope_qkv": (qkv, cos, sin, *slots, 8), "gelu_mul": (torch.randn(3, 12).to(dtype),)}
+
+
+def _tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "rope_qkv", "gelu_mul"])
+def test_custom_op_equals_its_reference_and_passes_opcheck(dtype, name):
+    args = _op_cases(dtype)[name]
+    ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    got, want = getattr(KERNELS["fused"], name)(*args), getattr(KERNELS["aten"], name)(*ref_args)
+    for a, b in zip(_tuple(got), _tuple(want)):
+        assert torch.equal(a, b)
+    for a, b in zip(args, ref_args):  # the mutated K/V slots too
+        assert not isinstance(a, torch.Tensor) or torch.equal(a, b)
+    torch.library.opcheck(getattr(torch.ops.flashrt, name).default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "add_rms_norm", "rope_qkv", "gelu_mul"])
+def test_on_meta_a_custom_op_is_one_kernel_with_the_reference_shapes(name):
+    args = _op_cases(torch.bfloat16)[name]
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    want = getattr(KERNELS["aten"], name)(*args)
+    count = count_kernels(lambda: getattr(KERNELS["fused"], name)(*meta))
+    assert count.total == 1 and dict(count.by_op) == {f"flashrt.{name}.default": 1}
+    got = getattr(KERNELS["fused"], name)(*meta)
+    for a, b in zip(_tuple(got), _tuple(want)):
+        assert a.shape == b.shape and a.dtype == b.dtype
+
+
+# ------------------------------------------------------------------------------ a Gemma stack on each row
+W, DEPTH, MLP, H, KV, D = 24, 3, 40, 4, 1, 8
+
+
+def _stack(adaptive: bool, dtype=torch.float32):
+    g = torch.Generator().manual_seed(3)
+    model = Gemma(W, DEPTH, MLP, H, KV, D, cond_dim=W if adaptive else None).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    reset_derived(model, "cpu")
+    return model
+
+
+@torch.no_grad()
+def _run(model, x, dtype):
+    b, p = x.shape[:2]
+    kv = StaticKV(torch.zeros(DEPTH, b, KV, p, D, dtype=dtype), torch.zeros(DEPTH, b, KV, p, D, dtype=dtype))
+    valid = torch.ones(b, p, dtype=torch.bool)
+    mods = model.modulation(torch.randn(W, generator=torch.Generator().manual_seed(5))) if model.adaptive \
+        else None
+    rope = rope_cos_sin(valid.cumsum(1) - 1, D, dtype=dtype)
+    out = model(x, rope, kv, 0, key_padding_bias(valid, dtype), mods=mods)
+    return out, kv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_gemma_on_the_fused_row_equals_the_aten_row(adaptive, dtype):
+    model = _stack(adaptive, dtype)
+    x = torch.randn(2, 6, W).to(dtype)
+    want, kv_want = _run(model, x, dtype)
+    use_kernels(model, "fused")
+    assert model.kernels == "fused" and all(layer.kernels == "fused" for layer in model.layers)
+    got, kv_got = _run(model, x, dtype)
+    assert torch.equal(got, want) and torch.equal(kv_got.k, kv_want.k) and torch.equal(kv_got.v, kv_want.v)
+
+
+def test_fused_gemma_launches_nine_kernels_per_layer():
+    """norm, then per layer: qkv GEMM, rope_qkv, attention, o GEMM, add_rms_norm, gate|up GEMM,
+    gelu_mul, down GEMM, add_rms_norm (the next layer's input norm)."""
+    model = _stack(False)
+    use_kernels(model, "fused")
+    x, valid = torch.randn(1, 5, W), torch.ones(1, 5, dtype=torch.bool)
+    kv = StaticKV(torch.zeros(DEPTH, 1, KV, 5, D), torch.zeros(DEPTH, 1, KV, 5, D))
+    rope, bias = rope_cos_sin(valid.cumsum(1) - 1, D), key_padding_bias(valid, torch.float32)
+    count = count_kernels(lambda: model(x, rope, kv, 0, bias))
+    assert count.total == 1 + 9 * DEPTH
+    assert count.by_op["flashrt.add_rms_norm.default"] == 2 * DEPTH
+    prefill = count_kernels(lambda: model(x, rope, kv, 0, bias, kv_only_last=True))
+    assert prefill.total == 1 + 9 * (DEPTH - 1) + 2  # the last layer: its K/V GEMM and rope_qkv only
+
+
+def test_resolve_kernels():
+    assert resolve_kernels("auto", "cpu") == "aten" and resolve_kernels("fused", "cpu") == "fused"
+    with pytest.raises(ConfigError, match="kernels="):
+        resolve_kernels("triton", "cpu")
+    with pytest.raises(ConfigError, match="unknown kernel table row"):
+        use_kernels(_stack(False), "auto")
