@@ -124,10 +124,14 @@ class Pi0PolicyFrontend:
 
     # ------------------------------------------------------------------------------ reporting
     def describe(self) -> dict[str, Any]:
-        dtype = str(self.frontend.model.dtype).removeprefix("torch.")
+        model = self.frontend.model
+        dtype = str(model.dtype).removeprefix("torch.")
+        half = model.dtype in (torch.bfloat16, torch.float16)
+        mixed = any(p.dtype == torch.float32 for p in model.parameters())
+        fp32 = ("lerobot" if mixed else "none") if half else "all"
         return {"family": "pi0", **self.checkpoint.summary(), "device": str(self.device), "dtype": dtype,
                 "buckets": list(self.buckets), "backend": self.frontend.graphs.report().get("backend"),
-                "quantization": self.quantization, "kernels": self.frontend.model.vlm.kernels,
+                "quantization": self.quantization, "kernels": model.vlm.kernels, "fp32_modules": fp32,
                 "kernels_per_replay": self.frontend.kernels_per_replay().total}
 
     def report(self) -> dict[str, Any]:
@@ -162,13 +166,17 @@ def _check_sizes(ck: Pi0Checkpoint, tokenizer: PaliGemmaTokenizer) -> None:
 def load(path: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "float32",
          num_steps: int | None = None, backend: str | None = None, buckets: Sequence[int] | None = None,
          tokenizer: str | Path | None = None, asset_id: str | None = None,
-         calibration: Any = None, kernels: str = "auto") -> Pi0PolicyFrontend:
+         calibration: Any = None, kernels: str = "auto", fp32_modules: str = "lerobot") -> Pi0PolicyFrontend:
     """Load a Pi0 / Pi0.5 checkpoint dir (lerobot 0.6.1 or openpi PyTorch) and capture its graphs.
 
     ``kernels`` (`flashrt.nn.fused`): "auto" runs the fused csrc kernels (RMSNorm + residual, RoPE into
     the K/V slots, GeGLU product: one kernel each) on a CUDA device where they load (built on first use
     where a CUDA toolkit is), the ATen references elsewhere; "aten" / "fused" force one. Same numbers
     either way up to float rounding (the CPU runs the references: bit for bit).
+
+    ``fp32_modules`` (a half ``precision``, "bfloat16" / "float16"): "lerobot" (default) keeps what
+    lerobot 0.6.1's bf16 mode keeps in float32 (SigLIP tower, projector, every (ada)RMSNorm, the action /
+    state / time heads; `weights.FP32_PREFIXES`); "none" runs every module in the half dtype.
 
     ``precision="int8"`` / ``"fp8"``: the recipe's GEMMs quantized with scales from the calibration
     cache, calibrated and gated on a miss (``calibration``: a recipe name, path, dict or
@@ -178,6 +186,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     dev = resolve_device(device)
     dtype = compute_dtype(precision, quantized=QUANTIZED)
     kernel_row = resolve_kernels(kernels, dev)
+    if fp32_modules not in FP32_MODULES:
+        raise ConfigError(f"fp32_modules={fp32_modules!r}; choose one of {FP32_MODULES}")
+    keep_fp32 = fp32_modules == "lerobot" and dtype in (torch.bfloat16, torch.float16)
     kind = _quantized_kind(precision)
     if kind is None and calibration is not None:
         raise ConfigError(f"calibration= applies to precision 'int8' or 'fp8', not {precision!r}")
@@ -188,7 +199,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     config = ck.model_config if num_steps is None else ck.model_config.replace(num_steps=num_steps)
     tok = PaliGemmaTokenizer(ck.tokenizer_path)
     _check_sizes(ck, tok)
-    model = load_pi0(config, ck.weights, device=dev, dtype=dtype)
+    model = load_pi0(config, ck.weights, device=dev, dtype=dtype, keep_fp32=keep_fp32)
     use_kernels(model, kernel_row)
     sizes = tuple(buckets) if buckets else default_buckets(ck.max_prompt_len)
     quantization = None
@@ -206,6 +217,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
 
 
 QUANTIZED = ("int8", "fp8_e4m3")
+FP32_MODULES = ("lerobot", "none")  # `fp32_modules` of a half-precision load
 
 
 def _quantized_kind(precision: str | torch.dtype) -> str | None:
@@ -223,5 +235,6 @@ def detect(path: Path) -> None:
 
 
 FAMILY = PolicyFamily(
-    name="pi0", detect=detect, load=load, options=("tokenizer", "asset_id", "calibration", "kernels"),
+    name="pi0", detect=detect, load=load,
+    options=("tokenizer", "asset_id", "calibration", "kernels", "fp32_modules"),
     doc="Pi0 / Pi0.5 (lerobot 0.6.1 policy dirs, openpi PyTorch dirs): PaliGemma + flow-matching expert")

@@ -11,7 +11,7 @@ Public API (what the Pi0 policy frontend (`family.py`) and the bench adapter cod
     cfg = config_from_state_dict_shapes({k: ckpt.shape(k) for k in ckpt}, detect_variant(ckpt),
                                         chunk_size=50, num_steps=10)        # + variant names from config.json
     model = load_pi0(cfg, ckpt, device="cpu", dtype=torch.float32)         # strict, meta build, eval mode
-    # lerobot's bf16 recipe (vision, projector, norms stay fp32): dtype=torch.bfloat16, keep_fp32=True
+    # lerobot's bf16 recipe (vision, projector, norms, heads stay fp32): dtype=torch.bfloat16, keep_fp32=True
     flops = flops_per_step(cfg, n_cams, prompt_len)      # {vision, prefix, expert, total, attention}
     traffic = bytes_per_step(cfg, n_cams, prompt_len, weight_bytes=2)   # {weights, kv, total}
 
@@ -208,22 +208,24 @@ class Pi0Model(nn.Module):
     def encode_state(self, state: torch.Tensor, rope: tuple, kv: StaticKV, start: int,
                      bias: torch.Tensor) -> None:
         """Pi0: the state token through the expert once; its K/V go to slot ``start`` (= P)."""
-        x = self.state_in(state.to(self.dtype))[:, None, :]  # (B, 1, We)
+        x = self.state_in(_cast(state, self.state_in.weight.dtype))[:, None, :]  # (B, 1, We)
+        x = _cast(x, self.dtype)
         self.expert(x, (rope[0][:, :1], rope[1][:, :1]), kv, start, bias, kv_only_last=True)
 
     def velocity(self, x_t: torch.Tensor, step: int, tables: dict[str, torch.Tensor], rope: tuple,
                  kv: StaticKV, start: int, bias: torch.Tensor) -> torch.Tensor:
-        """One expert pass: x_t (B, H, A) float32 at schedule index ``step`` -> v_t (B, H, A) float32."""
+        """One expert pass: x_t (B, H, A) float32 at schedule index ``step`` -> v_t (B, H, A) float32. The
+        heads run in their weights' dtype (float32 in lerobot's bf16 recipe), the expert in the model's."""
         we = self.config.expert.width
-        h = self.action_in(_cast(x_t, self.dtype))  # (B, H, We)
+        h = self.action_in(_cast(x_t, self.action_in.weight.dtype))  # (B, H, We)
         mods = gates = None
         if self.config.has_state_token:  # action half of action_time_mlp_in + the precomputed time half
             h = F.linear(h, self.action_time_in.weight[:, :we], tables["time_bias"][step])
             h = self.action_time_out(F.silu(h, inplace=True))
         else:
             mods, gates = tables["time_mods"][step], tables["time_gates"][step]
-        y = self.expert(h, rope, kv, start, bias, mods=mods, gates=gates)
-        return _cast(self.action_out(y), torch.float32)
+        y = self.expert(_cast(h, self.dtype), rope, kv, start, bias, mods=mods, gates=gates)
+        return _cast(self.action_out(_cast(y, self.action_out.weight.dtype)), torch.float32)
 
     # ------------------------------------------------------------------ the whole step
 

@@ -32,8 +32,16 @@ from flashrt.frontends.pi0.model import Pi0Model
 from flashrt.io import Alt, Rule, WeightMap, load_module, transforms
 
 LAYOUT_PREFIXES: dict[str, str] = {"lerobot": "model.", "openpi": ""}
-# lerobot's bf16 recipe (PaliGemmaWithExpertModel.to_bfloat16_for_selected_params): these stay float32.
-FP32_TARGETS: tuple[str, ...] = ("vision.", "projector.", ".input_norm.", ".post_norm.", ".norm.")
+# lerobot 0.6.1's bf16 recipe, what stays float32 when the model runs in bfloat16:
+# * PaliGemmaWithExpertModel.to_bfloat16_for_selected_params keeps the parameters whose names contain
+#   "vision_tower", "multi_modal_projector", "input_layernorm", "post_attention_layernorm" or "model.norm"
+#   (the SigLIP tower, the projector, every (ada)RMSNorm of both Gemmas, adaRMS denses included);
+# * the heads outside it (action_in_proj, action_out_proj, state_proj, time_mlp_* / action_time_mlp_*)
+#   are plain nn.Linear of PI0Pytorch / PI05Pytorch that nothing converts: float32.
+# Our targets of those modules (prefixes of whole stems, infixes for the norms):
+FP32_PREFIXES: tuple[str, ...] = ("vision.", "projector.", "action_in.", "action_out.", "state_in.",
+                                  "action_time_in.", "action_time_out.", "time_in.", "time_out.")
+FP32_INFIXES: tuple[str, ...] = (".input_norm.", ".post_norm.", ".norm.")
 _CAT = transforms.concat(0)
 
 
@@ -85,8 +93,9 @@ def _ignored(config: Pi0Config) -> tuple[str, ...]:
 def pi0_weight_map(config: Pi0Config, prefix: str = "", keep_fp32: bool = False) -> WeightMap:
     """The strict map for ``config``'s variant; ``prefix`` is "model." for lerobot files, "" for openpi.
 
-    ``keep_fp32``: the vision tower, projector and every (ada)RMSNorm load as float32 whatever the
-    model dtype, as lerobot's bfloat16 mode keeps them."""
+    ``keep_fp32``: the modules lerobot's bfloat16 mode keeps in float32 (`FP32_PREFIXES`,
+    `FP32_INFIXES`: vision tower, projector, every (ada)RMSNorm, the action / state / time heads) load
+    as float32 whatever the model dtype."""
     rules = [*_siglip_rules(),
              Rule(PG + "model.multi_modal_projector.linear.{p}", "projector.{p}"),
              Rule(Alt(LLM + "embed_tokens.weight", PG + "lm_head.weight"), "vlm.embed.weight"),
@@ -94,12 +103,13 @@ def pi0_weight_map(config: Pi0Config, prefix: str = "", keep_fp32: bool = False)
              *_gemma_rules(EXPERT, "expert", adaptive=not config.has_state_token),
              *_head_rules(config)]
     if keep_fp32:
-        rules = [replace(r, dtype=torch.float32) if _is_fp32_target(r.target) else r for r in rules]
+        rules = [replace(r, dtype=torch.float32) if is_fp32_target(r.target) else r for r in rules]
     return WeightMap(rules, ignore=_ignored(config)).with_prefix(prefix)
 
 
-def _is_fp32_target(target: str) -> bool:
-    return target.startswith(FP32_TARGETS[:2]) or any(t in target for t in FP32_TARGETS[2:])
+def is_fp32_target(target: str) -> bool:
+    """Whether lerobot's bf16 recipe keeps the module slot ``target`` (e.g. "vlm.norm.weight") float32."""
+    return target.startswith(FP32_PREFIXES) or any(t in target for t in FP32_INFIXES)
 
 
 def detect_layout(keys: Iterable[str]) -> str:
@@ -125,7 +135,8 @@ def load_pi0(config: Pi0Config, checkpoint: Mapping[str, torch.Tensor], device: 
     """Build `Pi0Model` on meta, map ``checkpoint`` strictly, cast to ``dtype``, compute the schedule.
 
     ``dtype`` None keeps the storage dtype; ``keep_fp32`` (with a half ``dtype``) is lerobot's bf16
-    recipe: vision tower, projector and norms stay float32, activations are cast at the boundaries."""
+    recipe: vision tower, projector, norms and the action / state / time heads stay float32 (weights
+    and their activations), the two Gemmas run in ``dtype``; activations are cast at the boundaries."""
     prefix = LAYOUT_PREFIXES[detect_layout(checkpoint.keys())]
     wmap = pi0_weight_map(config, prefix, keep_fp32)
     return load_module(lambda: Pi0Model(config), checkpoint, wmap, device, dtype)

@@ -91,18 +91,38 @@ def test_bf16_storage_is_cast_at_load(tmp_path):
     assert 0 < (out - want).abs().max() < 0.05  # rounded weights: close, not equal
 
 
+# lerobot 0.6.1's bf16 recipe, as its source states it: PaliGemmaWithExpertModel.
+# to_bfloat16_for_selected_params keeps the parameters whose names contain one of these in float32; the
+# heads of PI0Pytorch / PI05Pytorch (everything outside "paligemma_with_expert.") are never converted.
+LEROBOT_KEEP_FP32 = ("vision_tower", "multi_modal_projector", "input_layernorm", "post_attention_layernorm",
+                     "model.norm")
+
+
+def _lerobot_keeps_fp32(key: str) -> bool:
+    return not key.startswith("model.paligemma_with_expert.") or any(s in key for s in LEROBOT_KEEP_FP32)
+
+
 @pytest.mark.parametrize("variant", ["pi0", "pi05"])
-def test_bf16_with_lerobot_fp32_modules(variant):
+def test_bf16_recipe_keeps_in_fp32_exactly_what_lerobot_does(variant):
+    """Every checkpoint tensor's slot dtype under keep_fp32=True follows lerobot's rule (applied to the
+    checkpoint key), and with keep_fp32=False every float slot is bfloat16."""
     sd = _state_dict(variant)
     model = load_pi0(_config(variant, sd), sd, dtype=torch.bfloat16, keep_fp32=True)
     assert model.dtype == torch.bfloat16 and model.expert.layers[0].qkv.weight.dtype == torch.bfloat16
+    plan = pi0_weight_map(model.config, "model.").plan(sd, model.state_dict())
+    checked = 0
+    for production in plan.productions:
+        want = torch.float32 if all(_lerobot_keeps_fp32(k) for k in production.sources) else torch.bfloat16
+        assert model.state_dict()[production.target].dtype == want, (production.sources, production.target)
+        checked += 1
+    assert checked == len(model.state_dict())
+    assert model.action_in.weight.dtype == model.action_out.weight.dtype == torch.float32
     assert torch.equal(model.vision.layers[0].qkv.weight[:32], sd[PG + "model.vision_tower.vision_model."
                                                                  "encoder.layers.0.self_attn.q_proj.weight"])
-    fp32 = [n for n, p in model.named_parameters() if p.dtype == torch.float32]
-    assert all(n.startswith(("vision.", "projector.")) or "norm" in n for n in fp32)
-    assert "expert.norm." + ("weight" if variant == "pi0" else "dense.weight") in fp32
     out, want = _actions(model, variant)
     assert torch.isfinite(out).all() and (out - want).abs().max() < 0.05
+    plain = load_pi0(_config(variant, sd), sd, dtype=torch.bfloat16, keep_fp32=False)
+    assert {p.dtype for p in plain.parameters()} == {torch.bfloat16}
 
 
 def test_pi05_ignores_what_lerobot_drops():
