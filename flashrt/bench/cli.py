@@ -95,6 +95,10 @@ def bench(
     backend: Annotated[str | None, typer.Option(help="graph backend [profile runtime.backend]")] = None,
     checkpoint: CheckpointOpt = None,
     tokenizer: TokenizerOpt = None,
+    snac_noise: Annotated[str | None, typer.Option("--snac-noise", help="bench snac: 'off' (default) drops "
+                                                   "the released decoder's noise; 'seeded' decodes with its "
+                                                   "noise blocks, drawn reproducibly ([model] noise_mode)")]
+    = None,
     trace: Annotated[str | None, typer.Option(help="replay a recorded trace file")] = None,
     save_trace: Annotated[bool, typer.Option(help="save the frozen trace as trace.pt in --out")] = False,
     trace_out: Annotated[Path | None, typer.Option(help="write the timed calls' stages as a Chrome / "
@@ -119,7 +123,8 @@ def bench(
     from flashrt.errors import FlashRTError
 
     folder = _out_dir(out, "bench", name, profile)
-    options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision, tokenizer)
+    options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision, tokenizer,
+                           snac_noise)
     try:
         result = run_benchmark(name, load_profile(profile), options)
     except (FlashRTError, ImportError) as exc:
@@ -174,14 +179,14 @@ def loop(
                                              "(real-time chunking) and report both side by side")] = False,
 ) -> None:
     """Control-loop simulator: step(obs) at a fixed rate; deadline misses, action age, chunk boundaries."""
-    from flashrt.bench.harness import with_tokenizer
+    from flashrt.bench.harness import with_model
     from flashrt.bench.loop import LoopConfig, loop_figure, loop_tables, run_loop_benchmark
     from flashrt.bench.profiles import load_profile
     from flashrt.errors import FlashRTError
 
     folder = _out_dir(out, "loop", name, profile)
     try:
-        prof = with_tokenizer(load_profile(profile), tokenizer)
+        prof = with_model(load_profile(profile), tokenizer=tokenizer)
         config = LoopConfig(rate or prof.bench.target_rate_hz, steps, chunk, load, load_kind,
                             async_mode=async_mode)
         record = run_loop_benchmark(name, prof, config, checkpoint)
@@ -228,14 +233,14 @@ def soak(
     progress: Annotated[bool, typer.Option(help="progress bar on stderr")] = True,
 ) -> None:
     """Soak: K steps, memory growth (RSS slope) and latency drift; flags a leaking frontend."""
-    from flashrt.bench.harness import with_tokenizer
+    from flashrt.bench.harness import with_model
     from flashrt.bench.profiles import load_profile
     from flashrt.bench.soak import SoakConfig, run_soak_benchmark, soak_figure, soak_tables
     from flashrt.errors import FlashRTError
 
     folder = _out_dir(out, "soak", name, profile)
     try:
-        prof = with_tokenizer(load_profile(profile), tokenizer)
+        prof = with_model(load_profile(profile), tokenizer=tokenizer)
         config = SoakConfig(steps=steps or prof.bench.soak_steps)
         record = run_soak_benchmark(name, prof, config, checkpoint, progress)
     except (FlashRTError, ImportError, ValueError) as exc:

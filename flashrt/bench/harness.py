@@ -124,6 +124,7 @@ class BenchOptions:
     progress: bool = True
     precision: str | None = None
     tokenizer: str | None = None  # `--tokenizer`: the profile's [model] tokenizer
+    snac_noise: str | None = None  # `--snac-noise`: the profile's [model] noise_mode
 
 
 def apply_options(profile: Profile, options: BenchOptions) -> Profile:
@@ -132,12 +133,14 @@ def apply_options(profile: Profile, options: BenchOptions) -> Profile:
     runtime = {"backend": options.backend} if options.backend else {}
     profile = profile.with_overrides(bench=bench, runtime=runtime)
     profile = profile if options.precision is None else profile.with_precision(options.precision)
-    return with_tokenizer(profile, options.tokenizer)
+    return with_model(profile, tokenizer=options.tokenizer, noise_mode=options.snac_noise)
 
 
-def with_tokenizer(profile: Profile, tokenizer: str | None) -> Profile:
-    """`--tokenizer PATH`: the profile with `[model] tokenizer = PATH` (the policy adapters read it)."""
-    return profile if tokenizer is None else replace(profile, model=profile.model | {"tokenizer": tokenizer})
+def with_model(profile: Profile, **values: str | None) -> Profile:
+    """The profile with these `[model]` keys set, those given (not None): `--tokenizer PATH` (tokenizer,
+    read by the policy adapters), `--snac-noise MODE` (noise_mode, read by the SNAC benchmark)."""
+    given = {k: v for k, v in values.items() if v is not None}
+    return replace(profile, model=profile.model | given) if given else profile
 
 
 def vs_tolerances(adapter: Any, name: str, atol: float, rtol: float) -> tuple[float, float]:

@@ -52,8 +52,10 @@ class Snake(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * (x.dim() - 2)              # (C, 1) or (C, 1, 1) for rows
         t = x * self.freq.view(shape)
-        t.sin_().square_().mul_(self.inv.view(shape))
-        return t.add_(x)
+        t.sin_().square_()
+        if t.requires_grad:  # autograd cannot record out=; inference never gets here
+            return torch.addcmul(x, t, self.inv.view(shape))
+        return torch.addcmul(x, t, self.inv.view(shape), out=t)   # one pass, into the fresh t
 
 
 class SnakeBeta(Snake):

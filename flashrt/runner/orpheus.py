@@ -281,14 +281,17 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                  precision: str = "fp32", backend: str | None = None, max_new_tokens: int = 1200,
                  cache_len: int = 2048, prompt_buckets: tuple[int, ...] = (32, 64, 128, 256),
                  stream_chunk: int | None = None, frames_per_chunk: int = 1, queue_size: int = 8,
-                 sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False) -> OrpheusTTS:
+                 sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False,
+                 snac_noise: str | None = None) -> OrpheusTTS:
     """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain.
 
     ``precision`` is the LM's; SNAC decodes in float32, as the reference does. ``stream_chunk``: SNAC
     frames decoded per stream window (each window adds the decoder's context, 3 frames a side at
     24 kHz): fewer means earlier first audio and more decoding; None takes 1 on a GPU (first audio
     after 4 frames, 28 tokens, as Orpheus' own streamer) and 4 on a CPU (the windows cost ~2.5x less
-    there). ``constrain_frames``: see `frame_constraint` (off: the reference samples freely)."""
+    there). ``constrain_frames``: see `frame_constraint` (off: the reference samples freely).
+    ``snac_noise``: the SNAC decoder's ``noise_mode`` (None: "off", which drops the released decoder's
+    noise; "seeded" adds it reproducibly; `flashrt.runner.vocoder`)."""
     folder = Path(folder)
     snac_dir = _snac_folder(folder, snac)
     codebook, rate = _snac_codebook(snac_dir)
@@ -299,7 +302,9 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                       constraint=constraint).capture()
     if stream_chunk is None:
         stream_chunk = 1 if torch.device(device).type == "cuda" else 4
-    vocoder = flashrt.load_vocoder(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk)
+    noise = {"noise_mode": snac_noise} if snac_noise is not None else None
+    vocoder = flashrt.load_vocoder(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk,
+                                   overrides=noise)
     return OrpheusTTS(decoder, vocoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
                       frames_per_chunk=frames_per_chunk, queue_size=queue_size,
                       sampling=sampling)
@@ -308,5 +313,5 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
 FAMILY = TtsFamily(
     name="orpheus", detect=detect, load=load_orpheus,
     options=("snac", "max_new_tokens", "cache_len", "prompt_buckets", "stream_chunk", "frames_per_chunk",
-             "queue_size", "sampling", "constrain_frames"),
+             "queue_size", "sampling", "constrain_frames", "snac_noise"),
     doc="Orpheus-style LM (Llama/Qwen) emitting SNAC 24 kHz codes, streamed through the SNAC decoder")

@@ -53,6 +53,10 @@ def load_tts(
             break
         if chosen is None:
             raise CheckpointError(f"{source}: no tts family claims it ({'; '.join(reasons) or 'none known'})")
+    unknown = sorted(set(options) - set(chosen.options))
+    if unknown:
+        raise ConfigError(f"{source}: {chosen.name} models take no option(s) {unknown}; their options: "
+                          f"{sorted(chosen.options)}")
     return chosen.load(source, device=device, precision=precision, backend=backend, **options)
 
 
@@ -69,6 +73,16 @@ def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
         out.writeframes(pcm16(audio))
 
 
+SnacNoiseOpt = Annotated[str | None, typer.Option(
+    "--snac-noise", help="SNAC decoders (Orpheus): 'off' (default) drops the released decoder's noise "
+    "(deterministic); 'seeded' adds it, drawn reproducibly from the sample position")]
+
+
+def snac_options(snac_noise: str | None) -> dict[str, Any]:
+    """load_tts options of `--snac-noise` (none when not given, so other families load as before)."""
+    return {"snac_noise": snac_noise} if snac_noise is not None else {}
+
+
 def say(
     text: Annotated[str, typer.Argument(help="what to say")],
     voice: Annotated[
@@ -80,9 +94,10 @@ def say(
     seed: Annotated[int | None, typer.Option(help="noise seed (reproducible speech)")] = None,
     speaker: Annotated[str | None, typer.Option(help="speaker of a multi-voice model (Orpheus: tara, leo)")]
     = None,
+    snac_noise: SnacNoiseOpt = None,
 ) -> None:
     """Speak TEXT into a WAV file."""
-    tts = load_tts(voice, device=device)
+    tts = load_tts(voice, device=device, **snac_options(snac_noise))
     extra = {"voice": speaker} if speaker else {}
     audio = np.concatenate(list(tts.stream(text, seed=seed, speed=speed, **extra)))
     write_wav(out, audio, tts.sample_rate)

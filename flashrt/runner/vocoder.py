@@ -9,11 +9,17 @@
 
 ``load_vocoder(path_or_card, device="cpu", precision="fp32", backend=None, buckets=None, *, family=None,
 config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False, capture=True,
-exact_stream=False, conv=None)``:
+exact_stream=False, conv=None, overrides=None)``:
 
 * path_or_card, family, config, checkpoint, precision (one vocabulary: "fp32" / "float32", "bf16" /
-  "bfloat16", "fp16" / "float16" / "half", or a torch dtype), conv: resolved by
-  `flashrt.frontends.vocoders.load_vocoder_module` (its docstring says how).
+  "bfloat16", "fp16" / "float16" / "half", or a torch dtype), conv, overrides (config fields replaced
+  after the config is picked): resolved by `flashrt.frontends.vocoders.load_vocoder_module` (its
+  docstring says how).
+* SNAC noise: the released SNAC decoders add random noise after each upsampler; flashrt's default
+  (``noise_mode="off"``) drops it, so a decode is deterministic but not what the released decoder
+  outputs. ``overrides={"noise_mode": "seeded", "noise_seed": 0}`` adds it, drawn from a hash of the
+  seed and the sample position (reproducible, the same one-shot and streamed); `describe()` says which
+  is on. CLI: ``--snac-noise seeded`` (`flashrt say`, `serve`, `bench snac`).
 * backend: "eager" (CPU default: every call runs at its own length, see
   `flashrt.frontends.vocoders.frontend`), "trace", "cuda" (CUDA default), any registered graph backend,
   built for ``device`` (a frontend on cuda:1 captures on cuda:1).
@@ -26,7 +32,7 @@ exact_stream=False, conv=None)``:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -105,11 +111,12 @@ class Vocoder(StreamRunner):
             if d["spectral_convs"] else ""
         if d["phase_split_convs"]:
             convs += f", {d['phase_split_convs']} phase-split dilated convs (position-invariant)"
+        notes = "".join(f"; {note}" for note in d["notes"])
         warnings = "".join(f"; WARNING: {w}" for w in d["warnings"])
         return (f"{d['family']} vocoder: {d['sample_rate']} Hz, hop {d['hop_length']}, context "
                 f"{d['context']} frames, buckets {d['buckets']}, stream chunk {self.stream_chunk}"
                 f"{exact}, backend {d['backend']}{length}, {d['buffer_bytes']:,d} buffer bytes{convs}, "
-                f"{d['kernels_per_replay']:,d} kernels per replay{warnings}")
+                f"{d['kernels_per_replay']:,d} kernels per replay{notes}{warnings}")
 
 
 def load_vocoder(
@@ -128,10 +135,12 @@ def load_vocoder(
     capture: bool = True,
     exact_stream: bool = False,
     conv: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> Vocoder:
-    """Load, map strictly, and capture a vocoder (see the module docstring for every argument)."""
+    """Load, map strictly, and capture a vocoder (see the module docstring for every argument; SNAC's
+    default drops the released decoders' noise: ``overrides={"noise_mode": "seeded"}`` keeps it)."""
     loaded = load_vocoder_module(path_or_card, device, precision, family=family, config=config,
-                                 checkpoint=checkpoint, conv=conv)
+                                 checkpoint=checkpoint, conv=conv, overrides=overrides)
     runtime = loaded.runtime
     voc = Vocoder(loaded.family, loaded.config, loaded.module, device=device, backend=backend,
                   dtype=loaded.dtype, batch=batch, strict=strict, buckets=buckets or runtime.get("buckets"),

@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from flashrt.runner.tts import SnacNoiseOpt
+
 __all__ = ["serve"]
 
 
@@ -26,16 +28,17 @@ def serve(
             "call of each shape pays its kernel setup)"
         ),
     ] = True,
+    snac_noise: SnacNoiseOpt = None,
 ) -> None:
     """Serve POST /v1/audio/speech, GET /v1/models and GET /health (OpenAI-compatible)."""
     import uvicorn
 
-    from flashrt.runner.tts import load_tts
+    from flashrt.runner.tts import load_tts, snac_options
     from flashrt.serve.app import ServerLimits, SpeechServer, build_app
 
     voices = {}
     for source in voice or ["en_US-joe-medium"]:
-        model = load_tts(source, device=device)
+        model = load_tts(source, device=device, **snac_options(snac_noise))
         voices[getattr(model, "name", "") or source] = model
         if warmup:
             for _ in model.stream("Ready."):

@@ -133,3 +133,15 @@ def test_tokenizer_flag_loads_a_checkpoint_without_one(app, tmp_path, profile_fi
     res = CliRunner().invoke(app, ["loop", "pi05", *common, "--tokenizer", str(tokenizer), "--steps", "4",
                                    "--rate", "50", "--out", str(tmp_path / "l")])
     assert res.exit_code == 0 and _last_json(res.stdout)["executed"] >= 1, res.output
+
+
+def test_snac_noise_flag_reaches_the_snac_benchmark(app, tmp_path, profile_file):
+    args = ["-p", profile_file, "--snac-noise", "seeded", "--no-progress", "--no-plot"]
+    res = CliRunner().invoke(app, ["bench", "snac", *args, "--vs", "eager", "--out", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    record = json.loads((tmp_path / "s" / "results.json").read_text())
+    assert record["profile"]["model"]["noise_mode"] == "seeded"
+    res = CliRunner().invoke(app, ["bench", "snac", *args, "--vs", "snac", "--out", str(tmp_path / "p")])
+    assert res.exit_code == 4 and "unseeded noise" in res.stderr, res.output
+    res = CliRunner().invoke(app, ["bench", "hifigan", *args, "--out", str(tmp_path / "h")])
+    assert res.exit_code == 2 and "SNAC option" in res.stderr, res.output

@@ -69,3 +69,14 @@ def test_say_writes_a_wav(toy, tmp_path):
 def test_builtin_family_cannot_be_removed():
     with pytest.raises(ConfigError):
         unregister_tts_family("vits")
+
+
+def test_an_option_the_family_does_not_take_is_refused_in_one_line(toy, tmp_path, capsys):
+    from flashrt.cli import main
+
+    with pytest.raises(ConfigError, match=r"toy models take no option\(s\) \['snac_noise'\]"):
+        load_tts("toy:a", snac_noise="seeded")
+    argv = ["say", "one", "--voice", "toy:a", "--snac-noise", "seeded", "-o", str(tmp_path / "x.wav")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "snac_noise" in err and "Traceback" not in err and not (tmp_path / "x.wav").exists()

@@ -173,6 +173,34 @@ def test_say_writes_the_wav_and_prints_ttfa_rtf_and_stages(tmp_path, io):
         assert w.getframerate() == 24000 and w.getnframes() == io["audio.0"].shape[-1]
 
 
+def test_say_snac_noise_seeded_keeps_the_decoders_noise(tmp_path, capsys):
+    """`--snac-noise seeded` reaches the SNAC loader: with a decoder that has noise blocks the audio
+    differs from the default (noise dropped) and is the same on a second run; without noise blocks it is
+    refused in one line."""
+    import shutil
+
+    from flashrt.cli import main
+
+    model = tmp_path / "orpheus"
+    shutil.copytree(FIXTURES / "orpheus_tiny", model, ignore=shutil.ignore_patterns("snac"))
+    shutil.copytree(FIXTURES.parent / "vocoders" / "snac_24khz_noise_tiny", model / "snac")
+
+    def say(name, *extra):
+        out = tmp_path / f"{name}.wav"
+        argv = ["say", CASES[0][1], "--model", str(model), "--seed", "0", "-o", str(out), *extra]
+        assert main(argv) == 0, capsys.readouterr().err
+        with wave.open(str(out)) as w:
+            return w.readframes(w.getnframes())
+
+    off, seeded = say("off"), say("seeded", "--snac-noise", "seeded")
+    assert len(off) == len(seeded) and off != seeded
+    assert say("again", "--snac-noise", "seeded") == seeded
+    capsys.readouterr()
+    argv = ["say", "hi", "--model", str(FIXTURES / "orpheus_tiny"), "--snac-noise", "seeded", "-o",
+            str(tmp_path / "x.wav")]
+    assert main(argv) == 2 and "noise blocks" in capsys.readouterr().err
+
+
 def test_a_tokenizer_json_is_read_with_its_bos_post_processor(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 

@@ -420,7 +420,7 @@ class Pi0Benchmark:
         return float(flops), float(nbytes / calls)
 
     def kernels_per_replay(self) -> dict[str, Any]:
-        """Kernels one replay of the largest bucket launches on a GPU (meta count, `flashrt.profile.kernels`)."""
+        """Kernels one replay of the largest bucket launches on a GPU (a meta count, flashrt.profile)."""
         return self.loaded.frontend.frontend.kernels_per_replay().to_dict()
 
     def memory(self) -> dict[str, int]:

@@ -15,7 +15,9 @@ Sizes (`profile.shapes.preset` -> the family's preset, `SPECS`): `tiny` -> each 
 24 kHz, SNAC 24 kHz (noise blocks off); `full` / `expert` -> the largest released sizes (BigVGAN v2
 24 kHz 256x, the others as `small`). Frames per call: `shapes.chunk`, else as many as make
 `TARGET_SAMPLES[preset]` samples (about 2.1-2.3 s of audio for the realistic sizes); buckets:
-`shapes.buckets`, else that one length. `[model]` takes `seed`.
+`shapes.buckets`, else that one length. `[model]` takes `seed`, and for SNAC `noise_mode` (`bench snac
+--snac-noise seeded`): the decoder with its noise blocks, drawn position-seeded; the snac package then is
+no reference (it draws unseeded noise) and the random weights are flashrt's own.
 
 Weights, RANDOM and seeded (latency does not depend on their values):
 
@@ -68,7 +70,7 @@ from flashrt.runner.vocoder import Vocoder, load_vocoder
 TARGET_SAMPLES = {"tiny": 2048, "small": 51_200, "full": 51_200, "expert": 51_200}
 SWEEP_FRAMES = {"mel": (50, 83, 128, 200, 256, 300, 333, 400, 512, 640, 800, 1000),
                 "snac": (6, 10, 16, 24, 32, 38, 41, 50, 64, 80, 100, 125)}
-_MODEL_KEYS = ("seed",)
+_MODEL_KEYS = ("seed", "noise_mode")
 
 
 # ------------------------------------------------------------------------------------------ packages
@@ -154,6 +156,17 @@ def bench_config(spec: FamilySpec, profile: Profile) -> Any:
     cfg = get_family(spec.family).presets[spec.presets[profile.shapes.preset]]
     fields = {f for f in spec.overrides if hasattr(cfg, f)}
     return replace(cfg, **{f: spec.overrides[f] for f in fields})
+
+
+def _noise_overrides(spec: FamilySpec, profile: Profile) -> dict[str, Any]:
+    """SNAC's `[model] noise_mode` as config overrides: {} for "off" (the default)."""
+    mode = profile.model.get("noise_mode", "off")
+    where = profile.path or profile.name
+    if "noise_mode" in profile.model and spec.family != "snac":
+        raise ConfigError(f"{where}: [model] noise_mode (--snac-noise) is a SNAC option, not {spec.family}'s")
+    if mode not in ("off", "seeded"):
+        raise ConfigError(f"{where}: [model] noise_mode {mode!r}; choose 'off' or 'seeded'")
+    return {"noise_mode": "seeded"} if mode == "seeded" else {}
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -261,6 +274,7 @@ class VocoderBenchmark:
                               f"benchmark options {list(_MODEL_KEYS)}")
         self.spec, self.profile, self.device = spec, profile, device
         self.precision, self.seed = _dtype(profile), int(profile.model.get("seed", 0))
+        self.noise = _noise_overrides(spec, profile)
         self.cold_start_ms: dict[str, float] = {}
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.package_error = ""
@@ -274,6 +288,9 @@ class VocoderBenchmark:
     # -------------------------------------------------------------------------------- setup
     def _write_with_package(self) -> Path | None:
         """The random checkpoint in the package's release layout, or None where the package is missing."""
+        if self.noise:
+            self.package_error = f"the {self.spec.package} package draws unseeded noise (--snac-noise seeded)"
+            return None
         cfg, start = bench_config(self.spec, self.profile), time.perf_counter()
         self._tmp = tempfile.TemporaryDirectory(prefix=f"flashrt-bench-{self.spec.family}-")
         folder = Path(self._tmp.name) / self.spec.family
@@ -290,10 +307,11 @@ class VocoderBenchmark:
         family = get_family(self.spec.family)
         if self.folder is None:
             cfg = bench_config(self.spec, self.profile)
+            cfg = replace(cfg, noise=True, **self.noise) if self.noise else cfg   # with its noise blocks
             module = random_module(family, cfg, self.seed, self.device, dtype)
         else:
             loaded = load_vocoder(self.folder, self.device, self.precision, family=self.spec.family,
-                                  config=self._folder_config(family), capture=False)
+                                  config=self._folder_config(family), capture=False, overrides=self.noise)
             cfg, module = loaded.config, loaded.module
         frames = frames_per_call(self.profile, family.signature(cfg).hop_length)
         voc = Vocoder(family, cfg, module, device=self.device, backend=self.profile.runtime.backend,
@@ -373,6 +391,9 @@ class VocoderBenchmark:
                                    f"{self.spec.package} and the graph backends {backend_names()}")
 
     def _package_reference(self) -> PackageRunner:
+        if self.noise:
+            raise ReferenceUnavailable(f"{self.spec.package} draws unseeded noise; with --snac-noise seeded "
+                                       "compare against eager or a graph backend")
         if self.folder is None:
             raise ReferenceUnavailable(f"{self.spec.package} is not importable here ({self.package_error}); "
                                        "run under the reference venv (bench/README.md)")
@@ -395,7 +416,7 @@ class VocoderBenchmark:
         return self._flops, float(nbytes)
 
     def kernels_per_replay(self) -> dict[str, Any]:
-        """Kernels one replay of the largest bucket launches on a GPU (meta count, `flashrt.profile.kernels`)."""
+        """Kernels one replay of the largest bucket launches on a GPU (a meta count, flashrt.profile)."""
         from flashrt.frontends.vocoders.kernels import kernels_per_replay
 
         return kernels_per_replay(self.voc.frontend).to_dict()

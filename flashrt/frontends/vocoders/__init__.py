@@ -13,7 +13,9 @@ The user-facing loader is `flashrt.load_vocoder` (runner/vocoder.py: this packag
   (its config.json / config.yaml, else its keys); none or several: CheckpointError.
 * Config: ``config=`` (a preset name or a config object) > the card (``preset`` + ``[config]``
   overrides) > the checkpoint's config.json / config.yaml (``family.config_from_dict``); weights with
-  neither (e.g. a bare VITS ``dec.*`` state dict): CheckpointError asking for ``config=``.
+  neither (e.g. a bare VITS ``dec.*`` state dict): CheckpointError asking for ``config=``. Then
+  ``overrides=`` replaces fields of whichever was picked (unknown field: ConfigError), e.g. SNAC's
+  ``{"noise_mode": "seeded"}``.
 * Cards name sizes, never weights: a card is loaded with ``checkpoint=<folder or file>`` (or a card
   whose ``[weights] path`` names one); without either it is a CheckpointError. flashrt never decodes
   with random or uninitialised weights (the benchmarks make their random weights explicitly).
@@ -250,6 +252,7 @@ def load_vocoder_module(
     config: Any = None,
     checkpoint: Any = None,
     conv: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> LoadedVocoder:
     """Resolve the family and config, map the weights strictly, apply the conv policy (module docstring)."""
     dtype = compute_dtype(precision)
@@ -266,6 +269,7 @@ def load_vocoder_module(
     ckpt, ckpt_config, path = _open(path_or_card)
     fam = _resolve_family(family, CheckpointSource(path, ckpt_config, frozenset(ckpt.keys())))
     cfg = _pick_config(fam, config, card, ckpt_config)
+    cfg = config_for(fam, cfg, overrides) if overrides else cfg
     module = load_module(lambda: fam.build(cfg), ckpt, fam.weight_map(cfg, ckpt), device=device, dtype=dtype)
     apply_conv_policy(module, CONV_POLICIES[conv or fam.conv])
     return LoadedVocoder(fam, cfg, module, dtype, card.get("runtime", {}))
@@ -284,7 +288,8 @@ def load_vocoder_frontend(
     **options: Any,
 ) -> VocoderFrontend:
     """A `VocoderFrontend` (no runner): `load_vocoder_module` (``options``: family, config, checkpoint,
-    conv) with these buckets (None: the card's, else the family's), captured unless ``capture=False``."""
+    conv, overrides) with these buckets (None: the card's, else the family's), captured unless
+    ``capture=False``."""
     loaded = load_vocoder_module(path_or_card, device, precision, **options)
     fe = VocoderFrontend(loaded.family, loaded.config, loaded.module, device=device, backend=backend,
                          buckets=buckets or loaded.runtime.get("buckets"), batch=batch, strict=strict,

@@ -97,6 +97,7 @@ class VocoderFamily:
     default_stream_chunk: int = DEFAULT_STREAM_CHUNK
     doc: str = ""
     conv: str = "auto"                      # default `flashrt.nn.conv_policy` name on the CPU
+    notes: Callable[[Any], list[str]] = lambda config: []   # what `describe()` should say about a config
 
 
 # ------------------------------------------------------------------------------------------- input

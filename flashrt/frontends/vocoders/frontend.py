@@ -276,5 +276,6 @@ class VocoderFrontend:
                 "exact_length": self.exact_length, "batch": self.batch, "dtype": str(self.dtype),
                 "buffer_bytes": self.buffers.nbytes() if self.buffers else 0, "spectral_convs": spectral,
                 "spectral_bytes": spectral_bytes(self.module) if spectral else 0,
-                "phase_split_convs": split, "padding": self.padding.as_dict(),
+                "phase_split_convs": split, "notes": list(self.family.notes(self.config)),
+                "padding": self.padding.as_dict(),
                 "warnings": self.padding.warnings(), "kernels_per_replay": self._kernel_count}

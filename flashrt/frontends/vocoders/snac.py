@@ -11,7 +11,9 @@ attention windows are never split. Inputs that are not a whole number of frames 
 
 Noise: the released decoders add ``randn * conv1x1(x)`` after each upsampler. ``noise_mode="off"``
 (default) drops it (the reference with ``noise=False``); ``"seeded"`` draws it from `hashed_normal`
-keyed by ``noise_seed`` and the absolute sample position (deterministic, no generator state).
+keyed by ``noise_seed`` and the absolute sample position (deterministic, no generator state). Chosen at
+load: ``load_vocoder(..., overrides={"noise_mode": "seeded", "noise_seed": 7})``, a card's
+``[config]``, or ``--snac-noise seeded`` on `flashrt say` / `serve` / `bench`; `describe()` says which.
 
 Checkpoints: ``config.json`` (SNAC's constructor arguments) + ``pytorch_model.bin`` (weights_only).
 Weight norm is folded once at load from any stored form (``parametrizations.weight.original0/1``, the
@@ -53,7 +55,8 @@ from flashrt.io.weightmap import Rule, WeightMap
 from flashrt.nn.audio import EXACT, WEIGHT_NORM_SOURCES
 from flashrt.nn.snac_blocks import SnacDecoder, SnacQuantizer, convt_weight_to_gemm
 
-__all__ = ["SnacConfig", "Snac", "PRESETS", "weight_map", "signature", "detect", "load_config", "FAMILY"]
+__all__ = ["SnacConfig", "Snac", "PRESETS", "weight_map", "signature", "detect", "notes", "load_config",
+           "FAMILY"]
 
 NOISE_MODES = ("off", "seeded")
 
@@ -260,6 +263,17 @@ def weight_map(cfg: SnacConfig, checkpoint: Any = ()) -> WeightMap:
                      ["encoder.*", "quantizer.quantizers.{i}.in_proj.*", *ignore])
 
 
+def notes(cfg: SnacConfig) -> list[str]:
+    """What `describe()` says about the noise (nothing for a decoder without noise blocks)."""
+    if not cfg.noise:
+        return []
+    if cfg.noise_mode == "seeded":
+        return [f"noise seeded (noise_seed {cfg.noise_seed}): position-hashed, as the released decoder "
+                "adds it but reproducible"]
+    return ["noise off: the released decoder's noise is dropped (deterministic; load with "
+            "overrides={'noise_mode': 'seeded'}, CLI --snac-noise seeded, to add it reproducibly)"]
+
+
 def detect(source: CheckpointSource) -> bool:
     """SNAC config.json (vq_strides + decoder_rates) or SNAC keys (quantizer.quantizers + decoder.model)."""
     cfg = source.config or {}
@@ -271,5 +285,5 @@ def detect(source: CheckpointSource) -> bool:
 
 FAMILY = register_vocoder(VocoderFamily(
     name="snac", presets=PRESETS, config_from_dict=SnacConfig.from_dict, build=Snac,
-    weight_map=weight_map, signature=signature, detect=detect,
+    weight_map=weight_map, signature=signature, detect=detect, notes=notes,
     doc="SNAC 24/32/44 kHz multi-scale codec decoders (codes of every scale -> audio)"))

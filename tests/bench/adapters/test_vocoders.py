@@ -136,6 +136,25 @@ def test_refusals(sections, match):
         vb.FACTORIES["snac"](replace(profile(), precision="int8"), None, "cpu")
 
 
+def test_snac_noise_seeded_decodes_with_the_noise_blocks():
+    """`[model] noise_mode = "seeded"` (`bench snac --snac-noise seeded`): the decoder with its noise blocks,
+    reproducible call to call; the snac package (unseeded noise) is no reference; other families refuse."""
+    bench = vb.FACTORIES["snac"](profile(model={"noise_mode": "seeded"}), None, "cpu")
+    try:
+        assert bench.voc.config.noise and bench.voc.config.noise_mode == "seeded"
+        assert "noise seeded" in bench.voc.describe()
+        x = bench.make_inputs(0)[0]
+        assert torch.equal(bench.run(x, StageTimer())["audio"], bench.run(x, StageTimer())["audio"])
+        with pytest.raises(ReferenceUnavailable, match="unseeded noise"):
+            bench.reference("snac")
+    finally:
+        bench.close()
+    with pytest.raises(ConfigError, match="SNAC option"):
+        vb.FACTORIES["hifigan"](profile(model={"noise_mode": "seeded"}), None, "cpu")
+    with pytest.raises(ConfigError, match="'off' or 'seeded'"):
+        vb.FACTORIES["snac"](profile(model={"noise_mode": "loud"}), None, "cpu")
+
+
 def test_unknown_and_unavailable_references(benches):
     with pytest.raises(ReferenceUnavailable, match="offers eager"):
         benches["snac"].reference("encodec")

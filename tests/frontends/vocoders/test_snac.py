@@ -179,6 +179,39 @@ def test_seeded_noise_needs_noise_blocks():
         dataclasses.replace(PRESETS["tiny"], noise_mode="seeded")
 
 
+def test_noise_is_chosen_at_load_and_described():
+    """The default drops the released decoder's noise and describe() says so (naming the way to keep it);
+    overrides={"noise_mode": "seeded"} keeps it, reproducibly; a decoder without noise blocks says
+    nothing, and refuses "seeded"; an unknown override field is refused."""
+    name = "snac_24khz_noise_tiny"
+    off = load_vocoder(FIXTURES / name, buckets=(16,))
+    seeded = load_vocoder(FIXTURES / name, buckets=(16,), overrides={"noise_mode": "seeded", "noise_seed": 3})
+    assert off.config.noise_mode == "off" and "noise off: the released decoder's noise is dropped" in \
+        off.describe() and "--snac-noise seeded" in off.describe()
+    assert "noise seeded (noise_seed 3)" in seeded.describe()
+    assert seeded.frontend.describe()["notes"] == get_family("snac").notes(seeded.config)
+    codes = _random_codes(off.config, 12, seed=1)
+    assert _max_diff(seeded(codes), off(codes)) > 1e-3
+    assert torch.equal(seeded(codes), load_vocoder(FIXTURES / name, overrides={"noise_mode": "seeded",
+                                                                               "noise_seed": 3})(codes))
+    blockless = load_vocoder(FIXTURES / "snac_24khz_tiny", buckets=(16,))
+    assert blockless.frontend.describe()["notes"] == [] and "noise" not in blockless.describe()
+    with pytest.raises(ConfigError, match="noise blocks"):
+        load_vocoder(FIXTURES / "snac_24khz_tiny", overrides={"noise_mode": "seeded"})
+    with pytest.raises(ConfigError, match="unknown config keys"):
+        load_vocoder(FIXTURES / name, overrides={"noise_mod": "seeded"})
+
+
+def test_the_loader_and_the_cards_say_how_to_keep_the_noise():
+    from flashrt.resources import list_data
+
+    assert 'overrides={"noise_mode": "seeded"' in load_vocoder.__doc__
+    for card in ("snac-24khz", "snac-32khz", "snac-44khz"):
+        text = Path(list_data("models")[card]).read_text()
+        assert read_card(card)["config"]["noise_mode"] == "off"
+        assert "--snac-noise seeded" in text and '"noise_mode": "seeded"' in text
+
+
 # --------------------------------------------------------------------------------------- streaming
 
 def _random_codes(cfg: SnacConfig, frames: int, seed: int) -> list[torch.Tensor]:
