@@ -16,6 +16,8 @@ Ownership and lifetime:
   keep their storage (see `flashrt.runtime.graphs`). Results must be read from the static output
   buffers: tensors that fn returned live in the pool and are overwritten by the next replay of any
   graph of the pool, so they are dropped at capture.
+* Streams: after a capture, failed or not, the caller's current stream is the one it had before
+  (`restore_stream`; torch.cuda.graph alone leaves its capture stream current when capture fails).
 
 Stream priority: with `priority=None` a graph replays on the caller's current stream. With an
 integer priority (lower is more urgent, e.g. -1 for a control loop) it replays on the pool's
@@ -25,7 +27,8 @@ Constructors have no side effects: the pool and the streams are created on first
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -50,6 +53,21 @@ LIKELY_CAUSES = (
 
 DIAGNOSE = ("Run the same fn with get_backend('trace') on CPU tensors to get the op and the source line "
             "that break the graph.")
+
+
+@contextlib.contextmanager
+def restore_stream(device: torch.device) -> Iterator[None]:
+    """The caller's current stream of ``device`` is current again when the block exits, however it exits.
+
+    `torch.cuda.graph` makes its capture stream current on entry and restores the caller's only after a
+    successful ``capture_end``: when the capture fails (a host sync inside fn invalidates it and
+    ``capture_end`` raises), the capture stream would stay current for everything the caller runs next."""
+    caller = torch.cuda.current_stream(device)
+    try:
+        yield
+    finally:
+        if torch.cuda.current_stream(device) != caller:
+            torch.cuda.set_stream(caller)
 
 
 def capture_error(exc: BaseException, what: str) -> CaptureError:
@@ -160,7 +178,8 @@ class CudaBackend:
         with torch.no_grad(), torch.cuda.device(self.device):
             self._warm_up(fn)  # errors here are fn's own (it fails eagerly too): raised unchanged
             try:
-                graph = self._record(fn)
+                with restore_stream(self.device):
+                    graph = self._record(fn)
             except Exception as exc:
                 raise capture_error(exc, "CUDA graph capture") from exc
         guard = BufferGuard(buffers) if self.check_buffers and buffers is not None else None

@@ -134,8 +134,10 @@ def test_failed_capture_lists_likely_causes():
     def fn():
         out.fill_(x.sum().item())  # a host sync: not allowed while capturing
 
+    caller = torch.cuda.current_stream()
     with pytest.raises(CaptureError) as info:
         CudaBackend(warmup=1).capture(fn, {"x": x, "out": out})
+    assert torch.cuda.current_stream() == caller   # not the failed capture's stream (restore_stream)
     message = str(info.value)
     assert "CUDA graph capture failed" in message and "Likely causes" in message
     assert "  1. host sync" in message and "get_backend('trace')" in message

@@ -16,7 +16,7 @@ relative actions (`normalize.py`, `checkpoint.py`), and the captured step (`fron
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch
 
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.pi0.checkpoint import Pi0Checkpoint, detect_layout, load_checkpoint, relative_offset
-from flashrt.frontends.pi0.frontend import Pi0Frontend, default_buckets
+from flashrt.frontends.pi0.frontend import NUMERICS, Pi0Frontend, default_buckets
 from flashrt.frontends.pi0.observation import check_state, split_observation
 from flashrt.frontends.pi0.preprocess import CheckedImage, ImagePreprocessor
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
@@ -132,6 +132,7 @@ class Pi0PolicyFrontend:
         return {"family": "pi0", **self.checkpoint.summary(), "device": str(self.device), "dtype": dtype,
                 "buckets": list(self.buckets), "backend": self.frontend.graphs.report().get("backend"),
                 "quantization": self.quantization, "kernels": model.vlm.kernels, "fp32_modules": fp32,
+                "numerics": self.frontend.numerics.describe(),
                 "kernels_per_replay": self.frontend.kernels_per_replay().total}
 
     def report(self) -> dict[str, Any]:
@@ -142,10 +143,9 @@ class Pi0PolicyFrontend:
         """A second frontend over the SAME weights, tokenizer and statistics: its own static buffers
         and graphs on `backend`, optionally for other cameras (the network is camera-count independent).
         For side-by-side benchmarks; the two must not run concurrently (they share the module)."""
-        from dataclasses import replace
-
         ck = self.checkpoint if cameras is None else replace(self.checkpoint, cameras=tuple(cameras))
-        frontend = frontend_cls(self.frontend.model, len(ck.cameras), self.frontend.buckets, backend)
+        frontend = frontend_cls(self.frontend.model, len(ck.cameras), self.frontend.buckets, backend,
+                                numerics=self.frontend.numerics)
         frontend.capture()
         sibling = Pi0PolicyFrontend(ck, frontend, self.prompts)
         sibling.quantization = self.quantization  # the same (possibly quantized) weights
@@ -166,7 +166,8 @@ def _check_sizes(ck: Pi0Checkpoint, tokenizer: PaliGemmaTokenizer) -> None:
 def load(path: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "float32",
          num_steps: int | None = None, backend: str | None = None, buckets: Sequence[int] | None = None,
          tokenizer: str | Path | None = None, asset_id: str | None = None,
-         calibration: Any = None, kernels: str = "auto", fp32_modules: str = "lerobot") -> Pi0PolicyFrontend:
+         calibration: Any = None, kernels: str = "auto", fp32_modules: str = "lerobot",
+         tf32: bool = False) -> Pi0PolicyFrontend:
     """Load a Pi0 / Pi0.5 checkpoint dir (lerobot 0.6.1 or openpi PyTorch) and capture its graphs.
 
     ``kernels`` (`flashrt.nn.fused`): "auto" runs the fused csrc kernels (RMSNorm + residual, RoPE into
@@ -178,6 +179,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     lerobot 0.6.1's bf16 mode keeps in float32 (SigLIP tower, projector, every (ada)RMSNorm, the action /
     state / time heads; `weights.FP32_PREFIXES`); "none" runs every module in the half dtype.
 
+    ``tf32`` (CUDA): let float32 GEMMs and convolutions run in TF32; off by default, so "float32" is IEEE
+    float32. Scoped to the step with the family's pinned SDPA backends (`flashrt.runtime.numerics`).
+
     ``precision="int8"`` / ``"fp8"``: the recipe's GEMMs quantized with scales from the calibration
     cache, calibrated and gated on a miss (``calibration``: a recipe name, path, dict or
     `flashrt.quant.flow.Calibration`; `flashrt.frontends.pi0.quantize`)."""
@@ -186,6 +190,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     dev = resolve_device(device)
     dtype = compute_dtype(precision, quantized=QUANTIZED)
     kernel_row = resolve_kernels(kernels, dev)
+    numerics = replace(NUMERICS, tf32=tf32)
     if fp32_modules not in FP32_MODULES:
         raise ConfigError(f"fp32_modules={fp32_modules!r}; choose one of {FP32_MODULES}")
     keep_fp32 = fp32_modules == "lerobot" and dtype in (torch.bfloat16, torch.float16)
@@ -209,7 +214,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
         calib = calibration_frontend(model, len(ck.cameras), sizes)
         eager = Pi0PolicyFrontend(ck, calib, PromptTokenizer(tok, ck.prompt_format, calib.max_len))
         quantization = quantize(eager, kind, calibration, path)
-    frontend = Pi0Frontend(model, len(ck.cameras), sizes, backend)
+    frontend = Pi0Frontend(model, len(ck.cameras), sizes, backend, numerics=numerics)
     frontend.capture()
     policy = Pi0PolicyFrontend(ck, frontend, PromptTokenizer(tok, ck.prompt_format, frontend.max_len))
     policy.quantization = quantization
@@ -236,5 +241,5 @@ def detect(path: Path) -> None:
 
 FAMILY = PolicyFamily(
     name="pi0", detect=detect, load=load,
-    options=("tokenizer", "asset_id", "calibration", "kernels", "fp32_modules"),
+    options=("tokenizer", "asset_id", "calibration", "kernels", "fp32_modules", "tf32"),
     doc="Pi0 / Pi0.5 (lerobot 0.6.1 policy dirs, openpi PyTorch dirs): PaliGemma + flow-matching expert")

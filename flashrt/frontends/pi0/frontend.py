@@ -12,7 +12,9 @@ Set up once (`Pi0Frontend.__init__` + `capture`), replay forever (`run`):
   prompt longer than the largest bucket is an InputError), write the inputs, `run(bucket)`,
   `actions()`.
 * The step runs under ``torch.inference_mode`` (no autograd version counters or view tracking: ~3%
-  less CPU time; every tensor it writes is a static buffer, its temporaries never escape).
+  less CPU time; every tensor it writes is a static buffer, its temporaries never escape) and, on a
+  GPU, under its pinned numerics (`NUMERICS`, `flashrt.runtime.numerics`: TF32 off unless the load
+  asked for it, the SDPA backends in a fixed priority), scoped to the step.
 * Real-time chunking (`flashrt.runtime.rtc`) is a static input too: `write_guidance(frozen, weights,
   gains)` fills `expert_rtc_*`, which every denoise step of the captured step reads; `write_guidance()`
   clears the weights (then the step is the unguided one, bit for bit).
@@ -46,9 +48,15 @@ from flashrt.nn.attention import StaticKV
 from flashrt.profile.kernels import KernelCount, count_kernels
 from flashrt.runtime.buffers import Buffers, check_value
 from flashrt.runtime.graphs import GraphSet, backend_for_device
+from flashrt.runtime.numerics import Numerics
 from flashrt.runtime.rtc import euler_times_f32
 
 BUCKET_LADDER = (8, 16, 32, 64, 128, 256, 512)
+# SDPA pinned for the family on a GPU: SigLIP's unmasked attention takes flash (bf16 / fp16), the
+# Gemmas' attention with its key-padding bias takes memory-efficient (flash has no bias), math is the
+# fallback; cuDNN left out (its support for these shapes and its numerics change with cuDNN versions;
+# tests/runtime/test_numerics.py compares the backends on these shapes).
+NUMERICS = Numerics(tf32=False, sdpa=("flash", "efficient", "math"))
 
 
 def default_buckets(max_len: int) -> tuple[int, ...]:
@@ -60,8 +68,8 @@ class Pi0Frontend:
     """Static buffers + one graph per prompt bucket around a loaded `Pi0Model` (batch 1)."""
 
     def __init__(self, model: Pi0Model, n_cams: int, buckets: Sequence[int], backend: str | None = None,
-                 backend_opts: Mapping[str, Any] | None = None) -> None:
-        self.model, self.config = model, model.config
+                 backend_opts: Mapping[str, Any] | None = None, numerics: Numerics = NUMERICS) -> None:
+        self.model, self.config, self.numerics = model, model.config, numerics
         self.n_cams = int(n_cams)
         self.device = model.action_in.weight.device
         self.buckets = tuple(sorted({int(b) for b in buckets}))
@@ -85,7 +93,7 @@ class Pi0Frontend:
         run = self.raw_step(bucket)
 
         def step() -> None:
-            with torch.inference_mode():
+            with torch.inference_mode(), self.numerics.scope(self.device):
                 run()
 
         return step

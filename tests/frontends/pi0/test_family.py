@@ -29,8 +29,18 @@ def test_describe_names_the_kernel_row_and_its_count():
     assert d["kernels_per_replay"] < _load().describe()["kernels_per_replay"]
 
 
+def test_numerics_are_pinned_per_family_and_tf32_is_a_load_option():
+    assert _load().describe()["numerics"] == {"tf32": False, "sdpa": ["flash", "efficient", "math"]}
+    policy = _load(tf32=True)
+    assert policy.describe()["numerics"]["tf32"] is True
+    before = torch.backends.cuda.matmul.allow_tf32
+    policy.infer(E2E.case("pi05_cam2").obs(0), seed=0)      # a CPU step leaves the flags alone
+    assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
 @pytest.mark.parametrize("options, match", [({"fp32_modules": "vision"}, "fp32_modules="),
-                                            ({"kernels": "triton"}, "kernels=")])
+                                            ({"kernels": "triton"}, "kernels="),
+                                            ({"tf32": "yes"}, "tf32 must be")])
 def test_bad_option_values_are_config_errors(options, match):
     with pytest.raises(ConfigError, match=match):
         _load(**options)

@@ -1,0 +1,72 @@
+"""flashrt.runtime.numerics: what a step pins on a GPU, scoped to the step, the caller's flags restored.
+
+The flags are process-wide torch settings that a CPU build holds too, so the scope's set / restore
+logic is checked here without a GPU; what a CUDA step then runs is checked by the GPU tests (skipped).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend
+
+from flashrt.errors import ConfigError
+from flashrt.runtime.numerics import Numerics, sdpa_backends
+
+
+def _flags() -> tuple:
+    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+            torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+            torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.math_sdp_enabled(),
+            tuple(torch._C._get_sdp_priority_order()))
+
+
+@pytest.fixture
+def caller_flags():
+    """The caller's own settings (TF32 on, as some training scripts leave it), restored after the test."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    yield _flags()
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("kwargs, match", [({"tf32": 1}, "tf32 must be"),
+                                           ({"sdpa": ("flash", "xformers")}, "sdpa backends"),
+                                           ({"sdpa": ()}, "sdpa backends")])
+def test_bad_settings_are_config_errors(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        Numerics(**kwargs)
+
+
+def test_backend_names_map_to_torchs_members_in_order():
+    assert sdpa_backends(("math", "flash")) == [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION]
+
+
+def test_cuda_scope_pins_then_restores_the_callers_flags(caller_flags):
+    numerics = Numerics(tf32=False, sdpa=("efficient", "math"))
+    with numerics.scope("cuda"):
+        inside = _flags()
+    assert inside[:2] == (False, False)                                  # IEEE float32 GEMMs and convs
+    assert inside[2:6] == (False, True, False, True)                     # only the pinned backends
+    order = inside[6]
+    assert order.index(int(SDPBackend.EFFICIENT_ATTENTION)) < order.index(int(SDPBackend.MATH))
+    assert _flags() == caller_flags
+
+
+def test_scope_restores_on_an_exception(caller_flags):
+    with pytest.raises(RuntimeError, match="boom"), Numerics(tf32=False, sdpa=("math",)).scope("cuda:0"):
+        assert not torch.backends.cuda.matmul.allow_tf32
+        raise RuntimeError("boom")
+    assert _flags() == caller_flags
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_scope_is_empty_off_cuda(caller_flags, device):
+    with Numerics(tf32=False, sdpa=("math",)).scope(device):
+        assert _flags() == caller_flags
+
+
+def test_no_sdpa_pin_leaves_torchs_choice(caller_flags):
+    with Numerics(tf32=True).scope("cuda"):
+        assert _flags()[2:] == caller_flags[2:]
+    assert Numerics(tf32=True).describe() == {"tf32": True, "sdpa": None}
