@@ -46,9 +46,6 @@ def test_hostile_weight_file_given_directly(tmp_path, kind):
     assert isinstance(exc, FlashRTError), repr(exc)
 
 
-@pytest.mark.xfail(strict=True, reason="flashrt/frontends/vocoders/__init__.py read_card and "
-                   "_is_vocoder_card still open the card with open() + tomllib.load: switch them to "
-                   "flashrt.resources.read_data('models', name_or_path), then remove this mark")
 @pytest.mark.parametrize("kind", KINDS)
 def test_hostile_model_card(tmp_path, kind):
     path = make_hostile(tmp_path / "card.toml", kind)

@@ -58,7 +58,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,7 @@ from flashrt.io import Checkpoint, load_module, open_checkpoint
 from flashrt.nn.conv_policy import POLICIES as CONV_POLICIES
 from flashrt.nn.conv_policy import apply_conv_policy
 from flashrt.quant.precision import compute_dtype
-from flashrt.resources import list_data
+from flashrt.resources import list_data, read_data
 
 __all__ = ["load_vocoder_module", "load_vocoder_frontend", "LoadedVocoder", "register_vocoder", "get_family",
            "families", "read_card", "checkpoint_config", "VocoderFamily", "VocoderFrontend"]
@@ -130,20 +129,17 @@ def read_card(name_or_path: str | Path) -> dict[str, Any]:
         if str(name_or_path) not in cards:
             raise ConfigError(f"no model card {name_or_path!r}; vocoder cards: "
                               f"{sorted(c for c in cards if _is_vocoder_card(cards[c]))}")
-        path = cards[str(name_or_path)]
-    with open(path, "rb") as f:
-        card = tomllib.load(f)
+    card = read_data("models", name_or_path)  # regular files only, size-capped: ConfigError naming it
     unknown = set(card) - CARD_KEYS
     if unknown or "family" not in card:
-        raise ConfigError(f"card {path}: needs 'family'; unknown keys {sorted(unknown)}")
+        raise ConfigError(f"card {name_or_path}: needs 'family'; unknown keys {sorted(unknown)}")
     return card
 
 
 def _is_vocoder_card(path: Path) -> bool:
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f).get("family") in _FAMILY_MODULES
-    except (OSError, tomllib.TOMLDecodeError):
+        return read_data("models", path).get("family") in _FAMILY_MODULES
+    except ConfigError:
         return False
 
 
