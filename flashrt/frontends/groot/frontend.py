@@ -320,11 +320,10 @@ class GrootFrontend:
         if checked.noise is not None:
             target.copy_(checked.noise)
             return
-        gen = self._generator
-        if seed is not None:
-            gen = torch.Generator(self.device)
-            gen.manual_seed(int(seed))
-        target.copy_(torch.randn(target.shape, generator=gen, device=self.device))
+        if seed is not None:  # drawn on the CPU generator and copied in: the same noise on every device
+            target.copy_(torch.randn(target.shape, generator=torch.Generator().manual_seed(int(seed))))
+            return
+        target.copy_(torch.randn(target.shape, generator=self._generator, device=self.device))
 
     def replay(self, bucket: int) -> None:
         self.graphs.replay(bucket)
