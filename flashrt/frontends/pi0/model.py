@@ -315,6 +315,10 @@ def meta_twin(model: Pi0Model) -> Pi0Model:
     weight becomes a plain one of its dtype (one GEMM kernel). What `flashrt.profile.kernels` counts a
     step of (`Pi0Frontend.kernels_per_replay`)."""
     slots = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in model.state_dict().items()}
+    for name, sub in model.named_modules():   # quantized weights are plain attributes, not parameters
+        w = sub.__dict__.get("weight") if isinstance(sub, nn.Linear) else None
+        if w is not None:
+            slots[f"{name}.weight"] = torch.empty(w.shape, dtype=w.dtype, device="meta")
     twin = load.meta_twin(lambda: Pi0Model(model.config), slots=slots)
     use_kernels(twin, model.vlm.kernels)
     return twin

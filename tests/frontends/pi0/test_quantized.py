@@ -140,3 +140,12 @@ def test_cache_rm_removes_the_entry_and_its_report(checkpoints, tmp_path):
     assert q.frontend.sibling("eager").quantization == q.frontend.quantization
     assert CalibrationCache(tmp_path).remove(entry.name) == [entry]
     assert not entry.exists() and not report.exists()
+
+
+def test_kernels_per_replay_of_a_quantized_policy(checkpoints, tmp_path):
+    """describe() (and the bench JSON) count a quantized step's kernels too: each quantized GEMM weight is
+    one plain GEMM of its dtype on the meta twin (the int8 bench crashed after timing without this)."""
+    opts = {"cache_dir": tmp_path, "progress": False}
+    q = flashrt.load_policy(checkpoints["pi0"], precision="int8", calibration=opts)
+    d, ref = q.describe(), flashrt.load_policy(checkpoints["pi0"]).describe()
+    assert d["kernels_per_replay"] == ref["kernels_per_replay"] > 0
