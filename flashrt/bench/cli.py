@@ -123,9 +123,9 @@ def bench(
     from flashrt.errors import FlashRTError
 
     folder = _out_dir(out, "bench", name, profile)
-    options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision, tokenizer,
-                           snac_noise)
     try:
+        options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision, tokenizer,
+                               snac_noise)
         result = run_benchmark(name, load_profile(profile), options)
     except (FlashRTError, ImportError) as exc:
         return _finish(_failure("bench", name, profile, exc), folder)
@@ -187,8 +187,8 @@ def loop(
     folder = _out_dir(out, "loop", name, profile)
     try:
         prof = with_model(load_profile(profile), tokenizer=tokenizer)
-        config = LoopConfig(rate or prof.bench.target_rate_hz, steps, chunk, load, load_kind,
-                            async_mode=async_mode)
+        rate = prof.bench.target_rate_hz if rate is None else rate
+        config = LoopConfig(rate, steps, chunk, load, load_kind, async_mode=async_mode)
         record = run_loop_benchmark(name, prof, config, checkpoint)
     except (FlashRTError, ImportError, ValueError) as exc:
         return _finish(_failure("loop", name, profile, exc), folder)
@@ -241,7 +241,7 @@ def soak(
     folder = _out_dir(out, "soak", name, profile)
     try:
         prof = with_model(load_profile(profile), tokenizer=tokenizer)
-        config = SoakConfig(steps=steps or prof.bench.soak_steps)
+        config = SoakConfig(steps=prof.bench.soak_steps if steps is None else steps)
         record = run_soak_benchmark(name, prof, config, checkpoint, progress)
     except (FlashRTError, ImportError, ValueError) as exc:
         return _finish(_failure("soak", name, profile, exc), folder)

@@ -126,6 +126,15 @@ class BenchOptions:
     tokenizer: str | None = None  # `--tokenizer`: the profile's [model] tokenizer
     snac_noise: str | None = None  # `--snac-noise`: the profile's [model] noise_mode
 
+    def __post_init__(self) -> None:
+        """The flags' own values, checked under their names (the profile re-checks the merged result)."""
+        from flashrt.errors import ConfigError
+
+        if self.iters is not None and self.iters < 1:
+            raise ConfigError(f"--iters {self.iters}: must be at least 1 (timed calls)")
+        if self.warmup is not None and self.warmup < 0:
+            raise ConfigError(f"--warmup {self.warmup}: must be 0 or more")
+
 
 def apply_options(profile: Profile, options: BenchOptions) -> Profile:
     """The profile with the command-line overrides (validated like a file)."""

@@ -54,9 +54,12 @@ class LoopConfig:
     async_mode: bool = False   # also run the policy through flashrt.AsyncPolicy (flashrt.bench.loop_async)
 
     def __post_init__(self) -> None:
-        if (not self.rate_hz > 0 or self.steps < 1 or self.chunk_size < 0 or self.load_workers < 0
-                or self.warmup < 0):
-            raise ValueError(f"bad loop config {self}")
+        for name, bad in (("rate", not self.rate_hz > 0 or not math.isfinite(self.rate_hz)),
+                          ("steps", self.steps < 1), ("chunk", self.chunk_size < 0),
+                          ("load", self.load_workers < 0), ("warmup", self.warmup < 0)):
+            if bad:
+                raise ValueError(f"loop --{name}: bad value in {self} (rate must be a positive number of "
+                                 "Hz, steps at least 1, chunk, load and warmup 0 or more)")
         if self.load_kind not in LOAD_KINDS:
             raise ValueError(f"load_kind {self.load_kind!r} is not one of {LOAD_KINDS}")
 

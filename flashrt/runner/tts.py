@@ -13,6 +13,7 @@ whether a source is its own), or named with ``family=``.
 
 from __future__ import annotations
 
+import os
 import wave
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +23,7 @@ import typer
 
 from flashrt.errors import CheckpointError, ConfigError
 
-__all__ = ["load_tts", "say", "write_wav", "pcm16"]
+__all__ = ["load_tts", "say", "write_wav", "pcm16", "check_writable_file"]
 
 
 def load_tts(
@@ -35,7 +36,9 @@ def load_tts(
 ) -> Any:
     """Load a speech model from `source` with the family that claims it (or the one named)."""
     from flashrt.frontends.registry import tts_families
+    from flashrt.runtime.device import resolve_device
 
+    resolve_device(device)  # an unknown or absent device is a DeviceError now, not torch's error later
     families = tts_families()
     if family is not None:
         if family not in families:
@@ -66,11 +69,25 @@ def pcm16(audio: np.ndarray) -> bytes:
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
-    with wave.open(str(path), "wb") as out:
+    """16-bit mono WAV. The file is opened first, so a path that cannot be written is one OSError
+    (`wave.open` on a path leaves a half-built writer that complains again when collected)."""
+    with open(path, "wb") as f, wave.open(f, "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
         out.setframerate(int(sample_rate))
         out.writeframes(pcm16(audio))
+
+
+def check_writable_file(path: Path, flag: str = "--out") -> None:
+    """ConfigError unless `path` can be created or overwritten: checked before a model is loaded, so a
+    bad output path fails in a second, not after the work."""
+    folder = path.parent
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; name a file in it (e.g. {path / 'out.wav'})")
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist; create it or choose another")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{flag} {path}: not writable; choose a writable path")
 
 
 SnacNoiseOpt = Annotated[str | None, typer.Option(
@@ -97,6 +114,7 @@ def say(
     snac_noise: SnacNoiseOpt = None,
 ) -> None:
     """Speak TEXT into a WAV file."""
+    check_writable_file(out)
     tts = load_tts(voice, device=device, **snac_options(snac_noise))
     extra = {"voice": speaker} if speaker else {}
     audio = np.concatenate(list(tts.stream(text, seed=seed, speed=speed, **extra)))

@@ -34,8 +34,11 @@ def serve(
     import uvicorn
 
     from flashrt.runner.tts import load_tts, snac_options
+    from flashrt.runtime.device import resolve_device
     from flashrt.serve.app import ServerLimits, SpeechServer, build_app
 
+    check_options(port, max_pending, queue_size)  # before any voice loads: bad flags fail at once
+    resolve_device(device)
     voices = {}
     for source in voice or ["en_US-joe-medium"]:
         model = load_tts(source, device=device, **snac_options(snac_noise))
@@ -49,3 +52,14 @@ def serve(
         uvicorn.run(build_app(server), host=host, port=port, log_level="warning")
     finally:
         server.close()
+
+
+def check_options(port: int, max_pending: int, queue_size: int) -> None:
+    """ConfigError naming the flag when a value cannot work (uvicorn would fail on it after the load)."""
+    from flashrt.errors import ConfigError
+
+    if not 0 <= port < 65536:
+        raise ConfigError(f"--port {port} must lie in 0..65535")
+    for flag, value in (("--max-pending", max_pending), ("--queue-size", queue_size)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value} must be at least 1")
