@@ -104,7 +104,10 @@ def _rows(values: Any, where: str) -> np.ndarray:
 
 
 def _relative_kind(cfg: dict[str, Any], where: str) -> str:
-    kind, fmt = str(cfg.get("type", "non_eef")), str(cfg.get("format", "default"))
+    # lerobot writes the enum values ("non_eef", "xyz+rot6d"), Isaac-GR00T's save_pretrained the enum
+    # names ("NON_EEF", "XYZ_ROT6D")
+    kind = str(cfg.get("type", "non_eef")).lower()
+    fmt = str(cfg.get("format", "default")).lower().replace("xyz_rot6d", "xyz+rot6d")
     if kind == "non_eef":
         return "non_eef"
     if kind == "eef" and fmt == "xyz+rot6d":
@@ -133,7 +136,7 @@ def build_decoder(
         if not isinstance(entry, dict):
             raise CheckpointError(f"statistics.json: {where} missing")
         c = configs[i] if i < len(configs) and isinstance(configs[i], dict) else {}
-        relative = relative_enabled and str(c.get("rep", "absolute")) == "relative"
+        relative = relative_enabled and str(c.get("rep", "absolute")).lower() == "relative"
         source = stats.get("relative_action", {}).get(key) if relative else entry
         lo_name, hi_name = ("q01", "q99") if percentiles and not relative else ("min", "max")
         if not isinstance(source, dict) or lo_name not in source or hi_name not in source:

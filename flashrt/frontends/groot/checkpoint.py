@@ -21,6 +21,7 @@ from flashrt.frontends.groot.preprocess import MinMax
 from flashrt.io.files import read_json as read_checked_json
 
 N17_MODEL_TYPE = "Gr00tN1d7"
+N16_MODEL_TYPE = "Gr00tN1d6"  # Isaac-GR00T's N1.6 layout (flashrt.frontends.groot.n16)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def layout(folder: Path) -> Layout:
         raise CheckpointError(f"{folder}: no config.json")
     cfg = read_json(cfg_path)
     if cfg.get("type") != "groot":
-        _check_n17(cfg_path, cfg)
+        _check_n17(cfg_path, cfg, n16=True)
     if not any(folder.glob("model*.safetensors")):
         raise CheckpointError(f"{folder}: no model*.safetensors")
     if cfg.get("type") != "groot":
@@ -64,8 +65,11 @@ def layout(folder: Path) -> Layout:
     return Layout(folder, base, cfg.get("embodiment_tag"))
 
 
-def _check_n17(path: Path, cfg: dict[str, Any] | None = None) -> None:
+def _check_n17(path: Path, cfg: dict[str, Any] | None = None, n16: bool = False) -> None:
+    """CheckpointError unless ``path`` is an N1.7 config (or, with ``n16``, an Isaac-GR00T N1.6 one)."""
     cfg = read_json(path) if cfg is None else cfg
+    if n16 and cfg.get("model_type") == N16_MODEL_TYPE:
+        return
     if cfg.get("model_type") == "gr00t_n1_5":
         raise CheckpointError(
             f"{path}: a GR00T N1.5 checkpoint: it runs at model level only "
@@ -74,7 +78,7 @@ def _check_n17(path: Path, cfg: dict[str, Any] | None = None) -> None:
     if cfg.get("model_type") != N17_MODEL_TYPE:
         raise CheckpointError(
             f"{path}: model_type {cfg.get('model_type')!r} is not {N17_MODEL_TYPE!r} (GR00T "
-            "N1.7) and type is not 'groot' (a lerobot policy)"
+            f"N1.7) or {N16_MODEL_TYPE!r} (GR00T N1.6) and type is not 'groot' (a lerobot policy)"
         )
 
 

@@ -1,4 +1,5 @@
-"""The GROOT registry entry: detect a GR00T N1.7 checkpoint folder, load it as a captured frontend."""
+"""The GROOT registry entry: detect a GR00T N1.7 (lerobot / Isaac-GR00T) or N1.6 (Isaac-GR00T) checkpoint
+folder, load it as a captured frontend."""
 
 from __future__ import annotations
 
@@ -96,7 +97,14 @@ def load(
     the aspect ratio (``use_albumentations``): it fixes the token layout (default: square frames)."""
     where = ck.layout(Path(folder))
     folder = where.base
-    config, bb_dir = n17_config(folder, ck.read_json(folder / "config.json"), num_steps)
+    raw = ck.read_json(folder / "config.json")
+    if raw.get("model_type") == ck.N16_MODEL_TYPE:
+        from flashrt.frontends.groot import n16_frontend
+
+        return n16_frontend.load(
+            folder, device, precision, num_steps, backend, buckets, embodiment, cameras, tokenizer, frame_size
+        )
+    config, bb_dir = n17_config(folder, raw, num_steps)
     side = ck.Sidecars.read(folder)
     emb = side.embodiment(
         embodiment if embodiment is not None else where.embodiment, config.head.num_embodiments
@@ -136,5 +144,5 @@ FAMILY = PolicyFamily(
     detect=lambda folder: ck.detect(Path(folder)),
     load=load,
     options=("embodiment", "cameras", "tokenizer", "frame_size"),
-    doc="NVIDIA GR00T N1.7 (Qwen3-VL backbone, AlternateVLDiT flow-matching head)",
+    doc="NVIDIA GR00T N1.7 (Qwen3-VL backbone) / N1.6 (Eagle 3 VL), AlternateVLDiT flow-matching head",
 )

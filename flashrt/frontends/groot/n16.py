@@ -256,19 +256,32 @@ class Eagle3Backbone(nn.Module):
         return self.mlp_fc2.forward(x)
 
     def forward(
-        self,
-        vision: torch.Tensor,
-        tokens: torch.Tensor,
-        image_slots: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        self, vision: torch.Tensor, tokens: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
-        """vision (1, S, W) projected image tokens in prompt order; tokens (1, L); image_slots (S,) their
-        token indices; cos/sin (1, L, 1, D) -> final-norm features (1, L, W)."""
-        h = self.embed.weight[tokens].index_copy_(1, image_slots, vision)
+        """vision (1, S, W) projected image tokens in prompt order; tokens (1, L) holding exactly S
+        ``<IMG_CONTEXT>`` ids; cos/sin (1, L, 1, D) -> final-norm features (1, L, W).
+
+        The k-th image token of the prompt takes ``vision[:, k]`` (k = running count of image tokens - 1):
+        fixed shapes, no host sync, wherever the prompt puts the images (N1.6's chat template puts
+        them after the prompt text, so their slots move with the prompt's length)."""
+        is_image = tokens == self.config.image_token  # (1, L)
+        k = (is_image.cumsum(-1) - 1).clamp_(min=0)
+        h = torch.where(is_image[..., None], vision[:, k[0]], self.embed.weight[tokens])
         for layer in self.layers:
             h = layer.forward(h, cos, sin)
         return rms_normalize(h, self.config.eps, self.norm).to(h.dtype)
+
+
+@dataclass
+class N16Plan:
+    """Constants of one (image size, bucket) layout: RoPE tables for positions 0..L-1, the SigLIP2
+    position table, the flow-matching step tables, the embodiment."""
+
+    cos: torch.Tensor  # (1, L, 1, D)
+    sin: torch.Tensor
+    positions: torch.Tensor  # (g, C)
+    steps: dict[str, torch.Tensor]
+    embodiment: int
 
 
 class GrootN16Model(nn.Module):
@@ -284,39 +297,42 @@ class GrootN16Model(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.backbone.embed.weight.dtype
 
-    def tables(self, length: int, size: tuple[int, int]) -> dict[str, Any]:
-        """RoPE tables for positions 0..length-1, the vision position table of ``size`` images and the
-        flow-matching step tables (everything that depends only on the bucket and the image size)."""
-        e, dev = self.config.eagle, self.backbone.embed.weight.device
-        cos, sin = rope_cos_sin(torch.arange(length, device=dev)[None], e.head_dim, e.theta, self.dtype)
+    @property
+    def device(self) -> torch.device:
+        return self.backbone.embed.weight.device
+
+    def tokens_per_image(self, size: tuple[int, int]) -> int:
+        return self.config.eagle.tokens_per_image(size)
+
+    def plan(self, bucket: int, size: tuple[int, int], embodiment: int) -> N16Plan:
+        e, dev = self.config.eagle, self.device
+        cos, sin = rope_cos_sin(torch.arange(bucket, device=dev)[None], e.head_dim, e.theta, self.dtype)
         with torch.no_grad():
             positions = self.backbone.vision.position_table(size[0] // e.patch, size[1] // e.patch)
             steps = self.head.step_tables(self.config.head.num_steps)
-        return {"cos": cos, "sin": sin, "positions": positions, "steps": steps}
+        return N16Plan(cos, sin, positions, steps, int(embodiment))
+
+    def features(self, pixels: torch.Tensor, tokens: torch.Tensor, plan: N16Plan) -> torch.Tensor:
+        """pixels (I, 3, R, Q) in prompt order, tokens (1, L) -> backbone features (1, L, W)."""
+        vis = self.backbone.vision_tokens(pixels, plan.positions)  # (I, n, W)
+        return self.backbone(vis.reshape(1, -1, vis.shape[-1]), tokens, plan.cos, plan.sin)
 
     def sample_actions(
         self,
         pixels: torch.Tensor,
         tokens: torch.Tensor,
         token_mask: torch.Tensor,
-        image_slots: torch.Tensor,
-        image_keys: torch.Tensor,
         state: torch.Tensor,
         noise: torch.Tensor,
         out: torch.Tensor,
-        tables: dict[str, Any],
-        embodiment: int,
-        frames: int = 1,
+        plan: N16Plan,
     ) -> None:
-        """pixels (I, 3, R, Q); tokens / token_mask / image_keys (1, L); image_slots (frames * I * n,);
-        state (1, 1, S); noise / out (1, T, A). Each camera's tokens are fed ``frames`` times,
-        timestep-major. Writes the normalized chunk into ``out``."""
-        vis = self.backbone.vision_tokens(pixels, tables["positions"])  # (I, n, W)
-        vis = vis.unsqueeze(0).expand(frames, *vis.shape).reshape(1, -1, vis.shape[-1])
-        features = self.backbone(vis, tokens, image_slots, tables["cos"], tables["sin"])
-        self.head.sample(
-            features, token_mask, image_keys[:, None, None, :], state, noise, out, tables["steps"], embodiment
-        )
+        """pixels (I, 3, R, Q); tokens / token_mask (1, L); state (1, 1, S); noise / out (1, T, A).
+        Image keys of the AlternateVLDiT = the ``<IMG_CONTEXT>`` positions (as Isaac-GR00T's
+        ``image_mask``). Writes the normalized chunk into ``out``."""
+        features = self.features(pixels, tokens, plan)
+        image_keys = (tokens == self.config.eagle.image_token)[:, None, None, :]
+        self.head.sample(features, token_mask, image_keys, state, noise, out, plan.steps, plan.embodiment)
 
 
 # ---------------------------------------------------------------------------------------- weights

@@ -1,6 +1,8 @@
 """GR00T N1.6 (Isaac-GR00T layout) vs Isaac-GR00T's own N1.6 code (tests/fixtures/gen/gen_groot_n16.py):
 the Eagle 3 VL backbone features (``EagleBackbone.forward``) and the actions (``Gr00tN1d6.get_action``)
-from the processor's own tensors; the checkpoint folder's config reading and its refusals."""
+from the processor's own tensors; then end to end through `flashrt.load_policy` (raw observation ->
+the processor's token ids, pixels and state, the decoded actions); trace replay == eager bit for bit;
+bad inputs; the checkpoint folder's config reading and its refusals."""
 
 from __future__ import annotations
 
@@ -8,18 +10,22 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from flashrt.errors import CheckpointError
-from flashrt.frontends.groot import n16
+import flashrt
+from flashrt.errors import CheckpointError, InputError
+from flashrt.frontends.groot import family, n16, n16_frontend
 from flashrt.io import open_checkpoint
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
 CK = FIX / "n16_tiny"
 IO = load_file(str(FIX / "n16_io.safetensors"))
+META = json.loads((FIX / "n16_io.json").read_text())
 CASES = ("one_cam", "two_cams")
+TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -31,33 +37,125 @@ def model(one_thread):
 
 def _run(model, case: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(features (L, W), normalized actions (T, A)) from the processor's input_ids / pixel_values."""
-    e = model.config.eagle
     ids, px = IO[f"{case}/input_ids"][None], IO[f"{case}/pixel_values"]
-    tables = model.tables(ids.shape[1], tuple(px.shape[-2:]))
-    slots = (ids[0] == e.image_token).nonzero()[:, 0]
-    keys = (ids == e.image_token)[:, None, None, :]
+    plan = model.plan(ids.shape[1], tuple(px.shape[-2:]), int(IO[f"{case}/embodiment_id"][0]))
     out = torch.zeros(1, *IO[f"{case}/noise"].shape)
     with torch.inference_mode():
-        vision = model.backbone.vision_tokens(px, tables["positions"]).reshape(1, -1, e.text_width)
-        features = model.backbone(vision, ids, slots, tables["cos"], tables["sin"])
-        model.head.sample(
-            features,
-            torch.ones_like(ids, dtype=torch.bool),
-            keys,
-            IO[f"{case}/state_norm"][None],
-            IO[f"{case}/noise"][None],
-            out,
-            tables["steps"],
-            int(IO[f"{case}/embodiment_id"][0]),
-        )
+        features = model.features(px, ids, plan)
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        state, noise = IO[f"{case}/state_norm"][None], IO[f"{case}/noise"][None]
+        model.sample_actions(px, ids, mask, state, noise, out, plan)
     return features[0], out[0]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_backbone_and_actions_match_isaac_gr00t(model, case):
     features, actions = _run(model, case)
-    assert (features - IO[f"{case}/backbone_features"]).abs().max().item() <= 1e-5
-    assert (actions - IO[f"{case}/actions_norm"]).abs().max().item() <= 1e-5
+    assert (features - IO[f"{case}/backbone_features"]).abs().max().item() <= TOL
+    assert (actions - IO[f"{case}/actions_norm"]).abs().max().item() <= TOL
+
+
+# --------------------------------------------------------------------------------- end to end
+def _load(case: str, **kw):
+    return family.load(CK, embodiment=META[case]["embodiment"], **kw)
+
+
+def _obs(case: str) -> dict:
+    m = META[case]
+    return {
+        "images": {c: IO[f"{case}/image.{c}"].numpy() for c in m["cameras"]},
+        "state": IO[f"{case}/state"].numpy(),
+        "prompt": m["prompt"],
+    }
+
+
+def _infer(frontend, obs, noise=None, seed=None) -> np.ndarray:
+    bucket, checked = frontend.check(obs, noise)
+    frontend.write(bucket, checked, seed)
+    frontend.replay(bucket)
+    return frontend.read(checked)
+
+
+@pytest.fixture(scope="module")
+def fronts(one_thread):
+    return {case: _load(case) for case in CASES}
+
+
+def test_tokenizer_matches_transformers_qwen2():
+    """vocab.json + merges.txt + tokenizer_config.json (no tokenizer.json, as Eagle-Block2A-2B-v2 ships)."""
+    tok = n16_frontend.eagle_tokenizer(CK / "backbone")
+    for i, text in enumerate(META["tok"]):
+        assert tok.encode(text, add_special_tokens=False).ids == IO[f"tok/{i}"].tolist(), text
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_end_to_end_matches_isaac_gr00t(fronts, case):
+    """A letter-boxed 96x128 camera (second embodiment: 7-dim state with a constant dimension, 9-dim
+    action); two cameras of different non-square sizes; punctuation and capitals in the prompt."""
+    f = fronts[case]
+    bucket, checked = f.check(_obs(case), IO[f"{case}/noise"])
+    assert checked.tokens == IO[f"{case}/input_ids"].tolist()
+    assert torch.equal(checked.pixels, IO[f"{case}/pixel_values"])
+    np.testing.assert_array_equal(checked.state[None], IO[f"{case}/state_norm"].numpy())
+    f.write(bucket, checked)
+    f.replay(bucket)
+    assert (f.buffers["expert_actions"][0] - IO[f"{case}/actions_norm"]).abs().max().item() <= TOL
+    actions = f.read(checked)
+    assert actions.shape == tuple(IO[f"{case}/actions"].shape) and actions.dtype == np.float32
+    assert np.abs(actions - IO[f"{case}/actions"].numpy()).max() <= TOL
+
+
+def test_load_policy_infer_step_reset(one_thread):
+    case = "two_cams"
+    policy = flashrt.load_policy(CK, embodiment=META[case]["embodiment"])
+    info = policy.info()
+    assert info["family"] == "groot" and info["version"] == "n1.6" and info["cameras"] == ["front", "wrist"]
+    obs = _obs(case)
+    out = policy.infer(obs, noise=IO[f"{case}/noise"].numpy())
+    assert np.abs(out["actions"] - IO[f"{case}/actions"].numpy()).max() <= TOL
+    chunk = policy.infer(obs, seed=5)["actions"]
+    policy.reset()
+    steps = [policy.step(obs, seed=5) for _ in range(policy.n_action_steps)]
+    assert np.array_equal(np.stack(steps), chunk[: policy.n_action_steps])
+
+
+def test_trace_replay_equals_eager_bit_for_bit(one_thread):
+    """The trace backend records the whole step (SigLIP2, unshuffle, mlp1, Qwen3 layers, every flow
+    step; the image slots found from the token ids on the device) and replays it bit for bit, in two
+    buckets whose image tokens sit at different positions."""
+    trace, eager = _load("two_cams", backend="trace"), _load("two_cams")
+    obs, buckets = _obs("two_cams"), set()
+    prompts = ("open the drawer", "a much longer prompt that lands in the next bucket ok")
+    for seed, prompt in enumerate(prompts):
+        buckets.add(trace.check(dict(obs, prompt=prompt))[0])
+        got = [_infer(f, dict(obs, prompt=prompt), seed=seed) for f in (trace, eager)]
+        assert np.array_equal(got[0], got[1]), (seed, prompt)
+    assert trace.report()["backend"] == "trace" and len(buckets) == 2
+
+
+BAD = {
+    "missing camera": lambda o: {**o, "images": {"front": o["images"]["front"]}},
+    "image shape": lambda o: {**o, "images": {**o["images"], "wrist": np.zeros((4, 4), np.uint8)}},
+    "image nan": lambda o: {**o, "images": {**o["images"], "wrist": np.full((8, 8, 3), np.nan, np.float32)}},
+    "state size": lambda o: {**o, "state": np.zeros(3, np.float32)},
+    "state nan": lambda o: {**o, "state": np.full(6, np.nan, np.float32)},
+    "prompt type": lambda o: {**o, "prompt": 3},
+    "prompt too long": lambda o: {**o, "prompt": "stack the blocks " * 40},
+    "chat token in prompt": lambda o: {**o, "prompt": "hi <IMG_CONTEXT>"},
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_then_next_call_equals_fresh(fronts, name):
+    f, obs = fronts["two_cams"], _obs("two_cams")
+    if name == "chat token in prompt":  # formalize_language strips '<' and '>': turn it off
+        f = _load("two_cams")
+        f.options = type(f.options)(formalize_language=False)
+    with pytest.raises(InputError):
+        f.check(BAD[name](obs))
+    fresh = _load("two_cams")
+    fresh.options = f.options
+    assert np.array_equal(_infer(f, obs, seed=7), _infer(fresh, obs, seed=7))
 
 
 def _copy(tmp_path: Path) -> Path:
