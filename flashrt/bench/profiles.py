@@ -124,12 +124,13 @@ class Profile:
     model: dict[str, Any] = field(default_factory=dict)
     path: str = ""
     def check(self) -> None:
-        from flashrt.runtime.graphs import backends_for
+        from flashrt.runtime.graphs import backend_needs, backends_for
 
         runs_here = backends_for(self.device.kind)
         if self.runtime.backend not in runs_here:
             raise ValueError(f"runtime.backend: {self.runtime.backend!r} does not run on device.kind = "
-                             f"{self.device.kind!r} (backends there: {runs_here})")
+                             f"{self.device.kind!r}{backend_needs(self.runtime.backend)} "
+                             f"(backends there: {runs_here})")
 
     def with_overrides(self, **sections: dict[str, Any]) -> Profile:
         """A copy with some section keys replaced, e.g. `with_overrides(bench={"iters": 20})`;

@@ -49,12 +49,13 @@ ExportDirOption = Annotated[Path | None, typer.Option(
 
 
 def _export_rows(folder: Path) -> list[dict]:
-    """The export cache's entries (`flashrt.runtime.export_cache`), as `ls` rows of kind "onnx"."""
+    """The export cache's entries (`flashrt.runtime.export_cache`), as `ls` rows of kind "onnx" or
+    "tensorrt" (engines)."""
     from flashrt.runtime.export_cache import ExportCache
     rows = []
     for e in ExportCache(folder).entries():
         key = e.key or {}
-        rows.append({"kind": "onnx", "name": e.path.name, "model": key.get("model", ""),
+        rows.append({"kind": e.kind, "name": e.path.name, "model": key.get("model", ""),
                      "arch": key.get("arch", ""), "runtime": key.get("runtime", ""),
                      "weights": str(key.get("weights", ""))[:16], "bytes": e.size, "created": e.created,
                      "problem": e.problem})

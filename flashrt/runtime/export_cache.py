@@ -1,4 +1,5 @@
-"""Export cache: one ONNX model per ExportKey, verified on every load (the calibration cache's guarantees).
+"""Export cache: one ONNX model per ExportKey, one TensorRT engine per EngineKey, each verified on every load
+(the calibration cache's guarantees).
 
 Ownership and validity (house style #9):
 - Owner: the `ExportCache` folder (default `flashrt.paths.user_cache_dir("onnx")`, or the `root`
@@ -8,14 +9,21 @@ Ownership and validity (house style #9):
   program (its ops and scalar arguments, which carry the model config and every frozen Python value),
   the bucket shapes and dtypes of its buffers, the precision (dtypes), exporter versions (torch,
   onnxscript, onnx, opset), runtime version (onnxruntime), device arch and the export scheme.
+- Valid for exactly one `EngineKey` (a TensorRT engine): the fields above that describe the step, the
+  digest of the ONNX model it was built from, the builder options (precision mode, optimization level,
+  workspace) and the calibration scales' digest, the TensorRT version, the device arch (compute
+  capability, "sm90") and the GPU's name: an engine is only valid on the TensorRT build and GPU it was
+  built for, and TensorRT itself may or may not notice a stale one.
 - Running a model exported for other weights or shapes gives wrong outputs silently, so the key fields
   are stored inside the file and compared field by field on load, and the model bytes carry a digest.
   No file, a corrupt header, a truncated file, edited model bytes, an entry copied under another key:
   each is a miss (logged, returned as a reason) and the model is exported again, never used.
 
-File layout: `<model>-<key digest[:16]>.onnxrt` = 8-byte little-endian header length, the header JSON
-    {format, format_version, key, key_digest, payload_digest, payload_bytes, created, flashrt_version},
-then the ONNX model bytes. Writes are atomic (temp file, fsync, os.replace, fsync of the folder).
+File layout: `<model>-<key digest[:16]>.onnxrt` (ONNX) or `.trtengine` (engine) = 8-byte little-endian
+header length, the header JSON {format, format_version, key, key_digest, payload_digest, payload_bytes,
+created, flashrt_version}, then the ONNX model (or serialized engine) bytes. The two kinds share one
+folder and one reader; the header's `format` names the kind, and a file of one kind under the other's
+suffix is refused. Writes are atomic (temp file, fsync, os.replace, fsync of the folder).
 """
 
 from __future__ import annotations
@@ -41,8 +49,11 @@ log = logging.getLogger(__name__)
 FORMAT = "flashrt-onnx"
 FORMAT_VERSION = 1
 SUFFIX = ".onnxrt"
+ENGINE_FORMAT = "flashrt-trt-engine"
+ENGINE_SUFFIX = ".trtengine"
 _TMP_PREFIX = ".tmp-"
 MAX_ENTRY_BYTES = 2 << 30  # protobuf's limit: no ONNX model without external data is larger
+MAX_ENGINE_BYTES = 16 << 30
 _NAME_DIGEST_CHARS = 16
 
 
@@ -54,8 +65,24 @@ def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+class _Key:
+    """Shared behaviour of the two key kinds (frozen dataclasses of str/int fields)."""
+
+    suffix = SUFFIX
+    format = FORMAT
+
+    def fields(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}  # type: ignore[attr-defined]
+
+    def digest(self) -> str:
+        return hashlib.sha256(_canonical(self.fields()).encode()).hexdigest()
+
+    def filename(self) -> str:
+        return f"{self.model}-{self.digest()[:_NAME_DIGEST_CHARS]}{self.suffix}"  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
-class ExportKey:
+class ExportKey(_Key):
     """Everything the exported model depends on (see module docstring)."""
 
     weights: str
@@ -68,14 +95,37 @@ class ExportKey:
     scheme: int
     model: str = "graph"
 
-    def fields(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
-    def digest(self) -> str:
-        return hashlib.sha256(_canonical(self.fields()).encode()).hexdigest()
+@dataclass(frozen=True)
+class EngineKey(_Key):
+    """Everything a TensorRT engine depends on (see module docstring): `onnx` is the sha256 of the ONNX
+    model it is built from, `builder` the canonical JSON of the build options, `scales` the digest of
+    the calibration scales it bakes in ("" for float precisions), `runtime` the TensorRT version,
+    `arch` the compute capability ("sm90"), `device` the GPU's name."""
 
-    def filename(self) -> str:
-        return f"{self.model}-{self.digest()[:_NAME_DIGEST_CHARS]}{SUFFIX}"
+    weights: str
+    program: str
+    shapes: str
+    precision: str
+    exporter: str
+    onnx: str
+    builder: str
+    scales: str
+    runtime: str
+    arch: str
+    device: str
+    scheme: int
+    model: str = "trt"
+
+    suffix = ENGINE_SUFFIX
+    format = ENGINE_FORMAT
+
+
+AnyKey = ExportKey | EngineKey
+_KINDS: dict[str, tuple[str, type, int]] = {  # suffix -> (format, key class, size limit)
+    SUFFIX: (FORMAT, ExportKey, MAX_ENTRY_BYTES),
+    ENGINE_SUFFIX: (ENGINE_FORMAT, EngineKey, MAX_ENGINE_BYTES),
+}
 
 
 class _Unusable(Exception):
@@ -84,16 +134,18 @@ class _Unusable(Exception):
 
 @dataclass(frozen=True)
 class ExportEntry:
-    """What `ls` shows: stored key fields (None when unreadable) and file facts."""
+    """What `ls` shows: stored key fields (None when unreadable) and file facts; `kind` is "onnx" or
+    "tensorrt" (from the suffix)."""
 
     path: Path
     size: int
     key: dict[str, Any] | None
     created: str = ""
     problem: str = ""
+    kind: str = "onnx"
 
 
-def _split(data: bytes) -> tuple[dict[str, Any], bytes]:
+def _split(data: bytes, fmt: str = FORMAT) -> tuple[dict[str, Any], bytes]:
     if len(data) < 8:
         raise _Unusable(f"truncated file ({len(data)} bytes)")
     n = int.from_bytes(data[:8], "little")
@@ -103,8 +155,8 @@ def _split(data: bytes) -> tuple[dict[str, Any], bytes]:
         header = json.loads(data[8:8 + n])
     except (ValueError, UnicodeDecodeError) as err:
         raise _Unusable(f"corrupt header JSON: {err}") from None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise _Unusable(f"not a {FORMAT} file")
+    if not isinstance(header, dict) or header.get("format") != fmt:
+        raise _Unusable(f"not a {fmt} file")
     if header.get("format_version") != FORMAT_VERSION:
         raise _Unusable(f"format_version {header.get('format_version')!r}, this flashrt reads "
                         f"{FORMAT_VERSION}")
@@ -131,24 +183,25 @@ def _mismatch(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> str:
 def _read(path: Path) -> tuple[dict[str, Any], bytes]:
     if not os.path.lexists(path):
         raise FileNotFoundError(path)
-    data = read_bytes_capped(path, "export cache entry", _Unusable, limit=MAX_ENTRY_BYTES + (1 << 20))
-    header, payload = _split(data)
+    fmt, _, limit = _KINDS.get(path.suffix, _KINDS[SUFFIX])
+    data = read_bytes_capped(path, "export cache entry", _Unusable, limit=limit + (1 << 20))
+    header, payload = _split(data, fmt)
     _check(header, payload)
     return header, payload
 
 
 class ExportCache:
-    """A folder of exported models. `exports` counts the models this instance exported (misses)."""
+    """A folder of exported models and built engines, each entry checked against its key on load."""
 
     def __init__(self, root: str | os.PathLike | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()
         self.last_miss_reason = ""
 
-    def path_for(self, key: ExportKey) -> Path:
+    def path_for(self, key: AnyKey) -> Path:
         return self.root / key.filename()
 
-    def load(self, key: ExportKey) -> bytes | None:
-        """The model bytes of `key`, or None (reason in `last_miss_reason`)."""
+    def load(self, key: AnyKey) -> bytes | None:
+        """The model (engine) bytes of `key`, or None (reason in `last_miss_reason`)."""
         path = self.path_for(key)
         try:
             header, payload = _read(path)
@@ -164,8 +217,8 @@ class ExportCache:
         self.last_miss_reason = ""
         return payload
 
-    def store(self, key: ExportKey, payload: bytes) -> Path:
-        header = {"format": FORMAT, "format_version": FORMAT_VERSION, "key": key.fields(),
+    def store(self, key: AnyKey, payload: bytes) -> Path:
+        header = {"format": key.format, "format_version": FORMAT_VERSION, "key": key.fields(),
                   "key_digest": key.digest(), "payload_digest": hashlib.sha256(payload).hexdigest(),
                   "payload_bytes": len(payload), "created": datetime.now(UTC).isoformat(timespec="seconds"),
                   "flashrt_version": __version__}
@@ -175,12 +228,13 @@ class ExportCache:
         _fsync_dir(path.parent)
         return path
 
-    def get_or_export(self, key: ExportKey, export: Callable[[], bytes]) -> tuple[bytes, bool]:
-        """(model bytes, hit): the cached model of `key`, or `export()`'s, which is then stored."""
+    def get_or_export(self, key: AnyKey, export: Callable[[], bytes]) -> tuple[bytes, bool]:
+        """(bytes, hit): the cached entry of `key`, or `export()`'s (an export or an engine build), which
+        is then stored."""
         payload = self.load(key)
         if payload is not None:
             return payload, True
-        log.info("exporting (%s): %s", self.last_miss_reason, self.path_for(key).name)
+        log.info("building (%s): %s", self.last_miss_reason, self.path_for(key).name)
         payload = export()
         try:
             self.store(key, payload)
@@ -189,7 +243,9 @@ class ExportCache:
         return payload, False
 
     def files(self) -> list[Path]:
-        return sorted(self.root.glob(f"*{SUFFIX}")) if self.root.is_dir() else []
+        if not self.root.is_dir():
+            return []
+        return sorted(p for suffix in _KINDS for p in self.root.glob(f"*{suffix}"))
 
     def entries(self) -> list[ExportEntry]:
         """Header facts of every entry (the model bytes are checked too: entries are small)."""
@@ -198,15 +254,18 @@ class ExportCache:
 
 def _entry(path: Path) -> ExportEntry:
     size = 0
+    key_type = _KINDS.get(path.suffix, _KINDS[SUFFIX])[1]
+    kind = "tensorrt" if key_type is EngineKey else "onnx"
     try:
         with open_regular(path, "export cache entry", _Unusable) as f:
             size = os.fstat(f.fileno()).st_size
         header, _ = _read(path)
     except (_Unusable, OSError) as err:
-        return ExportEntry(path, size, None, problem=str(err))
-    expected = ExportKey(**header["key"]).filename() if set(header["key"]) == _KEY_FIELDS else None
+        return ExportEntry(path, size, None, problem=str(err), kind=kind)
+    fields = set(key_type.__dataclass_fields__)
+    expected = key_type(**header["key"]).filename() if set(header["key"]) == fields else None
     problem = "" if expected == path.name else f"stored under {path.name} but its key belongs to {expected}"
-    return ExportEntry(path, size, header["key"], header.get("created", ""), problem)
+    return ExportEntry(path, size, header["key"], header.get("created", ""), problem, kind)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -217,5 +276,3 @@ def _fsync_dir(folder: Path) -> None:
         finally:
             os.close(fd)
 
-
-_KEY_FIELDS = set(ExportKey.__dataclass_fields__)

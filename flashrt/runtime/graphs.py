@@ -19,6 +19,9 @@ Backends (registry by name, `get_backend(name, **opts)`; add more with `register
            (`flashrt.runtime.cuda_graph`)
     onnxrt the step exported to ONNX (export cache) and run by onnxruntime, IO-bound to the buffers
            (`flashrt.runtime.onnxrt`)
+    tensorrt  the same ONNX export built into one TensorRT engine per capture (engine cached beside the
+           export), run on the buffers' addresses on the current CUDA stream; needs CUDA + tensorrt
+           (`flashrt.runtime.tensorrt`)
 
 Ownership and lifetime of a Graph: the frontend that captured it owns it, together with the Buffers
 it was captured against and the module's weights. The graph stays valid only while those tensors
@@ -60,6 +63,7 @@ __all__ = [
     "get_backend",
     "backend_for_device",
     "backend_names",
+    "backend_needs",
     "backends_for",
 ]
 
@@ -166,6 +170,7 @@ class BackendEntry:
     devices: tuple[str, ...]
     doc: str = ""
     takes_device: bool = False
+    needs: str = ""  # what it needs beyond its device type, said in refusals ("CUDA + tensorrt")
 
     def build(self, **opts: Any) -> GraphBackend:
         factory = self.factory
@@ -186,12 +191,14 @@ def register_backend(
     doc: str = "",
     replace: bool = False,
     takes_device: bool = False,
+    needs: str = "",
 ) -> None:
     """Add a backend under `name`. `devices` lists the device types it runs on, preferred first;
-    `takes_device`: its factory accepts ``device=`` (`backend_for_device` passes the frontend's)."""
+    `takes_device`: its factory accepts ``device=`` (`backend_for_device` passes the frontend's);
+    `needs`: what else it needs, named when it is refused (its factory checks and raises)."""
     if name in _REGISTRY and not replace:
         raise ConfigError(f"graph backend {name!r} is already registered (pass replace=True to override)")
-    _REGISTRY[name] = BackendEntry(name, factory, tuple(devices), doc, takes_device)
+    _REGISTRY[name] = BackendEntry(name, factory, tuple(devices), doc, takes_device, needs)
 
 
 def get_backend(name: str, **opts: Any) -> GraphBackend:
@@ -216,7 +223,7 @@ def backend_for_device(name: str | None, device: torch.device, **opts: Any) -> G
     if entry is None:
         raise ConfigError(f"unknown graph backend {name!r}; known: {backend_names()}")
     if device.type not in entry.devices:
-        raise ConfigError(f"graph backend {name!r} does not run on {device.type}; "
+        raise ConfigError(f"graph backend {name!r} does not run on {device.type}{backend_needs(name)}; "
                           f"use one of {backends_for(device.type)}")
     if entry.takes_device:
         opts.setdefault("device", device)
@@ -225,6 +232,12 @@ def backend_for_device(name: str | None, device: torch.device, **opts: Any) -> G
 
 def backend_names() -> list[str]:
     return list(_REGISTRY)
+
+
+def backend_needs(name: str) -> str:
+    """The text ' (needs CUDA + tensorrt)' for a backend that needs more than its device type, else ''."""
+    entry = _REGISTRY.get(name)
+    return f" (needs {entry.needs})" if entry is not None and entry.needs else ""
 
 
 def backends_for(device_type: str) -> list[str]:
@@ -243,3 +256,7 @@ register_backend("trace", "flashrt.runtime.trace:TraceBackend", devices=("cpu", 
 register_backend("onnxrt", "flashrt.runtime.onnxrt:OnnxRuntimeBackend", devices=("cpu", "cuda"),
                  doc="the step exported to ONNX (cached), run by onnxruntime with IO binding on the buffers",
                  takes_device=True)
+register_backend("tensorrt", "flashrt.runtime.tensorrt:TensorRTBackend", devices=("cuda",),
+                 doc="the ONNX export built into a TensorRT engine per capture (cached), run on the buffers' "
+                     "addresses on the current stream; CUDA-graph capturable", takes_device=True,
+                 needs="CUDA + tensorrt")

@@ -24,6 +24,7 @@ versions and the opset. Files are limited to protobuf's 2 GB (no external data).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -79,14 +80,20 @@ class _WriteRecorder(_DispatchRecorder):
         return out
 
 
-def record(fn: Callable[[], Any], buffers: Any = None) -> Recording:
-    """Run fn once under the trace recorder (it writes its outputs, as a trace capture does)."""
+def record(fn: Callable[[], Any], buffers: Any = None, math_attention: bool = False) -> Recording:
+    """Run fn once under the trace recorder (it writes its outputs, as a trace capture does).
+    `math_attention`: scaled_dot_product_attention takes torch's math path (plain matmul/softmax ops),
+    so a CUDA step records no fused attention kernel the exporter cannot write (TensorRT fuses its own)."""
     if not callable(fn):
         raise CaptureError(f"capture needs a no-argument callable, got {type(fn).__name__}")
     names = {id(t): f"buffer {n!r}" for n, t in named_tensors(buffers).items()}
     recorder = Recorder(names)
     mode = _WriteRecorder(recorder)
-    with torch.no_grad(), _FunctionChecker(), mode:
+    attention = contextlib.nullcontext()
+    if math_attention:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        attention = sdpa_kernel([SDPBackend.MATH])
+    with torch.no_grad(), _FunctionChecker(), attention, mode:
         fn()
     return Recording(recorder.program(), recorder.nslots, list(recorder.statics.values()), mode.written)
 
@@ -354,8 +361,9 @@ def _sdpa_flash_cpu(q, k, v, dropout_p: float = 0.0, is_causal: bool = False, *,
 
 def _portable_ops() -> dict[Any, Callable[..., Any]]:
     """Ops the exporter cannot take, and their aten compositions: CPU-only fused ops (oneDNN, as
-    flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding), index_copy and
-    the CPU flash attention with grouped-query heads."""
+    flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding), index_copy,
+    the CPU flash attention with grouped-query heads and flashrt's own ``flashrt::`` custom ops (their
+    references: the CUDA kernel table picks them on a GPU)."""
     mk = getattr(torch.ops, "mkldnn", None)
     pairs = [("_convolution_pointwise", "default", _conv_pointwise),
              ("_convolution_pointwise", "binary", _conv_pointwise_binary),
@@ -369,6 +377,10 @@ def _portable_ops() -> dict[Any, Callable[..., Any]]:
         op = getattr(getattr(mk, packet, None), overload, None) if mk is not None else None
         if op is not None:
             table[op] = fn
+    from flashrt.nn import fused
+    for name, ref in (("rms_norm", fused.rms_norm_ref), ("add_rms_norm", fused.add_rms_norm_ref),
+                      ("rope_qkv", fused.rope_qkv_ref), ("gelu_mul", fused.gelu_mul_ref)):
+        table[getattr(torch.ops.flashrt, name).default] = ref
     return table
 
 

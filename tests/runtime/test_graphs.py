@@ -26,12 +26,12 @@ CPU_BACKENDS = ["eager", "trace"]
 def test_builtin_backends_are_registered():
     assert set(backend_names()) >= {"eager", "trace", "cuda"}
     assert backends_for("cpu") == ["eager", "trace", "onnxrt"]
-    assert backends_for("cuda") == ["cuda", "eager", "trace", "onnxrt"]
+    assert backends_for("cuda") == ["cuda", "tensorrt", "eager", "trace", "onnxrt"]
 
 
 def test_unknown_backend_and_bad_options_are_config_errors():
-    with pytest.raises(ConfigError, match="unknown graph backend 'tensorrt'"):
-        get_backend("tensorrt")
+    with pytest.raises(ConfigError, match="unknown graph backend 'nope'"):
+        get_backend("nope")
     with pytest.raises(ConfigError, match="bad options"):
         get_backend("eager", warmup=3)
 
