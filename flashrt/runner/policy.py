@@ -17,6 +17,9 @@ Guarantees (tested):
 * `step()` checks its observation on every tick, not only on replanning ticks.
 * Outputs are checked finite on the host copy the runner already holds (no device sync added); a
   NaN/inf chunk raises `NumericalError` and is never queued.
+* Host work: `infer` makes no CUDA event unless a device-clock `timer` is passed, and the tensors it
+  allocates outside the replay are a small constant, the same for every model size (the families
+  write through preallocated, pinned staging; `flashrt.profile.alloc` counts them, a test pins them).
 * Threads: a policy serializes its callers with one lock (`infer`, `step`, `reset` each take it; an
   uncontended acquire costs well under a microsecond). Two threads on one policy get correct results
   one after the other, never a mix of each other's buffers.
@@ -44,6 +47,7 @@ from flashrt.runtime.frontend import PolicyFamily, PolicyFrontend
 __all__ = ["Policy", "load_policy", "detect_family", "check_seed"]
 
 log = logging.getLogger(__name__)
+HOST = "cpu"  # the clock of the runner's own stage timer: host wall-clock, no per-call CUDA events
 
 
 def check_seed(seed: Any) -> int | None:
@@ -99,14 +103,17 @@ class Policy:
 
         `timer` (a `flashrt.profile.StageTimer`, optional) receives the stages of this call: "validate"
         (every check; nothing written), "h2d" (static buffers written), "replay" (the captured step) and
-        "postprocess" (outputs to the host, un-normalized, checked finite).
+        "postprocess" (outputs to the host, un-normalized, checked finite). Without one, "timing" is
+        host wall-clock (no CUDA events are made per call): on a GPU "replay_ms" is then the launch,
+        and the wait for the step lands in "postprocess_ms"; pass ``timer=StageTimer(policy.device)``
+        for the stages on the device's clock.
 
         `guide` (a `flashrt.runtime.rtc.Guidance`, optional): real-time chunking, for families whose
         frontend has `supports_guidance` (ConfigError otherwise); `flashrt.AsyncPolicy` builds it."""
         with self._lock:
             seed = check_seed(seed)
             start = time.perf_counter()
-            timer = timer if timer is not None else StageTimer(self.frontend.device)
+            timer = timer if timer is not None else StageTimer(HOST)
             first = len(timer)
             with timer.stage("validate"):
                 bucket, checked = self._check(obs, noise, guide)
@@ -144,8 +151,7 @@ class Policy:
             seed = check_seed(seed)
             bucket, checked = self.frontend.check(obs, noise)
             if not self._queue:
-                timer = StageTimer(self.frontend.device)
-                chunk = self._run(bucket, checked, seed, timer)
+                chunk = self._run(bucket, checked, seed, StageTimer(HOST))
                 self._queue.extend(chunk[: self.n_action_steps])
             return self._queue.popleft()
 

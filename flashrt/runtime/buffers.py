@@ -2,9 +2,21 @@
 
 Ownership and lifetime: a `Buffers` object belongs to one frontend. Its tensors are allocated in the
 constructor and never reallocated; a captured graph holds raw pointers to them, so replacing a tensor
-(rather than writing into it) would silently detach the graph. `populate()` is the only writer of
-input buffers on the hot path; it validates *every* given input before it copies *any*, so a bad call
-leaves the previous contents intact and the next good call starts from a clean state.
+(rather than writing into it) would silently detach the graph. `populate()` (or `write()` of values a
+frontend validated itself, or `host()` + `upload()`) is the only writer of input buffers on the hot
+path; it validates *every* given input before it copies *any*, so a bad call leaves the previous
+contents intact and the next good call starts from a clean state.
+
+Host staging (`host`, `upload`, `download`): the hot path of a GPU frontend fills a host tensor of the
+buffer's shape and dtype, then copies it in with one asynchronous copy. The staging tensor is made on
+first use and reused by every later call (no per-call allocation); it is page-locked ("pinned") when
+the buffers live on a CUDA device (only then: pinning needs a CUDA driver), so `upload` is a true
+``non_blocking`` copy. On the CPU `host(name)` IS the buffer and `upload` does nothing. Reuse hazard:
+an upload reads its staging tensor after `upload` returns, so `host(name)` first waits for that name's
+previous upload (one CUDA event per staged name, made once, recorded after each upload): a caller can
+never overwrite staging data still in flight, and never waits for another buffer's copy.
+`download(name)` copies a buffer into its pinned host twin and waits for it; the returned tensor is
+that twin (CPU: the buffer itself), valid until the next download or replay.
 
 Roles:
     input    written by `populate()` from user data before each replay
@@ -78,16 +90,19 @@ def check_value(spec: BufferSpec, value: Any) -> torch.Tensor:
     if t.dtype != spec.dtype and t.dtype not in spec.accepts:
         allowed = ", ".join(str(d) for d in (spec.dtype, *spec.accepts))
         raise InputError(f"{spec.name}: expected dtype {allowed}, got {t.dtype}")
-    if t.is_floating_point() and spec.finite and not bool(torch.isfinite(t).all()):
-        raise InputError(f"{spec.name}: contains NaN or inf")
-    _check_range(spec, t)
+    _check_values(spec, t)
     return t
 
 
-def _check_range(spec: BufferSpec, t: torch.Tensor) -> None:
-    if t.numel() == 0 or (spec.low is None and spec.high is None):
+def _check_values(spec: BufferSpec, t: torch.Tensor) -> None:
+    """Finiteness and range from ONE reduction (aminmax: NaN propagates into both, an inf shows as an
+    end), so a check allocates two scalars however large the input."""
+    finite = t.is_floating_point() and spec.finite
+    if t.numel() == 0 or not (finite or spec.low is not None or spec.high is not None):
         return
-    lo, hi = t.min().item(), t.max().item()
+    lo, hi = (x.item() for x in torch.aminmax(t))
+    if finite and not (math.isfinite(lo) and math.isfinite(hi)):
+        raise InputError(f"{spec.name}: contains NaN or inf")
     if spec.low is not None and lo < spec.low:
         raise InputError(f"{spec.name}: value {lo} below the allowed minimum {spec.low}")
     if spec.high is not None and hi > spec.high:
@@ -111,6 +126,8 @@ class Buffers:
             raise ValueError(f"buffer names declared twice: {dupes}")
         self._by_name = {s.name: s for s in self.specs}
         self.tensors = {s.name: torch.zeros(s.shape, dtype=s.dtype, device=self.device) for s in self.specs}
+        self._staging: dict[tuple[str, str], torch.Tensor] = {}  # (name, "in" | "out") -> host twin
+        self._uploaded: dict[str, Any] = {}  # name -> CUDA event recorded after its last upload
 
     def __getitem__(self, name: str) -> torch.Tensor:
         try:
@@ -165,6 +182,49 @@ class Buffers:
                 raise InputError(f"{spec.name}: expected shape {spec.shape}, got {tuple(value.shape)}")
         for name, value in checked.items():
             self.tensors[name].copy_(value, non_blocking=True)
+
+    # ------------------------------------------------------------------------------ host staging
+    @property
+    def staged(self) -> bool:
+        """Whether host staging is a separate (pinned) tensor: buffers on a CUDA device."""
+        return self.device.type == "cuda"
+
+    def _twin(self, name: str, way: str) -> torch.Tensor:
+        twin = self._staging.get((name, way))
+        if twin is None:
+            spec = self.spec(name)
+            twin = torch.empty(spec.shape, dtype=spec.dtype, pin_memory=torch.cuda.is_available())
+            self._staging[(name, way)] = twin
+        return twin
+
+    def host(self, name: str) -> torch.Tensor:
+        """The host tensor to fill before `upload(name)` (module docstring: pinned twin on CUDA, the
+        buffer itself on the CPU); waits for the previous upload first."""
+        if not self.staged:
+            return self[name]
+        if name in self._uploaded:
+            self._uploaded[name].synchronize()
+        return self._twin(name, "in")
+
+    def upload(self, *names: str) -> None:
+        """Copy the host twins of `names` into their buffers (asynchronous on CUDA; nothing on the CPU)."""
+        if not self.staged:
+            return
+        stream = torch.cuda.current_stream(self.device)
+        for name in names:
+            self[name].copy_(self._twin(name, "in"), non_blocking=True)
+            if name not in self._uploaded:
+                self._uploaded[name] = torch.cuda.Event()
+            self._uploaded[name].record(stream)
+
+    def download(self, name: str) -> torch.Tensor:
+        """Buffer `name` on the host: its pinned twin after a synchronized copy (CUDA), the buffer itself
+        (CPU); valid until the next download or replay (module docstring)."""
+        if not self.staged:
+            return self[name]
+        twin = self._twin(name, "out")
+        twin.copy_(self[name])
+        return twin
 
     def read(self, name: str) -> torch.Tensor:
         """A copy of a buffer's contents (safe to keep after the next replay overwrites the buffer)."""

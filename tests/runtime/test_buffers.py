@@ -106,3 +106,46 @@ def test_write_checks_names_and_shapes_before_copying_anything():
     buf.write(buf.validate({"x": np.full((2, 3), -0.25, np.float32)}, partial=True))
     assert torch.equal(buf["x"], torch.full((2, 3), -0.25))
     assert torch.equal(buf["ids"], before["ids"])
+
+
+def test_value_checks_allocate_two_scalars_however_large_the_input():
+    """Finiteness and range from one aminmax; the messages as before (NaN, inf, below, above)."""
+    from flashrt.profile.alloc import count_allocations
+    from flashrt.runtime.buffers import check_value
+
+    big = BufferSpec("big", (256, 256), torch.float32, low=-1.0, high=1.0)
+    x = torch.rand(256, 256)
+    assert count_allocations(lambda c: check_value(big, x)).allocations == 2
+    for value, match in ((float("nan"), "NaN or inf"), (float("-inf"), "NaN or inf"), (-2.0, "below"),
+                         (3.0, "above")):
+        y = x.clone()
+        y[7, 9] = value
+        with pytest.raises(InputError, match=match):
+            check_value(big, y)
+    loose = BufferSpec("loose", (3,), torch.float32, low=0.0, finite=False)
+    check_value(loose, torch.tensor([0.0, float("nan"), float("inf")]))  # not checked finite: accepted
+
+
+def test_host_staging_on_the_cpu_is_the_buffer_itself():
+    buf = make()
+    assert buf.host("x") is buf["x"] and buf.download("y") is buf["y"] and not buf.staged
+    buf.host("x").fill_(0.5)
+    buf.upload("x")  # nothing to copy
+    assert torch.equal(buf["x"], torch.full((2, 3), 0.5))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_host_staging_on_a_gpu_is_pinned_reused_and_copied_in_and_out():
+    buf = Buffers(make().specs, "cuda")
+    twin = buf.host("x")
+    assert buf.staged and twin.is_pinned() and twin.device.type == "cpu"
+    for value in (0.25, -0.5):
+        host = buf.host("x")
+        assert host is twin  # made once, reused
+        host.fill_(value)
+        buf.upload("x")
+        graph(buf)
+        out = buf.download("y")
+        assert out.is_pinned() and out is buf.download("y")
+        assert torch.equal(out, torch.full((2, 3), value * 2))

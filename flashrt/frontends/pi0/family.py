@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashrt.errors import CheckpointError, ConfigError
+from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.pi0.checkpoint import Pi0Checkpoint, detect_layout, load_checkpoint, relative_offset
 from flashrt.frontends.pi0.frontend import NUMERICS, Pi0Frontend, default_buckets
-from flashrt.frontends.pi0.observation import check_state, split_observation
+from flashrt.frontends.pi0.observation import check_state, is_finite, split_observation
 from flashrt.frontends.pi0.preprocess import CheckedImage, ImagePreprocessor
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
 from flashrt.nn.fused import resolve_kernels, use_kernels
@@ -40,10 +40,12 @@ __all__ = ["FAMILY", "Pi0PolicyFrontend", "Pi0Checked", "load", "detect"]
 
 @dataclass(frozen=True)
 class Pi0Checked:
-    """One validated observation, ready to write: images, static token/state inputs, noise, raw state."""
+    """One validated observation, ready to write: images, prompt token ids, normalized state, noise,
+    raw state."""
 
     images: Mapping[str, CheckedImage]
-    inputs: Mapping[str, torch.Tensor]
+    ids: tuple[int, ...]
+    state_norm: torch.Tensor
     noise: torch.Tensor | None
     state: torch.Tensor
     guide: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # frozen, weights, gains
@@ -82,9 +84,9 @@ class Pi0PolicyFrontend:
         ids = self.prompts.ids(o.prompt, state_norm if self.config.variant == "pi05" else None)
         bucket = self.frontend.bucket_for(len(ids))
         checked_noise = self.frontend.check_noise(noise) if noise is not None else None
-        inputs = self.buffers.validate(self._static_inputs(ids, state_norm), partial=True)
+        self._check_static(ids, state_norm)
         checked_guide = self._check_guide(guide, state) if guide is not None else None
-        return bucket, Pi0Checked(images, inputs, checked_noise, state, checked_guide)
+        return bucket, Pi0Checked(images, tuple(ids), state_norm, checked_noise, state, checked_guide)
 
     def _check_guide(self, guide: Guidance, state: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Frozen actions (action space) -> the model's space (relative dims made relative again,
@@ -97,19 +99,31 @@ class Pi0PolicyFrontend:
         weights = torch.from_numpy(guide.weights(self.chunk_size))
         return padded, weights, guidance_gains(self.config.num_steps, guide.max_guidance)
 
-    def _static_inputs(self, ids: list[int], state_norm: torch.Tensor) -> dict[str, torch.Tensor]:
-        tokens, mask = self.prompts.padded(ids, self.frontend.max_len)
-        inputs = {"prefix_tokens": tokens[None], "prefix_token_masks": mask[None]}
-        if self.config.has_state_token:
-            padded = torch.zeros(1, self.config.max_state_dim)
-            padded[0, : self.state_dim] = state_norm
-            inputs["expert_state"] = padded
-        return inputs
+    def _check_static(self, ids: list[int], state_norm: torch.Tensor) -> None:
+        """The token ids within the vocabulary (plain Python: they are Python ints) and, where the state
+        is an input of its own, the normalized state finite (statistics can overflow it)."""
+        spec = self.buffers.spec("prefix_tokens")
+        if ids and (min(ids) < spec.low or max(ids) > spec.high):
+            raise InputError(f"prefix_tokens: token ids outside 0..{spec.high}")
+        if self.config.has_state_token and not is_finite(state_norm):
+            raise InputError("expert_state: contains NaN or inf")
 
     def write(self, bucket: int, checked: Pi0Checked, seed: int | None = None) -> None:
+        """Images, then tokens, mask and state through the buffers' host staging (pinned on CUDA, one
+        non_blocking upload; on the CPU the buffers themselves), noise, guidance. Allocates nothing
+        after the first call of a frame layout."""
         bufs = self.buffers
         self.images.write(checked.images, bufs["vision_images"][0], bufs["vision_masks"][0])
-        bufs.write(checked.inputs)
+        names = ["prefix_tokens", "prefix_token_masks"]
+        tokens, mask, n = bufs.host(names[0]).numpy()[0], bufs.host(names[1]).numpy()[0], len(checked.ids)
+        tokens[:n], tokens[n:] = checked.ids, self.prompts.tokenizer.pad_id  # numpy views: no tensor made
+        mask[:n], mask[n:] = True, False
+        if self.config.has_state_token:
+            names.append("expert_state")
+            state = bufs.host("expert_state")[0]
+            state[self.state_dim:].zero_()
+            state[: self.state_dim].copy_(checked.state_norm)
+        bufs.upload(*names)
         self.frontend.write_noise(checked.noise, seed)
         self.frontend.write_guidance(*(checked.guide or ()))
 
@@ -117,9 +131,14 @@ class Pi0PolicyFrontend:
         self.frontend.run(bucket)
 
     def read(self, checked: Pi0Checked) -> np.ndarray:
-        actions = self.checkpoint.action_norm.unnormalize(self.frontend.actions()[:, : self.action_dim])
+        """Actions un-normalized (and made absolute) into a fresh array: the one tensor a call must
+        allocate, since the caller keeps it."""
+        raw = self.frontend.actions_host()[:, : self.action_dim]
+        actions = self.checkpoint.action_norm.unnormalize(raw)
         if self.checkpoint.relative_mask is not None:
             actions = actions + relative_offset(self.checkpoint.relative_mask, checked.state, self.action_dim)
+        if actions.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr():
+            actions = actions.clone()  # IDENTITY statistics: still the buffer (or its twin)
         return actions.numpy().astype(np.float32, copy=False)
 
     # ------------------------------------------------------------------------------ reporting

@@ -21,7 +21,9 @@ Set up once (`Pi0Frontend.__init__` + `capture`), replay forever (`run`):
 * Noise is a static input: `write_noise(check_noise(array))` copies a caller's array,
   `write_noise(seed=s)` samples N(0, 1) with a seeded CPU generator (the same noise
   on every device) and copies it in, `write_noise()` draws
-  from the frontend's own generator; always outside the graph.
+  from the frontend's own generator on the device; always outside the graph. Host values reach the
+  device through the buffers' pinned host staging (`Buffers.host` / `upload`), actions come back
+  through `actions_host()` (`Buffers.download`): no tensor allocated per call.
 
 Ownership: the frontend owns its Buffers, graphs and generator; the model's weights must keep their
 storage for as long as the graphs live (see `flashrt.runtime.graphs`). One call at a time.
@@ -85,6 +87,7 @@ class Pi0Frontend:
         self.backend = backend_for_device(backend, self.device, **dict(backend_opts or {}))
         self.graphs = GraphSet(self.backend, self._build, self.buckets, buffers=self.buffers)
         self._generator: torch.Generator | None = None  # made on first use (none exists on meta)
+        self._seeded = torch.Generator()  # CPU: re-seeded for each seed= draw
         self._kernel_counts: dict[int, KernelCount] = {}
 
     # ------------------------------------------------------------------------------ capture
@@ -150,19 +153,22 @@ class Pi0Frontend:
         return check_value(spec, t.to(torch.float32))
 
     def write_noise(self, noise: torch.Tensor | None = None, seed: int | None = None) -> None:
-        """Fill the noise buffer: a checked caller array, or N(0, 1) from `seed` / the own generator."""
-        target = self.buffers["expert_noise"]
+        """Fill the noise buffer: a checked caller array, or N(0, 1) from `seed` (drawn on a CPU
+        generator: the same noise on every device) / the own generator (drawn on the device). Host
+        values go through the buffer's host staging (`Buffers.host` / `upload`): nothing allocated."""
+        b = self.buffers
+        if noise is None and seed is None:
+            if self._generator is None:
+                self._generator = torch.Generator(self.device)
+                self._generator.seed()
+            b["expert_noise"].normal_(generator=self._generator)  # what randn does, in place
+            return
+        host = b.host("expert_noise")
         if noise is not None:
-            target.copy_(noise, non_blocking=True)
-            return
-        if seed is not None:  # drawn on the CPU generator and copied in: the same noise on every device
-            drawn = torch.randn(target.shape, generator=torch.Generator().manual_seed(int(seed)))
-            target.copy_(drawn, non_blocking=False)
-            return
-        if self._generator is None:
-            self._generator = torch.Generator(self.device)
-            self._generator.seed()
-        target.copy_(torch.randn(target.shape, generator=self._generator, device=self.device))
+            host.copy_(noise)
+        else:  # == torch.randn(shape, generator=torch.Generator().manual_seed(seed)), in place
+            host.normal_(generator=self._seeded.manual_seed(int(seed)))
+        b.upload("expert_noise")
 
     def write_guidance(self, frozen: torch.Tensor | None = None, weights: torch.Tensor | None = None,
                        gains: torch.Tensor | None = None) -> None:
@@ -186,3 +192,9 @@ class Pi0Frontend:
     def actions(self) -> torch.Tensor:
         """The last replay's actions (H, A) float32, copied to the host."""
         return self.buffers["expert_actions"][0].to("cpu", copy=True)
+
+    def actions_host(self) -> torch.Tensor:
+        """The last replay's actions (H, A) float32 on the host without a tensor of their own: the
+        buffer itself on the CPU, its pinned twin on CUDA (`Buffers.download`); valid until the next
+        replay. `actions()` is the copy to keep."""
+        return self.buffers.download("expert_actions")[0]

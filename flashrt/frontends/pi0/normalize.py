@@ -48,8 +48,16 @@ def _safe_denom(d: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.where(d == 0, torch.tensor(eps, dtype=d.dtype, device=d.device), d)
 
 
+def _std_eps(n: Normalizer) -> torch.Tensor:
+    return n.derived("std+eps", lambda: n.s("std") + n.eps)
+
+
+def _span(n: Normalizer, lo: str, hi: str) -> torch.Tensor:
+    return n.derived(f"{hi}-{lo}", lambda: _safe_denom(n.s(hi) - n.s(lo), n.eps))
+
+
 def _lr_mean_std(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
-    return (x - n.s("mean")) / (n.s("std") + n.eps)
+    return (x - n.s("mean")) / _std_eps(n)
 
 
 def _lr_mean_std_inv(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
@@ -58,32 +66,36 @@ def _lr_mean_std_inv(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
 
 def _lr_range(lo: str, hi: str) -> tuple[Fn, Fn]:
     def norm(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
-        return 2.0 * (x - n.s(lo)) / _safe_denom(n.s(hi) - n.s(lo), n.eps) - 1.0
+        return 2.0 * (x - n.s(lo)) / _span(n, lo, hi) - 1.0
 
     def unnorm(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
-        return (x + 1.0) * _safe_denom(n.s(hi) - n.s(lo), n.eps) / 2.0 + n.s(lo)
+        return (x + 1.0) * _span(n, lo, hi) / 2.0 + n.s(lo)
 
     return norm, unnorm
 
 
 def _lr_min_max_inv(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
-    return (x + 1) / 2 * _safe_denom(n.s("max") - n.s("min"), n.eps) + n.s("min")
+    return (x + 1) / 2 * _span(n, "min", "max") + n.s("min")
 
 
 def _op_mean_std(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
-    return (x - n.s("mean")) / (n.s("std") + n.eps)
+    return (x - n.s("mean")) / _std_eps(n)
 
 
 def _op_mean_std_inv(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
-    return x * (n.s("std") + n.eps) + n.s("mean")
+    return x * _std_eps(n) + n.s("mean")
+
+
+def _op_span(n: Normalizer) -> torch.Tensor:
+    return n.derived("q99-q01+eps", lambda: n.s("q99") - n.s("q01") + n.eps)
 
 
 def _op_quantiles(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
-    return (x - n.s("q01")) / (n.s("q99") - n.s("q01") + n.eps) * 2.0 - 1.0
+    return (x - n.s("q01")) / _op_span(n) * 2.0 - 1.0
 
 
 def _op_quantiles_inv(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
-    return (x + 1.0) / 2.0 * (n.s("q99") - n.s("q01") + n.eps) + n.s("q01")
+    return (x + 1.0) / 2.0 * _op_span(n) + n.s("q01")
 
 
 def _identity(n: Normalizer, x: torch.Tensor) -> torch.Tensor:
@@ -125,6 +137,7 @@ class Normalizer:
     stats: Mapping[str, torch.Tensor] = field(default_factory=dict)
     eps: float = 1e-8
     name: str = ""
+    _derived: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         key = (self.convention, self.mode)
@@ -157,6 +170,13 @@ class Normalizer:
 
     def s(self, name: str) -> torch.Tensor:
         return self.stats[name]
+
+    def derived(self, key: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A tensor of the statistics alone (a denominator such as ``std + eps``), made on first use and
+        kept: a call then runs only the ops on its input, the same ops as before (bit for bit)."""
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         return MODES[(self.convention, self.mode)].norm(self, x)

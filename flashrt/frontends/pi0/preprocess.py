@@ -121,24 +121,65 @@ def check_image(name: str, value: Any, size: int) -> CheckedImage:
     return CheckedImage(t, target)
 
 
-def _unit_float(t: torch.Tensor) -> torch.Tensor:
-    """float32 in [0, 1]; a uint8 image is converted, then divided by 255 in place: bit-identical to
-    ``t.float() / 255`` (and ~15% faster on the CPU than one mixed-dtype division)."""
-    return t.to(torch.float32).div_(255.0) if t.dtype == torch.uint8 else t
+class FrameStaging:
+    """Reusable tensors that frames of ONE layout (shape, strides, dtype) travel through to ``device``;
+    made on the first frame of that layout, reused by every later one (no per-call allocation):
+
+        host     a pinned (page-locked) twin of the frame, CUDA only: the frame is copied into it, then
+                 to the device with one non_blocking copy (from pageable memory that copy would block)
+        frame    the frame on the device as it came (CUDA only; uint8 travels 4x smaller than float)
+        unit     float32 in [0, 1] on the device (uint8 frames; a float32 frame is its own)
+        resized  the bilinear resize, one per target size (the first resize's own output, kept)
+
+    Each is laid out like the frame (``empty_like``, as ``.to()`` lays out its copy), so every op computes
+    what the unstaged code computed, bit for bit (the resize kernel is chosen by memory layout).
+    Reuse hazard: ``host`` is rewritten by the next frame of the layout; the owner (`ImagePreprocessor`)
+    waits for the previous frames' copies before writing (one CUDA event)."""
+
+    def __init__(self, pixels: torch.Tensor, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        self.host = torch.empty_like(pixels, pin_memory=torch.cuda.is_available()) if cuda else None
+        self.frame = torch.empty_like(pixels, device=device) if cuda else None
+        self.unit = (torch.empty_like(pixels, dtype=torch.float32, device=device)
+                     if pixels.dtype == torch.uint8 else None)
+        self.resized: dict[tuple[int, int], torch.Tensor] = {}
+
+    def unit_float(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The frame on the device as float32 in [0, 1]; a uint8 frame is converted, then divided by 255
+        in place: bit-identical to ``t.float() / 255`` (and ~15% faster on the CPU than one mixed-dtype
+        division)."""
+        if self.host is not None:
+            self.host.copy_(pixels)
+            pixels = self.frame.copy_(self.host, non_blocking=True)
+        return pixels if self.unit is None else self.unit.copy_(pixels).div_(255.0)
+
+    def resize(self, pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """Bilinear, align_corners=False, no antialiasing (F.interpolate's op), into the kept output."""
+        out = self.resized.get(size)
+        if out is None:
+            out = self.resized[size] = F.interpolate(pixels[None], size=size, mode="bilinear",
+                                                     align_corners=False)
+        else:
+            torch.ops.aten.upsample_bilinear2d.out(pixels[None], list(size), False, None, None, out=out)
+        return out[0]
+
+    def write(self, image: CheckedImage, out: torch.Tensor) -> None:
+        """Resize-with-pad `image` into `out` (3, S, S) and map it to [-1, 1], in place."""
+        pixels = self.unit_float(image.pixels)
+        if image.resize_to is None:
+            torch.mul(pixels, 2.0, out=out).sub_(1.0)
+            return
+        rh, rw = image.resize_to
+        resized = self.resize(pixels, (rh, rw))
+        top, left = (out.shape[1] - rh) // 2, (out.shape[2] - rw) // 2
+        out.fill_(-1.0)  # the padding: 0 * 2 - 1
+        torch.mul(resized.clamp_(0.0, 1.0), 2.0, out=out[:, top:top + rh, left:left + rw]).sub_(1.0)
 
 
 def write_image(image: CheckedImage, out: torch.Tensor) -> None:
-    """Resize-with-pad `image` into `out` (3, S, S) on out's device and map it to [-1, 1], in place.
-    The image travels to the device as it came (uint8 is 4x smaller than float) and is converted there."""
-    pixels = _unit_float(image.pixels.to(out.device, non_blocking=True))
-    if image.resize_to is None:
-        torch.mul(pixels, 2.0, out=out).sub_(1.0)
-        return
-    rh, rw = image.resize_to
-    resized = F.interpolate(pixels[None], size=(rh, rw), mode="bilinear", align_corners=False)[0]
-    top, left = (out.shape[1] - rh) // 2, (out.shape[2] - rw) // 2
-    out.fill_(-1.0)  # the padding: 0 * 2 - 1
-    torch.mul(resized.clamp_(0.0, 1.0), 2.0, out=out[:, top:top + rh, left:left + rw]).sub_(1.0)
+    """Resize-with-pad `image` into `out` (3, S, S) on out's device and map it to [-1, 1], in place
+    (one-off: its staging tensors are made for this call; `ImagePreprocessor` keeps them)."""
+    FrameStaging(image.pixels, out.device).write(image, out)
 
 
 def resize_with_pad(image: Any, size: int) -> torch.Tensor:
@@ -146,6 +187,9 @@ def resize_with_pad(image: Any, size: int) -> torch.Tensor:
     out = torch.empty(3, size, size)
     write_image(check_image("image", image, size), out)
     return out
+
+
+MAX_LAYOUTS = 8  # frame layouts an ImagePreprocessor keeps staging for (the oldest goes first)
 
 
 class ImagePreprocessor:
@@ -161,6 +205,8 @@ class ImagePreprocessor:
         self.cameras = tuple(camera_name(c) for c in cameras)
         self.resolution = int(resolution)
         self._slot = {c: i for i, c in enumerate(self.cameras)}
+        self._staging: dict[tuple[Any, ...], FrameStaging] = {}
+        self._copied: Any = None  # CUDA event after the last write's frame copies (made on first use)
 
     def check(self, images: Mapping[str, Any]) -> dict[str, CheckedImage]:
         """Validate every image (names, layout, dtype, range); InputError before any buffer is touched."""
@@ -176,13 +222,31 @@ class ImagePreprocessor:
             raise InputError(f"no camera image given; at least one of {list(self.cameras)} is required")
         return {c: check_image(c, v, self.resolution) for c, v in present.items()}
 
+    def staging(self, pixels: torch.Tensor, device: torch.device) -> FrameStaging:
+        """The `FrameStaging` of this frame's layout on `device` (made on its first frame)."""
+        key = (tuple(pixels.shape), pixels.stride(), pixels.dtype, device)
+        stage = self._staging.get(key)
+        if stage is None:
+            if len(self._staging) >= MAX_LAYOUTS:
+                del self._staging[next(iter(self._staging))]
+            stage = self._staging[key] = FrameStaging(pixels, device)
+        return stage
+
     def write(self, checked: Mapping[str, CheckedImage], pixels: torch.Tensor, masks: torch.Tensor) -> None:
-        """Fill `pixels` (N, 3, S, S) and `masks` (N,); a missing camera is -1 with its mask off."""
+        """Fill `pixels` (N, 3, S, S) and `masks` (N,); a missing camera is -1 with its mask off.
+        On CUDA the frames go through pinned staging (`FrameStaging`): first wait for the previous
+        write's copies out of it, then record that this write's copies are queued."""
+        if self._copied is not None:
+            self._copied.synchronize()
         for camera, slot in self._slot.items():
             image = checked.get(camera)
             if image is None:
                 pixels[slot].fill_(-1.0)
-                masks[slot] = False
+                masks[slot].fill_(False)
             else:
-                write_image(image, pixels[slot])
-                masks[slot] = True
+                self.staging(image.pixels, pixels.device).write(image, pixels[slot])
+                masks[slot].fill_(True)
+        if pixels.device.type == "cuda":
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
+            self._copied.record(torch.cuda.current_stream(pixels.device))
