@@ -54,3 +54,24 @@ def test_unsupported_relative_type_is_refused():
     }
     with pytest.raises(CheckpointError, match="quat"):
         build_decoder("t", stats, cfg, {"a": (0, 1)}, percentiles=False, relative_enabled=True)
+
+
+def test_isaac_gr00t_enum_names_read_as_lerobot_values():
+    """Isaac-GR00T's save_pretrained writes ActionConfig enums by name (RELATIVE, EEF, XYZ_ROT6D); lerobot
+    by value (relative, eef, xyz+rot6d): both decode the same."""
+    stats = {
+        "action": {"pose": {"min": [0.0] * 9, "max": [1.0] * 9}},
+        "relative_action": {"pose": {"min": [-1.0] * 9, "max": [1.0] * 9}},
+    }
+    slices = {"pose": (0, 9)}
+    by_value = {"rep": "relative", "type": "eef", "format": "xyz+rot6d"}
+    by_name = {"rep": "RELATIVE", "type": "EEF", "format": "XYZ_ROT6D"}
+    decs = [
+        build_decoder("t", stats, {"action": {"modality_keys": ["pose"], "action_configs": [c]}}, slices,
+                      False, True)
+        for c in (by_value, by_name)
+    ]
+    assert [g.relative for d in decs for g in d.groups] == ["eef_xyz_rot6d"] * 2
+    norm = np.linspace(-0.5, 0.5, 18, dtype=np.float32).reshape(2, 9)
+    ref = np.array([1, 2, 3, *IDENTITY6], np.float32)
+    np.testing.assert_array_equal(decs[0].decode(norm, ref), decs[1].decode(norm, ref))

@@ -180,3 +180,28 @@ def test_published_backbone_name_reads_the_builtin_config():
     config, bb_dir = n16.n16_config(CK, g)
     assert bb_dir is None
     assert (config.eagle.text_width, config.eagle.layers, config.eagle.image_token) == (2048, 16, 151669)
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda kw: kw.update(use_albumentations=False), "use_albumentations"),
+        (lambda kw: kw["modality_configs"]["tag_a"]["video"].update(delta_indices=[-1, 0]), "video frames"),
+    ],
+)
+def test_refuses_unsupported_processor_configs(tmp_path, edit, match):
+    folder = _copy(tmp_path)
+    cfg = json.loads((folder / "processor_config.json").read_text())
+    edit(cfg["processor_kwargs"])
+    (folder / "processor_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=match):
+        family.load(folder, embodiment="tag_a")
+
+
+def test_detected_as_groot_and_unknown_embodiment_names_the_choices():
+    from flashrt.errors import ConfigError
+    from flashrt.frontends.groot import checkpoint as ck
+
+    assert ck.detect(CK) is None
+    with pytest.raises(ConfigError, match="tag_a"):
+        family.load(CK, embodiment="nope")
