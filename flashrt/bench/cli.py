@@ -59,6 +59,26 @@ def _finish(record: dict[str, Any], out: Path | None, files: dict[str, str] | No
     raise typer.Exit(EXIT.get(record.get("status", "error"), 2))
 
 
+def _save_then_plot(record: dict[str, Any], folder: Path, plot: bool, png: str, draw: Any,
+                    files: dict[str, str] | None = None) -> dict[str, str]:
+    """results.json first (a missing or failing matplotlib never loses a run), then ``draw(record,
+    path)``'s figure, or ``png_skipped``: one line saying why there is none (also on stderr)."""
+    from flashrt.bench.harness import one_line
+    from flashrt.profile.report import write_json
+
+    files = dict(files or {})
+    record.setdefault("files", {}).update(files, json=str(folder / "results.json"))
+    write_json(folder / "results.json", record)
+    if not plot:
+        return files
+    try:
+        return files | {"png": str(draw(record, folder / png))}
+    except Exception as exc:  # plotting is a convenience: the results are already on disk
+        note = one_line(exc)
+        typer.echo(f"figure skipped ({note}); results: {folder / 'results.json'}", err=True)
+        return files | {"png_skipped": note}
+
+
 def _failure(kind: str, name: str, profile: str, exc: Exception) -> dict[str, Any]:
     from flashrt.errors import DeviceError
 
@@ -117,7 +137,8 @@ def bench(
     if list_all:
         return _list()
     if sweep is not None:
-        return _sweep(name, profile, _sweep_options(checkpoint, vs, backend, progress), sweep, pairs, out)
+        return _sweep(name, profile, _sweep_options(checkpoint, vs, backend, progress), sweep, pairs, out,
+                      plot)
     from flashrt.bench.harness import BenchOptions, render, run_benchmark, write_outputs
     from flashrt.bench.profiles import load_profile
     from flashrt.errors import FlashRTError
@@ -147,7 +168,8 @@ def _sweep_options(checkpoint: str | None, vs: str | None, backend: str | None, 
     return BenchOptions(checkpoint, vs, None, None, backend, None, progress)
 
 
-def _sweep(name: str, profile: str, options: Any, lengths: str, pairs: int, out: Path | None) -> None:
+def _sweep(name: str, profile: str, options: Any, lengths: str, pairs: int, out: Path | None,
+           plot: bool = True) -> None:
     """`bench NAME --sweep`: flashrt against --vs at every length (`flashrt.bench.sweep`)."""
     from flashrt.bench.profiles import load_profile
     from flashrt.bench.sweep import parse_lengths, plot_sweep, render_sweep, run_sweep
@@ -159,7 +181,7 @@ def _sweep(name: str, profile: str, options: Any, lengths: str, pairs: int, out:
     except (FlashRTError, ImportError) as exc:
         return _finish(_failure("sweep", name, profile, exc), folder)
     render_sweep(record)
-    files = {"png": str(plot_sweep(folder / "sweep.png", record))}
+    files = _save_then_plot(record, folder, plot, "sweep.png", lambda r, path: plot_sweep(path, r))
     _finish(record, folder, files)
 
 
@@ -177,10 +199,18 @@ def loop(
     plot: Annotated[bool, typer.Option(help="write loop.png")] = True,
     async_mode: Annotated[bool, typer.Option("--async", help="also run through flashrt.AsyncPolicy "
                                              "(real-time chunking) and report both side by side")] = False,
+    trace_out: Annotated[Path | None, typer.Option(help="write every tick's step as a Chrome / Perfetto "
+                                                   "trace JSON (ui.perfetto.dev)")] = None,
 ) -> None:
     """Control-loop simulator: step(obs) at a fixed rate; deadline misses, action age, chunk boundaries."""
     from flashrt.bench.harness import with_model
-    from flashrt.bench.loop import LoopConfig, loop_figure, loop_tables, run_loop_benchmark
+    from flashrt.bench.loop import (
+        LoopConfig,
+        loop_chrome_events,
+        loop_figure,
+        loop_tables,
+        run_loop_benchmark,
+    )
     from flashrt.bench.profiles import load_profile
     from flashrt.errors import FlashRTError
 
@@ -192,12 +222,17 @@ def loop(
         record = run_loop_benchmark(name, prof, config, checkpoint)
     except (FlashRTError, ImportError, ValueError) as exc:
         return _finish(_failure("loop", name, profile, exc), folder)
-    files = {"png": str(loop_figure(record, folder / "loop.png"))} if plot else {}
     loop_tables(record)
     if "loop_async" in record:
         from flashrt.bench.loop_async import side_by_side_tables
 
         side_by_side_tables(record)
+    files = {}
+    if trace_out is not None:
+        from flashrt.profile.timers import write_chrome_trace
+
+        files["chrome_trace"] = str(write_chrome_trace(trace_out, loop_chrome_events(record)))
+    files = _save_then_plot(record, folder, plot, "loop.png", loop_figure, files)
     _finish(record | {"line": _loop_line(record)}, folder, files)
 
 
@@ -245,8 +280,12 @@ def soak(
         record = run_soak_benchmark(name, prof, config, checkpoint, progress)
     except (FlashRTError, ImportError, ValueError) as exc:
         return _finish(_failure("soak", name, profile, exc), folder)
-    files = {"png": str(soak_figure(record, folder / "soak.png"))} if plot else {}
     soak_tables(record)
+    from flashrt.profile.report import write_json
+
+    raw = {"per_step_ms": record["soak"].pop("per_step_ms"), "worst": record["soak"]["worst"]}
+    files = {"samples": str(write_json(folder / "samples.json", raw))}  # null: a failed step
+    files = _save_then_plot(record, folder, plot, "soak.png", soak_figure, files)
     s = record["soak"]
     line = {"schema": record["schema"], "kind": "soak", "benchmark": name, "status": record["status"],
             "steps": s["steps"], "failures": s["failures"], "leak": s["leak"],

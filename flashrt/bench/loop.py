@@ -299,3 +299,25 @@ def loop_figure(record: dict[str, Any], path: Any) -> Any:
                {"action age": (t["index"], age), "missed": pick(t["missed"], age, "x")},
                {"period": period})]
     return plot_panels(path, panels, f"flashrt loop · {record['benchmark']}")
+
+
+def loop_chrome_events(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every executed tick's ``step`` as Chrome / Perfetto complete events (microseconds since the loop
+    started; args: tick, boundary, missed, action age), one process per side (sync; async with
+    ``--async``), plus instant events at the frames the sensor produced (``frame``)."""
+    events: list[dict[str, Any]] = []
+    sides = (("ticks", "flashrt loop"), ("ticks_async", "flashrt loop --async"))
+    for pid, (key, label) in enumerate(sides, 1):
+        t = record.get(key)
+        if not t:
+            continue
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
+        for i, index in enumerate(t["index"]):
+            start, done = t["start_ms"][i], t["done_ms"][i]
+            events.append({"name": "step", "cat": "loop", "ph": "X", "pid": pid, "tid": 0,
+                           "ts": start * 1e3, "dur": max(0.0, done - start) * 1e3,
+                           "args": {"tick": index, "boundary": t["boundary"][i], "missed": t["missed"][i],
+                                    "action_age_ms": done - t["source_obs_ms"][i]}})
+            events.append({"name": "frame", "cat": "loop", "ph": "i", "s": "t", "pid": pid, "tid": 0,
+                           "ts": t["obs_ms"][i] * 1e3, "args": {"tick": index}})
+    return events

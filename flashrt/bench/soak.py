@@ -56,7 +56,8 @@ def run_soak(step: Callable[[int], Any], config: SoakConfig, device: str = "cpu"
     ``rss`` reads the resident bytes (the process's by default); the leak verdict depends on nothing else."""
     lat = np.full(config.steps, np.nan)
     n_samples = (config.steps - config.warmup + config.sample_every - 1) // config.sample_every
-    samples = {"step": [0] * n_samples, "rss": [0] * n_samples, "cuda": [], "median_ms": [None] * n_samples}
+    samples = {"step": [0] * n_samples, "rss": [0] * n_samples, "cuda": [], "median_ms": [None] * n_samples,
+               "max_ms": [None] * n_samples}
     previous, s = 0, 0
     for i in range(config.steps):
         start = time.perf_counter_ns()
@@ -71,7 +72,11 @@ def run_soak(step: Callable[[int], Any], config: SoakConfig, device: str = "cpu"
         if progress is not None:
             progress.update(1)
     ok = lat[~np.isnan(lat)]
-    return summarize_soak(ok.tolist(), int(np.isnan(lat).sum()), samples, config)
+    summary = summarize_soak(ok.tolist(), int(np.isnan(lat).sum()), samples, config)
+    worst = int(np.nanargmax(lat)) if ok.size else None
+    summary["worst"] = {"step": worst, "ms": None if worst is None else float(lat[worst])}
+    summary["per_step_ms"] = [None if np.isnan(x) else float(x) for x in lat]  # raw: null = failed step
+    return summary
 
 
 def _sample(samples: dict[str, list], s: int, i: int, device: str, window: np.ndarray,
@@ -80,6 +85,7 @@ def _sample(samples: dict[str, list], s: int, i: int, device: str, window: np.nd
     samples["rss"][s] = rss()
     window = window[~np.isnan(window)]
     samples["median_ms"][s] = float(np.median(window)) if window.size else None
+    samples["max_ms"][s] = float(window.max()) if window.size else None
     cuda = memory.cuda_memory(device)
     if cuda is not None:
         samples["cuda"].append(cuda["allocated"])
@@ -112,7 +118,7 @@ def summarize_soak(lat: list[float], failures: int, samples: dict[str, list],
             "rss": rss, "cuda_allocated": cuda,
             "leak": bool(rss["leak"] or (cuda and cuda["leak"])),
             "samples": {"step": samples["step"], "rss_mib": [v / MIB for v in samples["rss"]],
-                        "median_ms": samples["median_ms"]}}
+                        "median_ms": samples["median_ms"], "max_ms": samples.get("max_ms", [])}}
 
 
 def run_soak_benchmark(name: str, profile: Any, config: SoakConfig, checkpoint: str | None = None,
@@ -155,13 +161,20 @@ def soak_tables(record: dict[str, Any], console: Any = None) -> None:
 
 
 def soak_figure(record: dict[str, Any], path: Any) -> Any:
-    """RSS over the run (with the fitted growth) for the soak figure."""
+    """RSS over the run, and the step latency: median AND max of each sampling window, and the worst
+    call of the whole run marked (a median-only line hid a 1,640 ms step)."""
     from flashrt.profile.plots import plot_panels
 
-    s = record["soak"]["samples"]
-    steps = [x for x, m in zip(s["step"], s["median_ms"]) if m is not None]
-    medians = [m for m in s["median_ms"] if m is not None]
-    panels = [("resident set size", "step", "MiB", {"rss": (s["step"], s["rss_mib"])}, {}),
-              ("step latency (median since the previous sample)", "step", "ms",
-               {"median": (steps, medians)}, {})]
-    return plot_panels(path, panels, f"flashrt soak · {record['benchmark']}")
+    return plot_panels(path, soak_panels(record), f"flashrt soak · {record['benchmark']}")
+
+
+def soak_panels(record: dict[str, Any]) -> list[tuple[str, str, str, dict[str, Any], dict[str, float]]]:
+    """The soak figure's panels (`flashrt.profile.plots.plot_panels`)."""
+    s, worst = record["soak"]["samples"], record["soak"].get("worst") or {}
+    keep = lambda key: ([x for x, m in zip(s["step"], s[key]) if m is not None],
+                        [m for m in s[key] if m is not None])
+    latency = {"median": keep("median_ms"), "max": keep("max_ms")}
+    if worst.get("step") is not None:
+        latency[f"worst call ({worst['ms']:.1f} ms)"] = ([worst["step"]], [worst["ms"]], "x")
+    return [("resident set size", "step", "MiB", {"rss": (s["step"], s["rss_mib"])}, {}),
+            ("step latency (median and max since the previous sample)", "step", "ms", latency, {})]

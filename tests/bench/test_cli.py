@@ -145,3 +145,58 @@ def test_snac_noise_flag_reaches_the_snac_benchmark(app, tmp_path, profile_file)
     assert res.exit_code == 4 and "unseeded noise" in res.stderr, res.output
     res = CliRunner().invoke(app, ["bench", "hifigan", *args, "--out", str(tmp_path / "h")])
     assert res.exit_code == 2 and "SNAC option" in res.stderr, res.output
+
+
+def _no_matplotlib(*args, **kwargs):
+    raise ImportError("No module named 'matplotlib'")
+
+
+@pytest.mark.parametrize("command", ["loop", "soak"])
+def test_loop_and_soak_keep_their_results_without_matplotlib(app, tmp_path, profile_file, fake_name,
+                                                             monkeypatch, command):
+    monkeypatch.setattr("flashrt.profile.plots.plot_panels", _no_matplotlib)
+    register_fake(fake_name)
+    extra = ["--steps", "20", "--rate", "500"] if command == "loop" else ["--no-progress"]
+    out = tmp_path / command
+    res = CliRunner().invoke(app, [command, fake_name, "-p", profile_file, "--out", str(out), *extra])
+    assert res.exit_code == 0, res.output
+    assert "figure skipped" in res.stderr and "matplotlib" in res.stderr
+    data = json.loads((out / "results.json").read_text())
+    assert "png" not in data["files"] and "matplotlib" in data["files"]["png_skipped"]
+    assert not (out / f"{command}.png").exists() and _last_json(res.stdout)["kind"] == command
+
+
+def test_soak_raw_samples_round_trip_to_the_reported_percentiles(app, tmp_path, profile_file, fake_name):
+    from flashrt.profile.stats import LatencyStats
+
+    register_fake(fake_name)
+    out = tmp_path / "s"
+    res = CliRunner().invoke(app, ["soak", fake_name, "-p", profile_file, "--out", str(out), "--no-progress",
+                                   "--no-plot"])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "results.json").read_text())
+    raw = json.loads((out / "samples.json").read_text())
+    assert data["files"]["samples"] == str(out / "samples.json") and "per_step_ms" not in data["soak"]
+    assert len(raw["per_step_ms"]) == 200
+    again = LatencyStats.from_samples([x for x in raw["per_step_ms"] if x is not None])
+    for key in ("p50", "p90", "p99", "max"):
+        assert getattr(again, key) == data["soak"]["latency"][key], key
+    assert raw["worst"]["ms"] == data["soak"]["latency"]["max"] == max(raw["per_step_ms"])
+
+
+def test_loop_trace_out_is_a_chrome_trace_of_every_step(app, tmp_path, profile_file, fake_name):
+    register_fake(fake_name)
+    path = tmp_path / "loop-trace.json"
+    res = CliRunner().invoke(app, ["loop", fake_name, "-p", profile_file, "--steps", "12", "--rate", "200",
+                                   "--out", str(tmp_path / "l"), "--no-plot", "--trace-out", str(path)])
+    assert res.exit_code == 0, res.output
+    events = json.loads(path.read_text())["traceEvents"]
+    record = json.loads((tmp_path / "l" / "results.json").read_text())
+    steps = [e for e in events if e["ph"] == "X"]
+    assert record["files"]["chrome_trace"] == str(path)
+    assert [e["args"]["tick"] for e in steps] == record["ticks"]["index"]
+    assert all(e["name"] == "step" and e["pid"] == 1 and e["dur"] >= 0 for e in steps)
+    for e, start, done in zip(steps, record["ticks"]["start_ms"], record["ticks"]["done_ms"]):
+        assert e["ts"] == pytest.approx(start * 1e3) and e["dur"] == pytest.approx((done - start) * 1e3)
+    assert sum(e["ph"] == "i" and e["name"] == "frame" for e in events) == len(steps)
+    assert [e["args"]["name"] for e in events if e["ph"] == "M"] == ["flashrt loop"]

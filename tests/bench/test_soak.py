@@ -105,3 +105,20 @@ def test_bad_config():
         SoakConfig(steps=10)
     with pytest.raises(ValueError):
         SoakConfig(steps=100, warmup=100)
+
+
+def test_the_soak_figure_shows_the_worst_call():
+    """A median-only latency line hid a 1,640 ms step: the panels carry each window's max and the worst
+    call of the run, marked."""
+    import time
+
+    from flashrt.bench.soak import soak_panels
+
+    summary = run_soak(lambda i: time.sleep(0.05 if i == 123 else 0), SoakConfig(steps=300, warmup=20))
+    assert summary["worst"]["step"] == 123 and summary["worst"]["ms"] >= 50
+    assert summary["per_step_ms"][123] == summary["worst"]["ms"] == summary["latency"].max
+    _, latency = soak_panels({"soak": summary, "benchmark": "x"})
+    series = latency[3]
+    assert max(series["max"][1]) == summary["worst"]["ms"] and max(series["median"][1]) < 50
+    (marked,) = [v for k, v in series.items() if k.startswith("worst call")]
+    assert marked == ([123], [summary["worst"]["ms"]], "x")
