@@ -402,8 +402,8 @@ class GrootN16Frontend(GrootFrontend):
 
 
 def _backbone_dir(folder: Path, bb_dir: Path | None, tokenizer: str | Path | None) -> Path:
-    if tokenizer is not None:
-        return Path(tokenizer)
+    if tokenizer is not None:  # the backbone folder, or a file in it (tokenizer.json, vocab.json)
+        return Path(tokenizer).parent if Path(tokenizer).is_file() else Path(tokenizer)
     if bb_dir is None:
         raise CheckpointError(
             f"{folder}: the backbone is the published nvidia/Eagle-Block2A-2B-v2; pass tokenizer=PATH (a "
