@@ -9,9 +9,12 @@
 
 ``load_vocoder(path_or_card, device="cpu", precision="fp32", backend=None, buckets=None, *, family=None,
 config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False, capture=True,
-exact_stream=False, conv=None, overrides=None)``:
+exact_stream=False, conv=None, overrides=None, allow_download=False)``:
 
-* path_or_card, family, config, checkpoint, precision (one vocabulary: "fp32" / "float32", "bf16" /
+* path_or_card: a folder, a file, a model card, or a hub id (``"hubertsiuzdak/snac_24khz"``) read from
+  the local Hugging Face cache (``allow_download=True`` lets `huggingface_hub` fetch it; it honours
+  ``HF_HUB_OFFLINE``).
+* family, config, checkpoint, precision (one vocabulary: "fp32" / "float32", "bf16" /
   "bfloat16", "fp16" / "float16" / "half", or a torch dtype), conv, overrides (config fields replaced
   after the config is picked): resolved by `flashrt.frontends.vocoders.load_vocoder_module` (its
   docstring says how).
@@ -136,11 +139,13 @@ def load_vocoder(
     exact_stream: bool = False,
     conv: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    allow_download: bool = False,
 ) -> Vocoder:
     """Load, map strictly, and capture a vocoder (see the module docstring for every argument; SNAC's
     default drops the released decoders' noise: ``overrides={"noise_mode": "seeded"}`` keeps it)."""
     loaded = load_vocoder_module(path_or_card, device, precision, family=family, config=config,
-                                 checkpoint=checkpoint, conv=conv, overrides=overrides)
+                                 checkpoint=checkpoint, conv=conv, overrides=overrides,
+                                 allow_download=allow_download)
     runtime = loaded.runtime
     voc = Vocoder(loaded.family, loaded.config, loaded.module, device=device, backend=backend,
                   dtype=loaded.dtype, batch=batch, strict=strict, buckets=buckets or runtime.get("buckets"),

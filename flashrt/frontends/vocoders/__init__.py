@@ -7,7 +7,9 @@ The user-facing loader is `flashrt.load_vocoder` (runner/vocoder.py: this packag
   folder: transformers ``save_pretrained`` (config.json + model.safetensors: SpeechT5HifiGan), jik876 /
   BigVGAN (config.json + ``{"generator": state_dict}`` .pt: ``generator.pt``, ``bigvgan_generator.pt``),
   Vocos (config.yaml + pytorch_model.bin), SNAC (config.json + pytorch_model.bin); or a card name from
-  ``models/`` or a ``.toml`` path; or an in-memory mapping of tensors.
+  ``models/`` or a ``.toml`` path; or an in-memory mapping of tensors; or a Hugging Face hub id
+  (``hubertsiuzdak/snac_24khz``, also as a card's ``checkpoint=``) found in the local hub cache
+  (`flashrt.io.hub`; ``allow_download=True`` to fetch it, ``HF_HUB_OFFLINE`` honoured).
 * Family: ``family=`` if given (and the checkpoint must not look like another family: CheckpointError),
   else the card's ``family``, else the one registered family whose ``detect`` accepts the checkpoint
   (its config.json / config.yaml, else its keys); none or several: CheckpointError.
@@ -69,6 +71,7 @@ from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders.base import CheckpointSource, VocoderFamily
 from flashrt.frontends.vocoders.frontend import VocoderFrontend
 from flashrt.io import Checkpoint, load_module, open_checkpoint
+from flashrt.io.hub import resolve_checkpoint
 from flashrt.nn.conv_policy import POLICIES as CONV_POLICIES
 from flashrt.nn.conv_policy import apply_conv_policy
 from flashrt.quant.precision import compute_dtype
@@ -196,13 +199,14 @@ def _parse_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def _open(source: Any) -> tuple[Checkpoint, Mapping[str, Any] | None, Any]:
-    """(checkpoint, its config.json / config.yaml or None, path or None)."""
+def _open(source: Any, allow_download: bool = False) -> tuple[Checkpoint, Mapping[str, Any] | None, Any]:
+    """(checkpoint, its config.json / config.yaml or None, path or None). A hub id that is not a local
+    path (``hubertsiuzdak/snac_24khz``) is its snapshot in the Hugging Face cache (`flashrt.io.hub`)."""
     if isinstance(source, Checkpoint):
         return source, None, None
     if isinstance(source, Mapping):
         return Checkpoint.from_tensors(source), None, None
-    path = Path(source)
+    path = resolve_checkpoint(source, allow_download) if isinstance(source, str) else Path(source)
     config = checkpoint_config(path) if path.exists() else None
     return open_checkpoint(path), config, path
 
@@ -249,8 +253,11 @@ def load_vocoder_module(
     checkpoint: Any = None,
     conv: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    allow_download: bool = False,
 ) -> LoadedVocoder:
-    """Resolve the family and config, map the weights strictly, apply the conv policy (module docstring)."""
+    """Resolve the family and config, map the weights strictly, apply the conv policy (module docstring).
+    A hub id is read from the local Hugging Face cache; ``allow_download=True`` lets `huggingface_hub`
+    fetch it (it still honours ``HF_HUB_OFFLINE``)."""
     dtype = compute_dtype(precision)
     if conv is not None and conv not in CONV_POLICIES:
         raise ConfigError(f"conv {conv!r}; choose one of {sorted(CONV_POLICIES)}")
@@ -262,7 +269,7 @@ def load_vocoder_module(
         if path_or_card is None:
             raise CheckpointError(f"card {card.get('preset')!r} of {family} names no weight file; "
                                   "pass checkpoint=<dir or file>")
-    ckpt, ckpt_config, path = _open(path_or_card)
+    ckpt, ckpt_config, path = _open(path_or_card, allow_download)
     fam = _resolve_family(family, CheckpointSource(path, ckpt_config, frozenset(ckpt.keys())))
     cfg = _pick_config(fam, config, card, ckpt_config)
     cfg = config_for(fam, cfg, overrides) if overrides else cfg
