@@ -93,15 +93,18 @@ class EagleImageSpec:
 
     @classmethod
     def from_checkpoint(cls, kw: dict[str, Any], bb_dir: Path | None) -> EagleImageSpec:
-        if not kw.get("use_albumentations", True):
+        if not kw.get("use_albumentations", False):  # Gr00tN1d6Processor's default: torchvision
             raise CheckpointError(
                 "processor_config.json: use_albumentations = false (the torchvision image pipeline) is not "
                 "supported for GR00T N1.6 yet"
             )
         target, crop = kw.get("image_target_size"), kw.get("image_crop_size")
         frac, edge = kw.get("crop_fraction"), kw.get("shortest_image_edge")
-        if (frac is None or edge is None) and target is None:
-            raise CheckpointError("processor_config.json: image_target_size is required")
+        if (edge is None and target is None) or (frac is None and (crop is None or target is None)):
+            raise CheckpointError(
+                "processor_config.json: needs shortest_image_edge (or image_target_size) and crop_fraction "
+                "(or image_crop_size with image_target_size)"
+            )
         frac = float(frac) if frac is not None else int(crop[0]) / float(target[0])
         pre = (
             read_json(bb_dir / "preprocessor_config.json", "Eagle image processor config")
@@ -401,6 +404,22 @@ class GrootN16Frontend(GrootFrontend):
         return formalize_n16(value, self.options.formalize_language)
 
 
+def _require_image_libraries() -> None:
+    """OpenCV and Pillow run every N1.6 image (module docstring): refuse at load, not at the first call."""
+    import importlib.util
+
+    missing = [
+        pip
+        for mod, pip in (("cv2", "opencv-python-headless"), ("PIL", "pillow"))
+        if importlib.util.find_spec(mod) is None
+    ]
+    if missing:
+        raise CheckpointError(
+            "GR00T N1.6 prepares images with OpenCV and Pillow as Isaac-GR00T does: "
+            f"pip install {' '.join(missing)}"
+        )
+
+
 def _backbone_dir(folder: Path, bb_dir: Path | None, tokenizer: str | Path | None) -> Path:
     if tokenizer is not None:  # the backbone folder, or a file in it (tokenizer.json, vocab.json)
         return Path(tokenizer).parent if Path(tokenizer).is_file() else Path(tokenizer)
@@ -443,6 +462,7 @@ def load(
             "(in that order; a subset is allowed)"
         )
     image = EagleImageSpec.from_checkpoint(side.kwargs, bb_dir)
+    _require_image_libraries()
     chat = EagleChat(_backbone_dir(folder, bb_dir, tokenizer), config.eagle.image_token)
     dev = resolve_device(device)
     with open_checkpoint(folder) as weights:
