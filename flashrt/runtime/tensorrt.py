@@ -20,11 +20,13 @@ gets its output bound to a scratch tensor copied back after the run, and a non-c
 staged through a contiguous scratch.
 
 Precision (`precision=`): "auto" builds a strongly typed network (every tensor in the type the step was
-exported in: a bf16 frontend gives a bf16 engine); "fp32" / "fp16" / "bf16" build a weakly typed one from
-an fp32 export, TensorRT free to run layers in fp16 / bf16 (fp32: no reduced precision). TF32 is off in
-every mode (parity with torch's default matmuls). INT8 and FP8 are refused: they would need flashrt's own
-calibration scales written into the export as Q/DQ nodes, which the exporter does not write yet, and
-TensorRT's own calibrator (with its separate cache that goes stale silently) is never used.
+exported in: a bf16 frontend gives a bf16 engine); "fp32" the same, refusing a step not exported in fp32;
+"fp16" / "bf16" build a weakly typed one from an fp32 export, TensorRT free to run layers in fp16 / bf16
+(TensorRT 10 only: 11 removed weak typing, there load the frontend in that precision and use "auto").
+TF32 is off in every mode where the flag exists (parity with torch's default matmuls). INT8 and FP8 are
+refused: they would need flashrt's own calibration scales written into the export as Q/DQ nodes, which
+the exporter does not write yet, and TensorRT's own calibrator (with its separate cache that goes stale
+silently) is never used.
 
 Availability: registered for CUDA devices only; the constructor refuses with DeviceError ("needs CUDA +
 tensorrt") where CUDA or the tensorrt package is missing. Nothing here imports tensorrt before a build
@@ -195,12 +197,17 @@ _LOGGER = None
 
 def build_engine(onnx: bytes, options: BuildOptions, device: torch.device) -> bytes:
     """The serialized engine of `onnx` built for `device` with `options` (CaptureError with the parser's
-    or builder's reason when TensorRT refuses)."""
+    or builder's reason when TensorRT refuses). "auto" / "fp32" build a strongly typed network (TensorRT
+    11 builds nothing else); "fp16" / "bf16" set TensorRT 10's weak-typing flags, which 11 removed (then a
+    ConfigError: load the frontend in that precision and build with "auto")."""
     import tensorrt as trt
     builder = trt.Builder(_logger())
-    flags = 0
-    if options.precision == "auto":
-        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    weak = options.precision in ("fp16", "bf16")
+    flag = getattr(trt.BuilderFlag, options.precision.upper(), None) if weak else None
+    if weak and flag is None:
+        raise ConfigError(f"tensorrt precision {options.precision!r}: TensorRT {trt.__version__} has no "
+                          "weak typing; load the frontend in that precision and use precision='auto'")
+    flags = 0 if weak else 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, _logger())
     if not parser.parse(onnx):
@@ -210,11 +217,10 @@ def build_engine(onnx: bytes, options: BuildOptions, device: torch.device) -> by
     config.builder_optimization_level = options.opt_level
     if options.workspace_mb:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mb << 20)
-    config.clear_flag(trt.BuilderFlag.TF32)
-    if options.precision == "fp16":
-        config.set_flag(trt.BuilderFlag.FP16)
-    elif options.precision == "bf16":
-        config.set_flag(trt.BuilderFlag.BF16)
+    if getattr(trt.BuilderFlag, "TF32", None) is not None:
+        config.clear_flag(trt.BuilderFlag.TF32)
+    if flag is not None:
+        config.set_flag(flag)
     with torch.cuda.device(device):
         data = builder.build_serialized_network(network, config)
     if data is None:
