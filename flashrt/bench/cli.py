@@ -121,8 +121,9 @@ def bench(
     = None,
     trace: Annotated[str | None, typer.Option(help="replay a recorded trace file")] = None,
     save_trace: Annotated[bool, typer.Option(help="save the frozen trace as trace.pt in --out")] = False,
-    trace_out: Annotated[Path | None, typer.Option(help="write the timed calls' stages as a Chrome / "
-                                                   "Perfetto trace JSON (ui.perfetto.dev)")] = None,
+    trace_out: Annotated[Path | None, typer.Option(help="write a Chrome / Perfetto trace JSON "
+                                                   "(ui.perfetto.dev): the timed calls' stages on the CPU, "
+                                                   "torch.profiler (kernels + stages) on a GPU")] = None,
     out: OutOpt = None,
     plot: Annotated[bool, typer.Option(help="write latency.png")] = True,
     progress: Annotated[bool, typer.Option(help="progress bar on stderr")] = True,
@@ -146,7 +147,7 @@ def bench(
     folder = _out_dir(out, "bench", name, profile)
     try:
         options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision, tokenizer,
-                               snac_noise)
+                               snac_noise, chrome_trace=trace_out is not None)
         result = run_benchmark(name, load_profile(profile), options)
     except (FlashRTError, ImportError) as exc:
         return _finish(_failure("bench", name, profile, exc), folder)

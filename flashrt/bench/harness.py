@@ -125,6 +125,7 @@ class BenchOptions:
     precision: str | None = None
     tokenizer: str | None = None  # `--tokenizer`: the profile's [model] tokenizer
     snac_noise: str | None = None  # `--snac-noise`: the profile's [model] noise_mode
+    chrome_trace: bool = False  # `--trace-out`: on a GPU, profile extra calls with torch.profiler
 
     def __post_init__(self) -> None:
         """The flags' own values, checked under their names (the profile re-checks the merged result)."""
@@ -383,15 +384,61 @@ def _plot_data(sides: list[Side], rate_hz: float) -> dict[str, Any]:
             "title": f"{a.name}"}
 
 
+class ProfiledTimer(StageTimer):
+    """A `StageTimer` whose stages are also torch.profiler ranges (``record_function``), so the
+    profiler's trace shows flashrt's stage names over the kernels they launch."""
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        import torch
+
+        with torch.profiler.record_function(name), super().stage(name):
+            yield
+
+
+PROFILED_CALLS = 10
+
+
+def profiler_trace(sides: list[Side], trace: FrozenTrace, device: str,
+                   calls: int = PROFILED_CALLS) -> list[dict[str, Any]]:
+    """Chrome trace events of `calls` more rounds (untimed, after the measurement) under torch.profiler:
+    CPU ops, CUDA kernels on a GPU, each side's calls and its stages as named ranges."""
+    import json
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = str(device).startswith("cuda")
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    with profile(activities=activities) as prof:
+        for i in range(calls):
+            for side in sides:
+                with torch.profiler.record_function(f"{side.name} call {i}"):
+                    side.impl.run(trace[i % len(trace)], ProfiledTimer(device, nvtx=False))
+        if cuda:
+            torch.cuda.synchronize(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return json.loads(path.read_text())["traceEvents"]
+
+
 def run_benchmark(name: str, profile: Profile, options: BenchOptions | None = None) -> BenchResult:
     """Run benchmark `name` under `profile`. DeviceError / ConfigError propagate (the CLI reports them
-    as status "refused" / "error"); a gate failure returns a result with status "gated-out"."""
+    as status "refused" / "error"); a gate failure returns a result with status "gated-out".
+    With ``options.chrome_trace`` on a CUDA device, the Chrome trace is torch.profiler's (extra calls
+    after the timed ones); on the CPU it is the stage timers' of the timed calls."""
     run = _Run(name, profile, options or BenchOptions())
     try:
         with torch_threads(run.profile.device.threads):
             if run.prepare():
                 vs_impl = run.build_vs()
-                run.summarize(run.measure(vs_impl))
+                sides = run.measure(vs_impl)
+                run.summarize(sides)
+                if run.options.chrome_trace and str(run.device).startswith("cuda"):
+                    run.result.plot_data["chrome"] = profiler_trace(sides, run.trace, run.device)
+                    run.result.plot_data["chrome_source"] = f"torch.profiler ({PROFILED_CALLS} extra calls)"
     finally:
         run.close()
     run.result.cold_start_ms = run.cold
@@ -417,6 +464,7 @@ def write_outputs(result: BenchResult, out_dir: str | Path, plot: bool = True,
         from flashrt.profile.timers import write_chrome_trace
 
         result.files["chrome_trace"] = str(write_chrome_trace(trace_out, d["chrome"]))
+        result.files["chrome_trace_source"] = d.get("chrome_source", "stage timers (the timed calls)")
     result.files["json"] = str(out / "results.json")
     write_json(out / "results.json", result.to_dict())  # results first: a failing plot never loses them
     if plot and d.get("stages", {}).get("total"):

@@ -106,6 +106,8 @@ def test_trace_out_is_a_chrome_trace_of_the_stages(app, tmp_path, profile_file, 
     assert sum(e["name"] == "replay" and e["pid"] == 1 for e in spans) == 5       # iters of the profile
     names = {e["args"]["name"] for e in events if e["ph"] == "M"}
     assert len(names) == 2
+    files = json.loads((tmp_path / "run" / "results.json").read_text())["files"]
+    assert files["chrome_trace"] == str(path) and files["chrome_trace_source"].startswith("stage timers")
 
 
 @pytest.fixture

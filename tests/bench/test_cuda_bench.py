@@ -32,3 +32,19 @@ def test_runtime_block_cuda_graph_vs_eager(tiny_profile):
     assert result.gate["passed"] and result.vs["pairs"] == 20
     assert result.memory["cuda"]["peak_allocated"] > 0
     assert result.roofline["peak"]["bandwidth_gbs"] is None or result.roofline["peak"]["bandwidth_gbs"] > 0
+
+
+def test_trace_out_on_cuda_is_torch_profilers_with_the_stage_names(tiny_profile, tmp_path):
+    import json
+
+    from flashrt.bench.harness import write_outputs
+
+    profile = tiny_profile(device={"kind": "cuda", "threads": 0}, runtime={"backend": "cuda"},
+                           bench={"iters": 5, "warmup": 1})
+    result = run_benchmark("runtime-block", profile, BenchOptions(progress=False, chrome_trace=True))
+    files = write_outputs(result, tmp_path, plot=False, trace_out=tmp_path / "trace.json")
+    assert files["chrome_trace_source"].startswith("torch.profiler")
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    ranges = {e["name"] for e in events if e.get("cat") == "user_annotation"}
+    assert {"validate", "h2d", "replay", "d2h"} <= ranges
+    assert any(e.get("cat") == "kernel" for e in events)  # the replayed graph's kernels under the stages

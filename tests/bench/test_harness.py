@@ -151,3 +151,25 @@ def test_console_shows_the_gate_verdict(tiny_profile, fake_name):
     render(_run(fake_name, tiny_profile()), console=console)
     text = console.export_text()
     assert "quality gate" in text and "passed" in text and "max_abs" in text
+
+
+def test_profiler_trace_names_each_side_and_stage_over_the_ops():
+    """`--trace-out` on a GPU: torch.profiler's Chrome trace with flashrt's stage names as ranges (run
+    here with the CPU activity only; on CUDA the kernels are added)."""
+    from flashrt.bench.harness import Side, profiler_trace
+    from flashrt.bench.trace import FrozenTrace
+
+    trace = FrozenTrace.from_inputs([{"x": torch.randn(4, 3)} for _ in range(2)], seed=0)
+    sides = [Side("A", FakeImpl(name="flashrt"), "cpu", 0, 0), Side("B", FakeImpl(name="eager"), "cpu", 0, 0)]
+    events = json.loads(json.dumps(profiler_trace(sides, trace, "cpu", calls=3)))  # strict JSON
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and e.get("ph") == "X"]
+    names = [e["name"] for e in ranges]
+    assert names.count("validate") == names.count("replay") == 6
+    assert {f"{s} call {i}" for s in ("flashrt", "eager") for i in range(3)} <= set(names)
+    assert all(isinstance(e["ts"], int | float) and e["dur"] >= 0 for e in ranges)
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    assert any(e["name"] in ("aten::mul", "aten::add") for e in ops)
+    call0 = next(e for e in ranges if e["name"] == "flashrt call 0")
+    inside = [e["name"] for e in ranges if call0["ts"] <= e["ts"] <= call0["ts"] + call0["dur"]
+              and e["name"] in ("validate", "replay")]
+    assert inside[:2] == ["validate", "replay"]
