@@ -102,10 +102,14 @@ def clean_prompt(task: str) -> str:
     return task.strip().replace("_", " ").replace("\n", " ")
 
 
+STATE_BIN_EDGES = np.linspace(-1, 1, STATE_BINS + 1)[:-1]  # float64, made once (not per call)
+STATE_BIN_EDGES.flags.writeable = False
+
+
 def discretize_state(state: np.ndarray | torch.Tensor) -> np.ndarray:
     """Normalized state -> bin indices in -1..255 (numpy digitize against float64 bin edges)."""
     values = state.detach().cpu().numpy() if isinstance(state, torch.Tensor) else np.asarray(state)
-    return np.digitize(values, bins=np.linspace(-1, 1, STATE_BINS + 1)[:-1]) - 1
+    return np.digitize(values, bins=STATE_BIN_EDGES) - 1
 
 
 def _lerobot_pi0(tok: PaliGemmaTokenizer, task: str, state: Any) -> list[int]:
