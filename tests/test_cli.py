@@ -200,3 +200,17 @@ def test_verbose_turns_on_logging(capsys, monkeypatch):
     monkeypatch.setattr(logging, "basicConfig", lambda **kw: calls.append(kw["level"]))
     assert _run(capsys, ["-vv", "info", "--json"])[0] == 0
     assert calls == [logging.DEBUG]
+    assert _run(capsys, ["-v", "info", "--json"])[0] == 0
+    assert calls == [logging.DEBUG, logging.INFO]
+
+
+def test_quiet_by_default(capsys, monkeypatch):
+    """No -v: logging is not configured, so flashrt's INFO lines (load, capture, calibration) stay
+    silent and the capture progress bar stays off."""
+    import logging
+
+    calls = []
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: calls.append(kw["level"]))
+    code, out, err = _run(capsys, ["info", "--json"])
+    assert code == 0 and calls == [] and err == ""
+    assert not logging.getLogger("flashrt.runtime.buckets").isEnabledFor(logging.INFO)

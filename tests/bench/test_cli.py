@@ -81,15 +81,25 @@ def test_loop_and_soak_commands(app, tmp_path, profile_file, fake_name):
     assert json.loads((tmp_path / "s" / "results.json").read_text())["soak"]["steps"] == 200
 
 
-@pytest.mark.parametrize("vs", ["lerobot", "off"])
+class _Raises270Lines:
+    name = "broken"
+
+    def run(self, inputs, timer):  # what torch.compile's failure looked like: ~270 lines
+        raise RuntimeError("compile failed\n" + "  File trace line\n" * 270)
+
+
+@pytest.mark.parametrize("vs", ["lerobot", "off", "broken"])
 def test_a_failing_vs_side_exits_non_zero_with_one_line(app, tmp_path, profile_file, fake_name, vs):
     from .fakes import FakeImpl
 
-    register_fake(fake_name, refs={"off": FakeImpl(name="off", offset=1.0)})
+    register_fake(fake_name, refs={"off": FakeImpl(name="off", offset=1.0), "broken": _Raises270Lines()})
     res = CliRunner().invoke(app, ["bench", fake_name, "-p", profile_file, "--vs", vs, "--out",
                                    str(tmp_path / "run"), "--no-progress", "--no-plot"])
     assert res.exit_code == 4, res.output
-    assert f"--vs {vs}" in res.stderr and (tmp_path / "run" / "results.json").is_file()
+    assert (tmp_path / "run" / "results.json").is_file()
+    lines = [ln for ln in res.stderr.splitlines() if f"--vs {vs}" in ln]
+    assert len(lines) == 1 and "trace line" not in res.stderr, res.stderr
+    assert _last_json(res.stdout)["vs_status"] in ("unavailable", "gated-out", "error")
 
 
 def test_trace_out_is_a_chrome_trace_of_the_stages(app, tmp_path, profile_file, fake_name):
