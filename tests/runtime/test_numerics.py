@@ -70,3 +70,35 @@ def test_no_sdpa_pin_leaves_torchs_choice(caller_flags):
     with Numerics(tf32=True).scope("cuda"):
         assert _flags()[2:] == caller_flags[2:]
     assert Numerics(tf32=True).describe() == {"tf32": True, "sdpa": None}
+
+
+# ------------------------------------------------------------------------------- on a GPU (skipped here)
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@CUDA
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", ["flash", "efficient", "cudnn", "math"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_each_sdpa_backend_on_pi0s_attention_shapes(backend, dtype, bias):
+    """Pi0's attention as `flashrt.nn.attention.attend` calls it: every query head folded onto ONE K/V
+    head ((B, 1, L*H, D) queries), a broadcast key-padding bias (B, 1, 1, S); each backend the GPU
+    offers for it agrees with float64 math; one that does not support it says so (skipped)."""
+    from flashrt.nn.attention import attend, key_padding_bias
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = ((1, 50, 8, 64), (1, 1, 626, 64), (1, 1, 626, 64))     # expert queries, prefix + own keys
+    q, k, v = (torch.randn(shape, generator=gen) for shape in shapes)
+    valid = torch.ones(1, 626, dtype=torch.bool)
+    valid[:, 500:576] = False                                    # padded prompt slots, as a bucket has
+    ref = attend(q.double(), k.double(), v.double(), key_padding_bias(valid, torch.float64) if bias else None)
+    dev = [t.to("cuda", dtype) for t in (q, k, v)]
+    mask = key_padding_bias(valid.cuda(), dtype) if bias else None
+    try:
+        with Numerics(sdpa=(backend,)).scope("cuda"):
+            out = attend(*dev, mask)
+    except RuntimeError as exc:                                  # "No available kernel" for this call
+        pytest.skip(f"{backend} does not run this call here: {str(exc).splitlines()[0]}")
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-5
+    torch.testing.assert_close(out.double().cpu(), ref, atol=tol, rtol=tol)
