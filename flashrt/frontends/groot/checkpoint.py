@@ -72,8 +72,8 @@ def _check_n17(path: Path, cfg: dict[str, Any] | None = None, n16: bool = False)
         return
     if cfg.get("model_type") == "gr00t_n1_5":
         raise CheckpointError(
-            f"{path}: a GR00T N1.5 checkpoint: it runs at model level only "
-            "(flashrt.frontends.groot.n15), not through load_policy yet"
+            f"{path}: a bare GR00T N1.5 model folder; load the lerobot 0.5.1 groot policy folder whose "
+            "base_model_path names it (flashrt.frontends.groot.n15_frontend)"
         )
     if cfg.get("model_type") != N17_MODEL_TYPE:
         raise CheckpointError(
@@ -83,8 +83,12 @@ def _check_n17(path: Path, cfg: dict[str, Any] | None = None, n16: bool = False)
 
 
 def detect(folder: Path) -> None:
-    """None for an N1.7 checkpoint folder (raw or a lerobot policy); CheckpointError saying why not."""
-    layout(folder)
+    """None for a GR00T checkpoint folder flashrt loads (N1.7 raw or a lerobot policy, Isaac-GR00T N1.6, a
+    lerobot 0.5.1 N1.5 policy); CheckpointError saying why not."""
+    from flashrt.frontends.groot.n15_frontend import n15_layout
+
+    if n15_layout(Path(folder)) is None:
+        layout(folder)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The GROOT registry entry: detect a GR00T N1.7 (lerobot / Isaac-GR00T) or N1.6 (Isaac-GR00T) checkpoint
-folder, load it as a captured frontend."""
+"""The GROOT registry entry: detect a GR00T N1.7 (lerobot / Isaac-GR00T), N1.6 (Isaac-GR00T) or N1.5
+(lerobot 0.5.1 policy) checkpoint folder, load it as a captured frontend."""
 
 from __future__ import annotations
 
@@ -95,6 +95,13 @@ def load(
 
     ``frame_size`` (rows, cols) of the cameras matters only for checkpoints whose image transform keeps
     the aspect ratio (``use_albumentations``): it fixes the token layout (default: square frames)."""
+    from flashrt.frontends.groot import n15_frontend
+
+    n15 = n15_frontend.n15_layout(Path(folder))
+    if n15 is not None:  # frame_size does not apply: every frame is resized to SigLIP's square
+        return n15_frontend.load(
+            n15, device, precision, num_steps, backend, buckets, embodiment, cameras, tokenizer
+        )
     where = ck.layout(Path(folder))
     folder = where.base
     raw = ck.read_json(folder / "config.json")
@@ -144,5 +151,6 @@ FAMILY = PolicyFamily(
     detect=lambda folder: ck.detect(Path(folder)),
     load=load,
     options=("embodiment", "cameras", "tokenizer", "frame_size"),
-    doc="NVIDIA GR00T N1.7 (Qwen3-VL backbone) / N1.6 (Eagle 3 VL), AlternateVLDiT flow-matching head",
+    doc="NVIDIA GR00T N1.7 (Qwen3-VL backbone) / N1.6 (Eagle 3 VL), AlternateVLDiT flow-matching head; "
+    "N1.5 (Eagle 2.5 VL, DiT head)",
 )
