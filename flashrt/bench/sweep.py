@@ -5,7 +5,10 @@ sides. Per length: both outputs compared first (max |delta|, gated at the profil
 one warm-up call each, then ``pairs`` interleaved timed pairs (flashrt, reference, flashrt, ...; wall
 time of `run`); reported: each side's median ms and the median of the per-pair ratios
 reference / flashrt, so load on a shared machine hits both sides alike. A bucket boundary cannot hide:
-every length is a call a user makes.
+every length is a call a user makes. On a CPU device each call's process CPU time is taken too
+(``cpu_ratio``, same pairing): on a machine shared with other jobs the wall time of a call includes the
+time slices other processes got while it ran, which the CPU time does not, so the CPU-time ratio is
+the steadier measure of the work itself (both are reported; on a GPU only wall time means anything).
 
 An adapter is sweepable when it answers `sweep_lengths() -> list[int]` (its default sweep),
 `sweep_ready(lengths)` (make every length decodable, e.g. buffers for the longest) and
@@ -56,17 +59,27 @@ def _max_delta(a: Any, b: Any) -> float:
     return float((a - b).abs().max())
 
 
-def _timed(impl: Any, inputs: Any) -> tuple[float, Any]:
+def _timed(impl: Any, inputs: Any) -> tuple[float, float, Any]:
+    """(wall ms, process CPU ms, output) of one call."""
     timer = StageTimer("cpu", nvtx=False)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = impl.run(inputs, timer)
-    return (time.perf_counter() - start) * 1e3, out
+    return (time.perf_counter() - start) * 1e3, (time.process_time() - cpu) * 1e3, out
 
 
-def _point(adapter: Any, reference: Any, length: int, pairs: int, seed: int, atol: float) -> dict[str, Any]:
+def _paired(prefix: str, a: list[float], b: list[float]) -> dict[str, Any]:
+    """Medians of both sides and of the per-pair ratios b / a, with their range."""
+    ratios = [y / x for x, y in zip(a, b) if x > 0]
+    if not ratios:
+        return {}
+    return {f"flashrt_{prefix}ms": statistics.median(a), f"reference_{prefix}ms": statistics.median(b),
+            f"{prefix}ratio": statistics.median(ratios), f"{prefix}ratio_range": (min(ratios), max(ratios))}
+
+
+def _point(adapter: Any, reference: Any, length: int, pairs: int, seed: int, atol: float,
+           cpu_time: bool = False) -> dict[str, Any]:
     inputs = adapter.inputs_at(length, seed)
-    _, ours = _timed(adapter, inputs)
-    _, theirs = _timed(reference, inputs)
+    ours, theirs = _timed(adapter, inputs)[-1], _timed(reference, inputs)[-1]
     delta = _max_delta(ours, theirs)
     row: dict[str, Any] = {"length": length, "max_abs_delta": delta, "gate": delta <= atol}
     if hasattr(adapter, "stream_delta"):                 # streaming of the same input vs its one-shot call
@@ -75,11 +88,11 @@ def _point(adapter: Any, reference: Any, length: int, pairs: int, seed: int, ato
         return row
     a, b = [], []
     for _ in range(pairs):
-        a.append(_timed(adapter, inputs)[0])
-        b.append(_timed(reference, inputs)[0])
-    row.update(flashrt_ms=statistics.median(a), reference_ms=statistics.median(b),
-               ratio=statistics.median(y / x for x, y in zip(a, b)),
-               ratio_range=(min(y / x for x, y in zip(a, b)), max(y / x for x, y in zip(a, b))))
+        a.append(_timed(adapter, inputs)[:2])
+        b.append(_timed(reference, inputs)[:2])
+    row.update(_paired("", [x[0] for x in a], [x[0] for x in b]))
+    if cpu_time:
+        row.update(_paired("cpu_", [x[1] for x in a], [x[1] for x in b]))
     return row
 
 
@@ -106,12 +119,16 @@ def _sweep(name: str, adapter: Any, profile: Profile, options: BenchOptions, len
     adapter.sweep_ready(lengths)
     vs = options.vs or getattr(adapter, "default_sweep_reference", "eager")
     reference = adapter.reference(vs)
-    rows = [_point(adapter, reference, n, pairs, profile.bench.seed, profile.quality.atol) for n in lengths]
+    cpu_time = profile.device.kind == "cpu"
+    rows = [_point(adapter, reference, n, pairs, profile.bench.seed, profile.quality.atol, cpu_time)
+            for n in lengths]
     timed = [r for r in rows if "ratio" in r]
     status = "ok" if len(timed) == len(rows) else "gated-out"
     worst = min((r["ratio"] for r in timed), default=None)
     line = {"bench": "sweep", "benchmark": name, "vs": vs, "status": status, "lengths": lengths,
             "ratios": [round(r.get("ratio", 0.0), 3) for r in rows], "min_ratio": worst}
+    if cpu_time:
+        line["cpu_ratios"] = [round(r.get("cpu_ratio", 0.0), 3) for r in rows]
     profile_info = {"name": profile.name, "precision": profile.precision, "threads": profile.device.threads}
     return {"schema": SCHEMA, "kind": "sweep", "benchmark": name, "status": status, "profile": profile_info,
             "flashrt": adapter.name, "reference": getattr(reference, "name", vs), "pairs": pairs,
@@ -133,8 +150,12 @@ def _row_text(r: dict[str, Any]) -> str:
         return f"GATED OUT {delta}"
     low, high = r["ratio_range"]
     stream = f"  stream |d| {r['stream_max_abs_delta']:.1e}" if "stream_max_abs_delta" in r else ""
-    return (f"{r['flashrt_ms']:.1f} / {r['reference_ms']:.1f} ms  x{r['ratio']:.2f} ({low:.2f}-{high:.2f})  "
-            f"{delta}{stream}")
+    cpu = ""
+    if "cpu_ratio" in r:
+        c_low, c_high = r["cpu_ratio_range"]
+        cpu = f"  cpu x{r['cpu_ratio']:.2f} ({c_low:.2f}-{c_high:.2f})"
+    return (f"{r['flashrt_ms']:.1f} / {r['reference_ms']:.1f} ms  x{r['ratio']:.2f} ({low:.2f}-{high:.2f})"
+            f"{cpu}  {delta}{stream}")
 
 
 def plot_sweep(path: str | Path, record: dict[str, Any]) -> Path:

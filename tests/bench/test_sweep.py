@@ -16,7 +16,11 @@ def test_sweep_against_the_eager_sibling(tiny_profile, tmp_path):
     for row in record["rows"]:
         assert row["gate"] and row["max_abs_delta"] == 0.0 and row["flashrt_ms"] > 0 and row["ratio"] > 0
         assert row["stream_max_abs_delta"] <= 1e-5
+        assert row["flashrt_cpu_ms"] > 0 and row["cpu_ratio"] > 0           # a CPU profile: CPU time too
+        low, high = row["cpu_ratio_range"]
+        assert low <= row["cpu_ratio"] <= high
     assert record["line"]["min_ratio"] == record["min_ratio"] and record["reference"] == "eager"
+    assert len(record["line"]["cpu_ratios"]) == 3
     assert plot_sweep(tmp_path / "sweep.png", record).stat().st_size > 0
 
 
