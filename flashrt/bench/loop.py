@@ -54,12 +54,15 @@ class LoopConfig:
     async_mode: bool = False   # also run the policy through flashrt.AsyncPolicy (flashrt.bench.loop_async)
 
     def __post_init__(self) -> None:
-        for name, bad in (("rate", not self.rate_hz > 0 or not math.isfinite(self.rate_hz)),
-                          ("steps", self.steps < 1), ("chunk", self.chunk_size < 0),
-                          ("load", self.load_workers < 0), ("warmup", self.warmup < 0)):
+        for name, value, bad, rule in (
+                ("--rate", self.rate_hz, not (self.rate_hz > 0 and math.isfinite(self.rate_hz)),
+                 "a positive number of Hz"),
+                ("--steps", self.steps, self.steps < 1, "at least 1"),
+                ("--chunk", self.chunk_size, self.chunk_size < 0, "0 (from the policy) or more"),
+                ("--load", self.load_workers, self.load_workers < 0, "0 or more"),
+                ("warmup", self.warmup, self.warmup < 0, "0 or more")):
             if bad:
-                raise ValueError(f"loop --{name}: bad value in {self} (rate must be a positive number of "
-                                 "Hz, steps at least 1, chunk, load and warmup 0 or more)")
+                raise ValueError(f"loop {name} {value}: must be {rule}")
         if self.load_kind not in LOAD_KINDS:
             raise ValueError(f"load_kind {self.load_kind!r} is not one of {LOAD_KINDS}")
 
