@@ -139,7 +139,11 @@ def test_results_and_raw_samples_are_written_before_plotting(tmp_path, tiny_prof
     samples = json.loads((tmp_path / "samples.json").read_text())
     assert data["files"]["samples"] == str(tmp_path / "samples.json")
     again = LatencyStats.from_samples(samples["total_ms"])
-    assert again.p50 == data["steady"]["total"]["p50"] and again.max == data["steady"]["total"]["max"]
+    for key in ("p50", "p90", "p99", "max", "mean"):
+        assert getattr(again, key) == data["steady"]["total"][key], key
+    for stage in ("validate", "replay"):
+        stage_again = LatencyStats.from_samples([row[stage] for row in samples["per_call_ms"]])
+        assert stage_again.p99 == data["steady"]["stages"][stage]["p99"], stage
     assert len(samples["per_call_ms"]) == 12 and len(samples["vs_total eager"]) == 12
 
 
