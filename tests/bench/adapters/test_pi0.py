@@ -128,6 +128,20 @@ def test_gate_trace_against_eager_through_the_harness():
     assert result.roofline["flops_per_call"] > 0 and result.roofline["bytes_per_call"] > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_vs_compile_builds_passes_the_gate_and_is_timed():
+    """`flashrt bench pi0 --vs compile` (bench/README P3): the step under torch.compile traces (ATen MLPs,
+    no_grad), matches the eager reference and is timed beside flashrt. Slow: inductor compiles the whole
+    step on its first pass (~100 s on 2 cores with a warm inductor cache, much longer cold)."""
+    result = run_benchmark("pi0", profile(bench={"iters": 2, "warmup": 0}),
+                           BenchOptions(vs="compile", progress=False))
+    assert result.status == "ok" and result.vs["status"] == "ok", result.vs
+    assert result.gate["vs"]["passed"] and result.gate["vs"]["max_abs"] <= 1e-5
+    assert result.vs["pairs"] == 2 and result.vs["failures"] == 0
+    assert result.cold_start_ms["vs_first_pass"] > 0
+
+
 def test_pi05_views_chunk_and_steps_come_from_the_profile():
     bench = pi0_bench.make_pi05_benchmark(profile(shapes={"views": 3, "chunk": 4, "steps": 2}), None, "cpu")
     try:
