@@ -122,8 +122,8 @@ def check_image(name: str, value: Any, size: int) -> CheckedImage:
 
 
 class FrameStaging:
-    """Reusable tensors that frames of ONE layout (shape, strides, dtype) travel through to ``device``;
-    made on the first frame of that layout, reused by every later one (no per-call allocation):
+    """Reusable tensors that one camera's frames of ONE layout (shape, strides, dtype) travel through to
+    ``device``; made on the first such frame, reused by every later one (no per-call allocation):
 
         host     a pinned (page-locked) twin of the frame, CUDA only: the frame is copied into it, then
                  to the device with one non_blocking copy (from pageable memory that copy would block)
@@ -133,8 +133,10 @@ class FrameStaging:
 
     Each is laid out like the frame (``empty_like``, as ``.to()`` lays out its copy), so every op computes
     what the unstaged code computed, bit for bit (the resize kernel is chosen by memory layout).
-    Reuse hazard: ``host`` is rewritten by the next frame of the layout; the owner (`ImagePreprocessor`)
-    waits for the previous frames' copies before writing (one CUDA event)."""
+    Reuse hazard: ``host`` is read by an asynchronous copy after `write` returns, so it must not be
+    rewritten before that copy ran: the owner (`ImagePreprocessor`) keeps one staging per camera slot
+    (two cameras never share a host twin within a call) and waits for the previous call's copies
+    before writing (one CUDA event)."""
 
     def __init__(self, pixels: torch.Tensor, device: torch.device) -> None:
         cuda = device.type == "cuda"
@@ -189,7 +191,7 @@ def resize_with_pad(image: Any, size: int) -> torch.Tensor:
     return out
 
 
-MAX_LAYOUTS = 8  # frame layouts an ImagePreprocessor keeps staging for (the oldest goes first)
+MAX_LAYOUTS = 4  # frame layouts per camera an ImagePreprocessor keeps staging for (the oldest goes first)
 
 
 class ImagePreprocessor:
@@ -222,12 +224,13 @@ class ImagePreprocessor:
             raise InputError(f"no camera image given; at least one of {list(self.cameras)} is required")
         return {c: check_image(c, v, self.resolution) for c, v in present.items()}
 
-    def staging(self, pixels: torch.Tensor, device: torch.device) -> FrameStaging:
-        """The `FrameStaging` of this frame's layout on `device` (made on its first frame)."""
-        key = (tuple(pixels.shape), pixels.stride(), pixels.dtype, device)
+    def staging(self, slot: int, pixels: torch.Tensor, device: torch.device) -> FrameStaging:
+        """The `FrameStaging` of camera `slot` for this frame's layout on `device` (made on its first
+        frame; at most MAX_LAYOUTS per camera are kept)."""
+        key = (slot, tuple(pixels.shape), pixels.stride(), pixels.dtype, device)
         stage = self._staging.get(key)
         if stage is None:
-            if len(self._staging) >= MAX_LAYOUTS:
+            if len(self._staging) >= MAX_LAYOUTS * len(self.cameras):
                 del self._staging[next(iter(self._staging))]
             stage = self._staging[key] = FrameStaging(pixels, device)
         return stage
@@ -244,7 +247,7 @@ class ImagePreprocessor:
                 pixels[slot].fill_(-1.0)
                 masks[slot].fill_(False)
             else:
-                self.staging(image.pixels, pixels.device).write(image, pixels[slot])
+                self.staging(slot, image.pixels, pixels.device).write(image, pixels[slot])
                 masks[slot].fill_(True)
         if pixels.device.type == "cuda":
             if self._copied is None:

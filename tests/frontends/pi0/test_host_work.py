@@ -131,3 +131,21 @@ def test_on_a_gpu_nothing_is_allocated_on_the_device_and_no_event_is_made(folder
     eager = load_policy(folders[variant, "tiny"], device="cuda", backend="eager")
     assert np.allclose(pol.infer(obs, noise=noise)["actions"], eager.infer(obs, noise=noise)["actions"],
                        atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_on_a_gpu_staged_inputs_equal_the_cpu_ones_call_after_call(folders):
+    """Back-to-back writes of different observations (two cameras of one layout, so a shared host twin
+    would be overwritten before its asynchronous copy ran): every static input equals the CPU's."""
+    gpu, cpu = (load_policy(folders["pi0", "tiny"], device=d).frontend for d in ("cuda", "cpu"))
+    names = ("vision_images", "vision_masks", "prefix_tokens", "prefix_token_masks", "expert_state",
+             "expert_noise")
+    for i, o in enumerate(observations(cpu, 6, seed=5, frame=SIZES["tiny"][1])):
+        obs = {k: o[k] for k in OBS_KEYS}
+        for f in (gpu, cpu):
+            bucket, checked = f.check(obs, o["noise"] if i % 2 else None)
+            f.write(bucket, checked, seed=i)
+        for name in names:
+            got, want = gpu.buffers[name].cpu(), cpu.buffers[name]
+            assert torch.allclose(got.float(), want.float(), atol=1e-6, rtol=0), (i, name)
