@@ -152,3 +152,21 @@ def test_detect_and_refusals(folder, tmp_path):
     (broken / "policy_preprocessor.json").unlink()
     with pytest.raises(CheckpointError, match="policy_preprocessor"):
         flashrt.load_policy(broken)
+
+
+def test_eagle_folder_from_option_or_lerobot_cache(tmp_path, monkeypatch):
+    """Without <base>/backbone the Eagle processor folder comes from tokenizer= or lerobot's cache."""
+    policy = make_policy(tmp_path)
+    assets = tmp_path / "eagle"
+    shutil.move(str(tmp_path / "n15_tiny" / "backbone"), assets)
+    monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "nowhere"))
+    with pytest.raises(CheckpointError, match="tokenizer=PATH"):
+        flashrt.load_policy(policy)
+    o, noise = obs("so100"), IO["so100/noise"].numpy()
+    ref = IO["so100/actions"].numpy()
+    got = flashrt.load_policy(policy, tokenizer=assets / "vocab.json").infer(o, noise=noise)["actions"]
+    assert np.abs(got - ref).max() <= 1e-5
+    cache = tmp_path / "home" / "lerobot" / "eagle2hg-processor-groot-n1p5"
+    shutil.copytree(assets, cache)
+    monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "home"))
+    assert np.array_equal(flashrt.load_policy(policy).infer(o, noise=noise)["actions"], got)
