@@ -128,7 +128,7 @@ def test_gate_trace_against_eager_through_the_harness():
     assert result.roofline["flops_per_call"] > 0 and result.roofline["bytes_per_call"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.compile
 @pytest.mark.timeout(2400)
 def test_vs_compile_builds_passes_the_gate_and_is_timed():
     """`flashrt bench pi0 --vs compile` (bench/README P3): the step under torch.compile traces (ATen MLPs,
