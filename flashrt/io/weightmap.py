@@ -444,7 +444,7 @@ def _materialize(
     moved: dict[int, torch.Tensor] = {}  # id(host tensor) -> its device copy, so ties survive the move
     deferred = {id(p) for p in plan.deferred}
     out: dict[str, torch.Tensor] = {}
-    for prod in plan.productions if plan.ok else plan.deferred:
+    for prod in _progress(plan.productions if plan.ok else plan.deferred, _name(checkpoint)):
         tensors = [_read(checkpoint, s, shared if uses[s] > 1 else None) for s in prod.sources]
         result = _run_transform(plan, prod, tensors)
         if result is None:
@@ -456,6 +456,19 @@ def _materialize(
         _note_finite(plan, prod, result)
         out[prod.target] = result if device is None else _move(result, device, moved)
     return out
+
+
+PROGRESS_MIN_TENSORS = 64   # a bar for a release-size checkpoint (hundreds of tensors), none for tiny ones
+
+
+def _progress(productions: list[Production], name: str) -> Iterable[Production]:
+    """``productions``, with a progress bar on stderr when flashrt logs at INFO (`flashrt -v`) and the
+    checkpoint is large enough for a load to take a while (quiet by default, like capture's bar)."""
+    if not log.isEnabledFor(logging.INFO) or len(productions) < PROGRESS_MIN_TENSORS:
+        return productions
+    from tqdm import tqdm
+
+    return tqdm(productions, desc=f"loading {name}"[:60], unit="tensor", leave=False)
 
 
 def _move(t: torch.Tensor, device: torch.device | str, moved: dict[int, torch.Tensor]) -> torch.Tensor:

@@ -244,3 +244,19 @@ def test_device_move_keeps_ties():
     wm = WeightMap([Rule("embed.weight", "embed.weight"), Rule("embed.weight", "lm_head.weight")])
     out = wm.apply(_ckpt(embed__weight=(5, 3)), device="meta")  # meta stands in for an accelerator
     assert out["embed.weight"].is_meta and out["embed.weight"] is out["lm_head.weight"]
+
+
+@pytest.mark.parametrize("level, layers, bar", [(logging.INFO, 40, True), (logging.WARNING, 40, False),
+                                                (logging.INFO, 2, False)])
+def test_progress_bar_while_loading_a_large_checkpoint_only_when_verbose(capsys, level, layers, bar):
+    """`flashrt -v` (INFO) shows a bar on stderr while a release-size checkpoint's tensors are mapped;
+    quiet by default, and never for a small checkpoint."""
+    logger = logging.getLogger("flashrt.io.weightmap")
+    saved = logger.level
+    logger.setLevel(level)
+    try:
+        out = LAYER_MAP.apply(_layers(layers))
+    finally:
+        logger.setLevel(saved)
+    assert len(out) == 2 * layers + 1
+    assert ("loading" in capsys.readouterr().err) == bar
