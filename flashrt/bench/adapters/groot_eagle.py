@@ -17,8 +17,9 @@ tiny / small / full; `shapes.views` cameras (default 2), `shapes.steps` flow ste
 prompt buckets; `[model]` takes `seed`.
 
 References (`--vs`): any graph backend that runs on the device ("eager", "trace", "onnxrt", "cuda",
-...: the same weights behind that graph backend, own buffers). The references' own code (Isaac-GR00T,
-lerobot 0.5.1) is compared in tests/frontends/groot, not timed here.
+...: the same weights behind that graph backend, own buffers). lerobot 0.5.1's N1.5 is timed by
+`bench/groot_n15_vs_lerobot.py` (reference venv); Isaac-GR00T's N1.6 is checked for parity in
+tests/frontends/groot, not timed.
 
 FLOPs per call: 2 x multiply-adds of every matmul (patches through the vision tower, image tokens
 through the projector, the bucket's tokens through the kept Qwen3 layers and N1.5's VL self-attention,
@@ -96,8 +97,8 @@ class GrootEagleBenchmark(GrootImplementation):
         here = backends_for(torch.device(self.device).type)
         if name not in here:
             raise ReferenceUnavailable(
-                f"{self.bench_name} compares graph backends {here}; the reference code is checked for "
-                "parity in tests/frontends/groot, not timed here"
+                f"{self.bench_name} compares graph backends {here}; lerobot 0.5.1's N1.5 runs in "
+                "bench/groot_n15_vs_lerobot.py (reference venv), parity in tests/frontends/groot"
             )
         return GrootImplementation(self._frontend(name), f"flashrt:{name}")
 
