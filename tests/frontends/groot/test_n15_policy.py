@@ -170,3 +170,15 @@ def test_eagle_folder_from_option_or_lerobot_cache(tmp_path, monkeypatch):
     shutil.copytree(assets, cache)
     monkeypatch.setenv("HF_LEROBOT_HOME", str(tmp_path / "home"))
     assert np.array_equal(flashrt.load_policy(policy).infer(o, noise=noise)["actions"], got)
+
+
+def test_camera_subset(folder):
+    """cameras= picks a subset of the policy's cameras (fed in lerobot's sorted order)."""
+    p = flashrt.load_policy(folder, cameras=("front",))
+    assert p.frontend.cameras == ("front",) and p.frontend.describe()["cameras"] == ["front"]
+    o = {k: v for k, v in obs("so100").items() if k != "observation.images.wrist"}
+    _, checked = p.frontend.check(o)
+    assert checked.pixels.shape == (1, 3, 28, 28)
+    assert checked.tokens.count(500) == 4
+    out = p.infer(o, seed=0)["actions"]
+    assert out.shape == (8, 5) and np.isfinite(out).all()
