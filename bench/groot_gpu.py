@@ -1,13 +1,16 @@
-"""Benchmark: full-size GR00T N1.7 (and the N1.6 head shape) on a GPU: captured-step replay, `infer` latency.
+"""Benchmark: full-size GR00T N1.7 / N1.6 / N1.5 on a GPU: captured-step replay, `infer` latency.
 
 Regime: batch 1, one observation -> one action chunk of 40, bf16, RANDOM weights at the real sizes
 (Cosmos-Reason2-2B / Qwen3-VL backbone: vision 1024 wide x 24 blocks, deepstack after 5/11/17; Qwen3
 2048 wide, 16 of 28 layers kept, 151,936-token embedding; VL self-attention 4 layers; AlternateVLDiT
 1536 wide x 32 blocks; max state/action 132; 4 flow steps), images 256 x 256 (64 tokens per camera),
-1 and 2 cameras fed 480 x 640 uint8 frames. ``--variant n16`` drops the VL self-attention (the N1.6
-head; its Eagle3-VL backbone is not built here, so the N1.7 backbone stands in). The model is built
-directly on the device (`flashrt.frontends.groot.synthetic`: matrices ~N(0, 0.02²), gains 1, biases 0;
-no checkpoint file), wrapped in the groot frontend and the generic `Policy` runner.
+1 and 2 cameras fed 480 x 640 uint8 frames. ``--variant n16`` / ``n15`` build the real N1.6 (Eagle 3 VL:
+SigLIP2 1152 x 27, Qwen3 2048 with 16 layers kept; AlternateVLDiT 1536 x 32; 256-px edge -> 252 x 252,
+81 tokens per camera) / N1.5 (Eagle 2.5 VL: SigLIP 1152 x 27 at 224, Qwen3 2048 with 12 layers kept;
+DiT 1536 x 16 with 32 future tokens, VL self-attention 4 layers; 64 tokens per camera) models and
+frontends of `flashrt.frontends.groot.synthetic_eagle` instead. The model is built directly on the
+device (matrices ~N(0, 0.02²), gains 1, biases 0; no checkpoint file), wrapped in the groot frontend and
+the generic `Policy` runner.
 
 Metrics per camera count:
   replay p50/p90   the captured step alone (inputs written), CUDA-synchronized host time
@@ -15,6 +18,7 @@ Metrics per camera count:
   eager            the same weights behind the eager backend: wall p50, eager / graph, gate max |Δ|
 
     python bench/groot_gpu.py --out /tmp/groot-gpu                    # GPU: N1.7, 1 and 2 cameras
+    python bench/groot_gpu.py --variant n16 --out /tmp/groot-gpu-n16  # GPU: N1.6 (n15: N1.5)
     python bench/groot_gpu.py --device cpu --preset small --iters 3   # CPU smoke test
 
 Prints a table on stderr and ONE JSON line last on stdout (also written to --out/groot_gpu.json).
@@ -34,13 +38,51 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashrt.frontends.groot import synthetic
+from flashrt.frontends.groot import synthetic, synthetic_eagle
 
 
-def make_policy(model: Any, tok: Any, preset: str, n_cams: int, backend: str) -> Any:
-    from flashrt.runner.policy import Policy
+class N17Models:
+    """GR00T N1.7: one random model, a frontend per camera count and backend."""
 
-    return Policy(synthetic.frontend(model, tok, preset, n_cams, backend))
+    def __init__(self, args: argparse.Namespace, dtype: torch.dtype, tmp: Path) -> None:
+        from flashrt.frontends.groot.preprocess import PromptTokenizer
+
+        self.preset = args.preset
+        self.tok = PromptTokenizer(synthetic.write_tokenizer(tmp))
+        self.model = synthetic.random_model(args.preset, self.tok, args.device, dtype)
+
+    def policy(self, n_cams: int, backend: str) -> Any:
+        from flashrt.runner.policy import Policy
+
+        return Policy(synthetic.frontend(self.model, self.tok, self.preset, n_cams, backend))
+
+    def observations(self, n_cams: int) -> list[dict]:
+        return synthetic.observations(self.preset, n_cams, 3)
+
+
+class EagleModels:
+    """GR00T N1.6 / N1.5 (`synthetic_eagle`): a random model per camera count (the chat layout is built
+    with it), frontends per backend."""
+
+    def __init__(self, args: argparse.Namespace, dtype: torch.dtype, tmp: Path) -> None:
+        self.args, self.dtype, self.tmp, self.built = args, dtype, tmp, {}
+
+    def _built(self, n_cams: int) -> Any:
+        if n_cams not in self.built:
+            self.built.clear()
+            a = self.args
+            folder = self.tmp / f"{a.variant}-{n_cams}"
+            built = synthetic_eagle.build(a.variant, a.preset, n_cams, folder, a.device, self.dtype)
+            self.built[n_cams] = built
+        return self.built[n_cams]
+
+    def policy(self, n_cams: int, backend: str) -> Any:
+        from flashrt.runner.policy import Policy
+
+        return Policy(self._built(n_cams).frontend(backend))
+
+    def observations(self, n_cams: int) -> list[dict]:
+        return synthetic_eagle.observations(self._built(n_cams).frame, n_cams, 3)
 
 
 def _sync(device: str) -> None:
@@ -79,10 +121,10 @@ def pct(ms: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(s), "p90": q(0.9), "p99": q(0.99)}
 
 
-def measure(model: Any, tok: Any, n_cams: int, args: argparse.Namespace, backend: str) -> dict[str, Any]:
-    graph = make_policy(model, tok, args.preset, n_cams, backend)
-    eager = make_policy(model, tok, args.preset, n_cams, "eager")
-    obs = synthetic.observations(args.preset, n_cams, 3)
+def measure(models: Any, n_cams: int, args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    graph = models.policy(n_cams, backend)
+    eager = models.policy(n_cams, "eager")
+    obs = models.observations(n_cams)
     worst = max(
         float(np.abs(graph.infer(o, seed=1)["actions"] - eager.infer(o, seed=1)["actions"]).max())
         for o in obs
@@ -107,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", choices=tuple(synthetic.PRESETS), default="full")
-    p.add_argument("--variant", choices=("n17", "n16"), default="n17")
+    p.add_argument("--variant", choices=("n17", "n16", "n15"), default="n17")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--out", type=Path, default=None)
@@ -123,12 +165,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "rows": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
-        from flashrt.frontends.groot.preprocess import PromptTokenizer
-
-        tok = PromptTokenizer(synthetic.write_tokenizer(Path(tmp)))
-        model = synthetic.random_model(args.preset, tok, args.device, dtype, variant=args.variant)
+        models = (N17Models if args.variant == "n17" else EagleModels)(args, dtype, Path(tmp))
         for n_cams in (1, 2):
-            row = measure(model, tok, n_cams, args, backend)
+            row = measure(models, n_cams, args, backend)
             record["rows"].append(row)
             w, r = row["wall_ms"], row["replay_ms"]
             print(
