@@ -200,8 +200,8 @@ def loop(
     plot: Annotated[bool, typer.Option(help="write loop.png")] = True,
     async_mode: Annotated[bool, typer.Option("--async", help="also run through flashrt.AsyncPolicy "
                                              "(real-time chunking) and report both side by side")] = False,
-    trace_out: Annotated[Path | None, typer.Option(help="write every tick's step as a Chrome / Perfetto "
-                                                   "trace JSON (ui.perfetto.dev)")] = None,
+    trace_out: Annotated[Path | None, typer.Option(help="write every tick's step (and its stages) as a "
+                                                   "Chrome / Perfetto trace JSON (ui.perfetto.dev)")] = None,
 ) -> None:
     """Control-loop simulator: step(obs) at a fixed rate; deadline misses, action age, chunk boundaries."""
     from flashrt.bench.harness import with_model

@@ -26,6 +26,7 @@ The clock and sleep are injectable, so the accounting is testable with a fake cl
 
 from __future__ import annotations
 
+import inspect
 import math
 import multiprocessing as mp
 import threading
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flashrt.profile.stats import LatencyStats
+from flashrt.profile.timers import StageTimer
 
 LOAD_KINDS = ("process", "thread")
 
@@ -84,6 +86,7 @@ class Tick:
     dropped_before: int
     error: str = ""
     source_obs_ms: float | None = None   # time of the frame the executed action was computed from
+    stages: tuple[tuple[str, float, float], ...] = ()   # (stage, start ms, duration ms) inside the step
 
     @property
     def latency_ms(self) -> float:
@@ -149,8 +152,11 @@ def run_loop(policy: Any, observe: Callable[[int], Any], config: LoopConfig,
     `actions`, when given, receives each tick's action (None for a failed tick).
 
     A policy with an int `source_step` attribute (`flashrt.AsyncPolicy`'s loop view) names the executed
-    tick whose frame its action came from; the action age counts from that frame."""
+    tick whose frame its action came from; the action age counts from that frame. A policy whose
+    ``step`` takes ``timer=`` (`flashrt.Policy`) has its stages recorded per tick (`Tick.stages`)."""
     chunk = config.chunk_size or int(getattr(policy, "chunk_size", 0) or 0)
+    timer = StageTimer("cpu", nvtx=False) if _takes_timer(policy) else None
+    kwargs = {"timer": timer} if timer is not None else {}
     period = config.period_ms
     ticks: list[Tick] = []
     source: float | None = None   # frame time of the chunk being executed
@@ -162,8 +168,9 @@ def run_loop(policy: Any, observe: Callable[[int], Any], config: LoopConfig,
         if wait > 0:
             sleep(wait / 1e3)
         obs, start, error, action = observe(k), now_ms(), "", None
+        first = len(timer) if timer is not None else 0
         try:
-            action = policy.step(obs)
+            action = policy.step(obs, **kwargs)
         except Exception as exc:  # counted as a missed tick, never dropped
             error = f"{type(exc).__name__}: {exc}"
         if actions is not None:
@@ -177,9 +184,28 @@ def run_loop(policy: Any, observe: Callable[[int], Any], config: LoopConfig,
         src = getattr(policy, "source_step", None)
         if isinstance(src, int) and not isinstance(src, bool) and 0 <= src < len(ticks):
             source = ticks[src].obs_ms
-        ticks.append(Tick(k, k * period, start, done, missed, boundary, dropped, error, source))
+        stages = _tick_stages(timer, first, start) if timer is not None else ()
+        ticks.append(Tick(k, k * period, start, done, missed, boundary, dropped, error, source, stages))
         k = max(k + 1, math.ceil(done / period - 1e-9)) if missed else k + 1
     return ticks
+
+
+def _takes_timer(policy: Any) -> bool:
+    try:
+        return "timer" in inspect.signature(policy.step).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _tick_stages(timer: StageTimer, first: int, start_ms: float) -> tuple[tuple[str, float, float], ...]:
+    """This tick's stage records as (stage, start, duration) in ms on the loop's clock: the host clock's
+    offsets from the tick's first stage, anchored at the tick's start."""
+    records = timer.records(first)
+    if not records:
+        return ()
+    origin = records[0].host_start_ms
+    return tuple((r.stage, start_ms + r.host_start_ms - origin, r.host_end_ms - r.host_start_ms)
+                 for r in records)
 
 
 def summarize_loop(ticks: list[Tick], config: LoopConfig) -> dict[str, Any]:
@@ -187,7 +213,8 @@ def summarize_loop(ticks: list[Tick], config: LoopConfig) -> dict[str, Any]:
     ok = [t for t in ticks if not t.error]
     lat = lambda sel: LatencyStats.from_samples([t.latency_ms for t in sel], config.rate_hz)
     intervals = [b.done_ms - a.done_ms for a, b in zip(ok, ok[1:])]
-    dropped = sum(t.dropped_before for t in ticks)
+    dropped = sum(t.dropped_before for t in ticks)   # + the ticks a late last step ran past:
+    dropped += config.steps - 1 - ticks[-1].index if ticks else config.steps
     return {"config": config, "executed": len(ticks), "errors": sum(bool(t.error) for t in ticks),
             "missed": sum(t.missed for t in ticks), "dropped_ticks": dropped,
             "miss_rate": sum(t.missed for t in ticks) / max(1, len(ticks)),
@@ -268,7 +295,8 @@ def _columns(ticks: list[Tick]) -> dict[str, list]:
     return {"index": [t.index for t in ticks], "obs_ms": [t.obs_ms for t in ticks],
             "source_obs_ms": [t.done_ms - t.action_age_ms for t in ticks],
             "start_ms": [t.start_ms for t in ticks], "done_ms": [t.done_ms for t in ticks],
-            "missed": [t.missed for t in ticks], "boundary": [t.boundary for t in ticks]}
+            "missed": [t.missed for t in ticks], "boundary": [t.boundary for t in ticks],
+            "stages": [[list(st) for st in t.stages] for t in ticks]}
 
 
 def loop_tables(record: dict[str, Any], console: Any = None) -> None:
@@ -307,7 +335,9 @@ def loop_figure(record: dict[str, Any], path: Any) -> Any:
 def loop_chrome_events(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Every executed tick's ``step`` as Chrome / Perfetto complete events (microseconds since the loop
     started; args: tick, boundary, missed, action age), one process per side (sync; async with
-    ``--async``), plus instant events at the frames the sensor produced (``frame``)."""
+    ``--async``), plus instant events at the frames the sensor produced (``frame``), and a flashrt
+    Policy's stages nested inside each sync step (``validate`` every tick; ``h2d``, ``replay``,
+    ``postprocess`` when the tick replans)."""
     events: list[dict[str, Any]] = []
     sides = (("ticks", "flashrt loop"), ("ticks_async", "flashrt loop --async"))
     for pid, (key, label) in enumerate(sides, 1):
@@ -323,4 +353,7 @@ def loop_chrome_events(record: dict[str, Any]) -> list[dict[str, Any]]:
                                     "action_age_ms": done - t["source_obs_ms"][i]}})
             events.append({"name": "frame", "cat": "loop", "ph": "i", "s": "t", "pid": pid, "tid": 0,
                            "ts": t["obs_ms"][i] * 1e3, "args": {"tick": index}})
+            for stage, at, dur in t.get("stages", [[]] * len(t["index"]))[i]:   # nested inside the step
+                events.append({"name": stage, "cat": "stage", "ph": "X", "pid": pid, "tid": 0,
+                               "ts": at * 1e3, "dur": dur * 1e3, "args": {"tick": index}})
     return events

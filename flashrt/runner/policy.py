@@ -144,14 +144,18 @@ class Policy:
                                      "overflows; try precision='float32'")
         return actions
 
-    def step(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None) -> np.ndarray:
+    def step(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None,
+             timer: StageTimer | None = None) -> np.ndarray:
         """One action (action_dim,) per control tick; a new chunk is inferred every n_action_steps.
-        The observation is checked on every tick."""
+        The observation is checked on every tick. `timer` (optional) receives the stages of the tick
+        ("validate" every tick; "h2d", "replay", "postprocess" on a replanning tick), as `infer`'s."""
         with self._lock:
             seed = check_seed(seed)
-            bucket, checked = self.frontend.check(obs, noise)
+            timer = timer if timer is not None else StageTimer(HOST)
+            with timer.stage("validate"):
+                bucket, checked = self.frontend.check(obs, noise)
             if not self._queue:
-                chunk = self._run(bucket, checked, seed, StageTimer(HOST))
+                chunk = self._run(bucket, checked, seed, timer)
                 self._queue.extend(chunk[: self.n_action_steps])
             return self._queue.popleft()
 

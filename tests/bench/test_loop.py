@@ -54,6 +54,12 @@ def test_deadline_misses_dropped_ticks_and_action_age():
     assert s["action_interval"].count == 5
 
 
+def test_ticks_a_late_last_step_runs_past_are_dropped_too():
+    ticks, s = _loop([1, 1, 35], steps=4)       # tick 2 ends at 55 ms: tick 3 (30 ms) never runs
+    assert [t.index for t in ticks] == [0, 1, 2] and s["dropped_ticks"] == 1
+    assert s["executed"] + s["dropped_ticks"] == 4
+
+
 def test_errors_count_as_misses():
     ticks, s = _loop([1, None, 1], steps=6)
     assert s["errors"] == 2 and s["missed"] == 2 and s["latency"].failures == 2 and s["latency"].count == 4
@@ -72,7 +78,7 @@ def test_replanned_flag_wins_and_loop_benchmark_runs(tiny_profile, fake_name):
     register_fake(fake_name)
     record = run_loop_benchmark(fake_name, tiny_profile(), LoopConfig(rate_hz=500.0, steps=20))
     s = record["loop"]
-    assert record["kind"] == "loop" and s["executed"] + s["dropped_ticks"] >= 20
+    assert record["kind"] == "loop" and s["executed"] + s["dropped_ticks"] == 20   # every tick accounted
     assert s["boundaries"] == sum(1 for i in range(s["executed"]) if i % 4 == 0)  # FakePolicy.replanned
     assert len(record["ticks"]["done_ms"]) == s["executed"] and record["trace"]["length"] == 3
 
@@ -124,3 +130,28 @@ def test_action_age_counts_from_the_observation_the_chunk_came_from():
     assert ages == [5, 11, 21, 31, 5, 11, 21, 31]
     assert [round(t.time_to_pop_ms, 6) for t in ticks] == [5, 1, 1, 1, 5, 1, 1, 1]
     assert s["action_age"].max == pytest.approx(31) and s["time_to_pop"].max == pytest.approx(5)
+
+
+def test_a_flashrt_policys_stages_nest_inside_each_step_of_the_loop_trace():
+    """`flashrt loop --trace-out`: a Policy's stages (validate every tick; h2d, replay, postprocess when it
+    replans) are recorded per tick and written inside that tick's step span."""
+    from support import pi0_e2e as E2E
+
+    from flashrt.bench.loop import _columns, loop_chrome_events
+    from flashrt.runner.policy import load_policy
+
+    case = E2E.case("pi05_cam2")
+    policy = load_policy(case.policy_dir, tokenizer=E2E.TOKENIZER, backend="eager")
+    obs = case.obs(0)
+    ticks = run_loop(policy, lambda k: obs, LoopConfig(rate_hz=1000.0, steps=6, chunk_size=0, warmup=0))
+    names = [[s[0] for s in t.stages] for t in ticks]
+    assert names[0] == ["validate", "h2d", "replay", "postprocess"]
+    assert all(n in (["validate"], names[0]) for n in names) and names.count(names[0]) == sum(
+        t.boundary for t in ticks)
+    for t in ticks:
+        for _, at, dur in t.stages:
+            assert t.start_ms - 1e-3 <= at and at + dur <= t.done_ms + 1e-3   # inside the step
+    events = loop_chrome_events({"ticks": _columns(ticks)})
+    stages = [e for e in events if e.get("cat") == "stage"]
+    assert [e["name"] for e in stages] == [s for n in names for s in n]
+    assert all(e["ph"] == "X" and e["pid"] == 1 and e["dur"] >= 0 for e in stages)
