@@ -1,5 +1,5 @@
 """ConvNeXt blocks (Vocos backbone) in a channels-last layout, AdaLayerNorm by condition id, and a linear
-layer that runs prepacked oneDNN GEMMs with a fused GELU on CPU.
+layer that runs prepacked oneDNN GEMMs (bias and residual fused, GELU in place after) on CPU.
 
 Shape legend:
     B batch, T frames, D model width, I intermediate width, K depthwise kernel taps, E condition ids.
