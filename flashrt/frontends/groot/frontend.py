@@ -80,6 +80,48 @@ def mrope_positions(ids: Sequence[int], image_id: int, grid: tuple[int, int], le
     return torch.cat(pos, dim=1)[:, :length]
 
 
+def read_state(obs: Mapping[str, Any], dim: int) -> np.ndarray:
+    """The raw state (dim,) float32 under one of `STATE_KEYS`, checked."""
+    value = next((obs[k] for k in STATE_KEYS if k in obs), None)
+    if value is None:
+        raise InputError(f"state: missing (one of {list(STATE_KEYS)})")
+    arr = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
+    if (
+        arr.dtype == object
+        or not np.issubdtype(arr.dtype, np.number)
+        or arr.shape not in ((dim,), (1, dim))
+    ):
+        raise InputError(f"state: expected {dim} numbers, got shape {arr.shape} dtype {arr.dtype}")
+    arr = arr.reshape(dim).astype(np.float32)
+    if not np.isfinite(arr).all():
+        raise InputError("state: contains NaN or inf")
+    return arr
+
+
+def read_prompt(obs: Mapping[str, Any], keys: Sequence[str] = PROMPT_KEYS, batched: bool = False) -> str:
+    """The prompt under the first of ``keys`` present ("" when none), checked; ``batched`` also takes
+    lerobot's one-element list of tasks."""
+    value = next((obs[k] for k in keys if k in obs), "")
+    if batched and isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, str):
+        raise InputError(f"prompt: expected a string, got {type(value).__name__}")
+    return value
+
+
+def round_buckets(base: int, extras: Sequence[int]) -> tuple[int, ...]:
+    """Default prompt buckets: ``base + extra`` tokens rounded up to multiples of 8."""
+    return tuple(-(-(base + extra) // 8) * 8 for extra in extras)
+
+
+def bucket_set(buckets: Sequence[int], header_len: int, header: str) -> tuple[int, ...]:
+    """Sorted distinct buckets, each longer than the ``header_len``-token ``header``."""
+    out = tuple(sorted({int(b) for b in buckets}))
+    if out[0] <= header_len:
+        raise ConfigError(f"prompt buckets {out} must exceed the {header_len}-token {header}")
+    return out
+
+
 def _check_token_ids(tokenizer: PromptTokenizer, ids: Any) -> None:
     """The tokenizer must be the backbone's: its vision tokens have the ids the model's config names."""
     pairs = {
@@ -96,7 +138,12 @@ def _check_token_ids(tokenizer: PromptTokenizer, ids: Any) -> None:
 
 
 class GrootFrontend:
-    """Static buffers + one graph per prompt bucket around a loaded `GrootN17Model` (batch 1)."""
+    """Static buffers + one graph per prompt bucket around a loaded `GrootN17Model` (batch 1).
+
+    The N1.6 / N1.5 frontends extend it through the hooks `_plan` / `_step_args` (the captured call),
+    `_normalize_state`, `_prompt_ids`, `_camera_key` and `_image`."""
+
+    LAYOUT = "the image header"  # what the prompt's tokens sit behind, for messages
 
     def __init__(
         self,
@@ -119,17 +166,28 @@ class GrootFrontend:
         )
         self.options = options
         self.device = model.embed.weight.device
-        head = self.config.head
-        # lerobot returns min(horizon, len(action delta_indices)) actions and replans after the
-        # embodiment's execution horizon
-        self.chunk_size = min(head.horizon, embodiment.horizon or head.horizon)
-        self.n_action_steps = min(self.chunk_size, embodiment.replan_period or self.chunk_size)
-        self.action_dim = embodiment.action_dim
+        self._chunking(embodiment)
         self.buckets = self._layout(tokenizer, buckets, frame_size)
         self.max_len = self.buckets[-1]
+        self._check_dims(embodiment)
+        self._positions = mrope_positions(self.header_ids, self.config.tokens.image, self._grid, self.max_len)
+        self._allocate(backend)
+
+    def _chunking(self, embodiment: Embodiment) -> None:
+        """chunk_size, n_action_steps, action_dim: lerobot returns min(horizon, len(action delta_indices))
+        actions and replans after the embodiment's execution horizon."""
+        horizon = self.config.head.horizon
+        self.chunk_size = min(horizon, embodiment.horizon or horizon)
+        self.n_action_steps = min(self.chunk_size, embodiment.replan_period or self.chunk_size)
+        self.action_dim = embodiment.action_dim
+
+    def _check_dims(self, embodiment: Embodiment) -> None:
+        head = self.config.head
         if embodiment.state_dim > head.max_state_dim or embodiment.action_dim > head.max_action_dim:
             raise ConfigError(f"embodiment {embodiment.tag!r}: state/action dims exceed max_state/action_dim")
-        self._positions = mrope_positions(self.header_ids, self.config.tokens.image, self._grid, self.max_len)
+
+    def _allocate(self, backend: Any) -> None:
+        """Buffers at the largest bucket, the graph set over `buckets`, the noise generator."""
         self.buffers = Buffers(self._specs(), self.device)
         self.backend = backend
         self.graphs = GraphSet(backend, self._build, self.buckets, buffers=self.buffers)
@@ -154,14 +212,8 @@ class GrootFrontend:
         self._grid = (self.image_size[0] // merge, self.image_size[1] // merge)
         image_id = self.config.tokens.image
         self._image_slots = torch.tensor([i for i, t in enumerate(self.header_ids) if t == image_id])
-        out = tuple(sorted({int(b) for b in (buckets or self._default_buckets())}))
-        if out[0] <= len(self.header_ids):
-            raise ConfigError(f"prompt buckets {out} must exceed the {len(self.header_ids)}-token header")
-        return out
-
-    def _default_buckets(self) -> tuple[int, ...]:
-        base = len(self.header_ids) + 16
-        return tuple(-(-(base + extra) // 8) * 8 for extra in (0, 16, 48))
+        default = round_buckets(len(self.header_ids) + 16, (0, 16, 48))
+        return bucket_set(buckets or default, len(self.header_ids), "header")
 
     def _specs(self) -> list[BufferSpec]:
         h, (r, q), n = self.config.head, self.image_size, len(self.cameras)
@@ -189,16 +241,19 @@ class GrootFrontend:
 
     # ------------------------------------------------------------------------------ capture
     def _build(self, bucket: int) -> Callable[[], None]:
-        b, model = self.buffers, self.model
-        plan = model.plan(
-            self._positions,
-            self._image_slots,
-            self.image_size,
-            bucket,
-            self.embodiment.id,
-            self.embodiment.frames,
-        )
-        args = (
+        sample = self.model.sample_actions
+        args, kwargs = self._step_args(bucket)
+
+        def step() -> None:
+            with torch.inference_mode():
+                sample(*args, **kwargs)
+
+        return step
+
+    def _io(self, bucket: int) -> tuple[torch.Tensor, ...]:
+        """The buffers one bucket's step reads and writes: pixels, tokens, mask, state, noise, actions."""
+        b = self.buffers
+        return (
             b["vision_pixels"],
             b["prefix_tokens"][:, :bucket],
             b["prefix_token_mask"][:, :bucket],
@@ -207,11 +262,19 @@ class GrootFrontend:
             b["expert_actions"],
         )
 
-        def step() -> None:
-            with torch.inference_mode():
-                model.sample_actions(*args, plan=plan)
+    def _step_args(self, bucket: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The positional and keyword arguments of ``model.sample_actions`` in one bucket's step."""
+        return self._io(bucket), {"plan": self._plan(bucket)}
 
-        return step
+    def _plan(self, bucket: int) -> Any:
+        return self.model.plan(
+            self._positions,
+            self._image_slots,
+            self.image_size,
+            bucket,
+            self.embodiment.id,
+            self.embodiment.frames,
+        )
 
     def capture(self) -> dict[str, Any]:
         self.graphs.capture_all()
@@ -246,22 +309,36 @@ class GrootFrontend:
         pixels = torch.stack([self._image(obs, cam) for cam in self.cameras])
         raw_state = self._state(obs)
         state = np.zeros(self.config.head.max_state_dim, np.float32)
-        state[: raw_state.shape[0]] = self.embodiment.state.normalize(raw_state, self.options.clip_outliers)
-        ids = self.tokenizer.prompt_ids(self.header, self.header_ids, self._prompt(obs))
+        state[: raw_state.shape[0]] = self._normalize_state(raw_state)
+        ids = self._prompt_ids(obs)
         bucket = self.graphs.select(len(ids))
         if bucket is None:
             raise InputError(
-                f"prompt: {len(ids)} tokens with the image header exceed the largest bucket "
+                f"prompt: {len(ids)} tokens with {self.LAYOUT} exceed the largest bucket "
                 f"{self.max_len}; buckets: {list(self.buckets)}"
             )
         return bucket, Checked(pixels, ids, state, raw_state, None if noise is None else self._noise(noise))
 
-    def _image(self, obs: Mapping[str, Any], cam: str) -> torch.Tensor:
+    def _normalize_state(self, raw: np.ndarray) -> np.ndarray:
+        return self.embodiment.state.normalize(raw, self.options.clip_outliers)
+
+    def _prompt_ids(self, obs: Mapping[str, Any]) -> list[int]:
+        return self.tokenizer.prompt_ids(self.header, self.header_ids, self._prompt(obs))
+
+    def _camera_key(self, cam: str) -> str:
+        """The flat observation key of camera ``cam`` (next to ``obs["images"][cam]``)."""
+        return f"observation.images.{cam}"
+
+    def _frame(self, obs: Mapping[str, Any], cam: str) -> torch.Tensor:
+        """Camera ``cam``'s frame as a (3, h, w) uint8 tensor, checked."""
         images = obs.get("images") if isinstance(obs.get("images"), Mapping) else {}
-        value = images.get(cam, obs.get(f"observation.images.{cam}"))
+        value = images.get(cam, obs.get(self._camera_key(cam)))
         if value is None:
             raise InputError(f"images: camera {cam!r} missing; this policy reads {list(self.cameras)}")
-        img = as_chw_uint8(f"images[{cam!r}]", value)
+        return as_chw_uint8(f"images[{cam!r}]", value)
+
+    def _image(self, obs: Mapping[str, Any], cam: str) -> torch.Tensor:
+        img = self._frame(obs, cam)
         if self.image.output_size(*img.shape[-2:]) != self.image_size:
             raise InputError(
                 f"images[{cam!r}]: a {img.shape[-2]}x{img.shape[-1]} frame becomes "
@@ -273,27 +350,10 @@ class GrootFrontend:
 
     def _state(self, obs: Mapping[str, Any]) -> np.ndarray:
         """The raw state (state_dim,) float32, checked."""
-        value = next((obs[k] for k in STATE_KEYS if k in obs), None)
-        if value is None:
-            raise InputError(f"state: missing (one of {list(STATE_KEYS)})")
-        dim = self.embodiment.state_dim
-        arr = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
-        if (
-            arr.dtype == object
-            or not np.issubdtype(arr.dtype, np.number)
-            or arr.shape not in ((dim,), (1, dim))
-        ):
-            raise InputError(f"state: expected {dim} numbers, got shape {arr.shape} dtype {arr.dtype}")
-        arr = arr.reshape(dim).astype(np.float32)
-        if not np.isfinite(arr).all():
-            raise InputError("state: contains NaN or inf")
-        return arr
+        return read_state(obs, self.embodiment.state_dim)
 
     def _prompt(self, obs: Mapping[str, Any]) -> str:
-        value = next((obs[k] for k in PROMPT_KEYS if k in obs), "")
-        if not isinstance(value, str):
-            raise InputError(f"prompt: expected a string, got {type(value).__name__}")
-        return formalize(value, self.options.formalize_language)
+        return formalize(read_prompt(obs), self.options.formalize_language)
 
     def _noise(self, noise: Any) -> torch.Tensor:
         spec = self.buffers.spec("expert_noise")

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,15 +55,21 @@ import torch
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.groot.checkpoint import read_json
-from flashrt.frontends.groot.frontend import STATE_KEYS, Checked, GrootFrontend
+from flashrt.frontends.groot.frontend import (
+    Checked,
+    GrootFrontend,
+    bucket_set,
+    read_prompt,
+    read_state,
+    round_buckets,
+)
 from flashrt.frontends.groot.n15 import N15_MODEL_TYPE, GrootN15Model, load_n15, n15_config
 from flashrt.frontends.groot.n16_frontend import MEDIA_PLACEHOLDER, eagle_normalize, eagle_tokenizer
-from flashrt.frontends.groot.preprocess import DEFAULT_PROMPT, MinMax, _resize, as_chw_uint8
+from flashrt.frontends.groot.preprocess import DEFAULT_PROMPT, MinMax, _resize
 from flashrt.io import open_checkpoint
 from flashrt.quant.precision import compute_dtype
-from flashrt.runtime.buffers import Buffers
 from flashrt.runtime.device import resolve_device
-from flashrt.runtime.graphs import GraphSet, backend_for_device
+from flashrt.runtime.graphs import backend_for_device
 
 ASSETS_REPO = "lerobot/eagle2hg-processor-groot-n1p5"  # GrootConfig.tokenizer_assets_repo's default
 PACK_STEP, UNPACK_STEP = "groot_pack_inputs_v3", "groot_action_unpack_unnormalize_v1"
@@ -306,6 +312,8 @@ class GrootN15Frontend(GrootFrontend):
     """Static buffers + one graph per prompt bucket around a loaded `GrootN15Model` (batch 1); the
     buffers are the N1.7 frontend's."""
 
+    LAYOUT = "the chat layout"
+
     def __init__(
         self,
         model: GrootN15Model,
@@ -336,40 +344,15 @@ class GrootN15Frontend(GrootFrontend):
         self.header_len = len(chat.header_ids)
         self._slots = torch.tensor(chat.slots, device=self.device)
         base = self.header_len + len(chat.encode(str([DEFAULT_PROMPT]) + chat.after))
-        out = tuple(sorted({int(b) for b in (buckets or self._n15_buckets(base))}))
-        if out[0] <= self.header_len:
-            raise ConfigError(f"prompt buckets {out} must exceed the {self.header_len}-token image header")
-        self.buckets, self.max_len = out, out[-1]
-        self.buffers = Buffers(self._specs(), self.device)
-        self.backend = backend
-        self.graphs = GraphSet(backend, self._build, self.buckets, buffers=self.buffers)
-        self._generator = torch.Generator(self.device)
-        self._generator.seed()
+        default = round_buckets(base, (8, 24, 56))
+        self.buckets = bucket_set(buckets or default, self.header_len, "image header")
+        self.max_len = self.buckets[-1]
+        self._allocate(backend)
 
-    @staticmethod
-    def _n15_buckets(base: int) -> tuple[int, ...]:
-        return tuple(-(-(base + extra) // 8) * 8 for extra in (8, 24, 56))
-
-    def _build(self, bucket: int) -> Callable[[], None]:
-        b, model = self.buffers, self.model
-        tables = model.tables(bucket)
-        args = (
-            b["vision_pixels"],
-            b["prefix_tokens"][:, :bucket],
-            b["prefix_token_mask"][:, :bucket],
-            self._slots,
-            b["expert_state"],
-            b["expert_noise"],
-            b["expert_actions"],
-            tables,
-            self.embodiment.id,
-        )
-
-        def step() -> None:
-            with torch.inference_mode():
-                model.sample_actions(*args)
-
-        return step
+    def _step_args(self, bucket: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        pixels, tokens, mask, state, noise, actions = self._io(bucket)
+        tables = self.model.tables(bucket)
+        return (pixels, tokens, mask, self._slots, state, noise, actions, tables, self.embodiment.id), {}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -378,55 +361,24 @@ class GrootN15Frontend(GrootFrontend):
             "n_action_steps": self.n_action_steps,
         }
 
-    def check(self, obs: Mapping[str, Any], noise: Any = None) -> tuple[int, Checked]:
-        if not isinstance(obs, Mapping):
-            raise InputError(f"observation: expected a mapping, got {type(obs).__name__}")
-        pixels = torch.stack([self._image(obs, cam) for cam in self.cameras])
-        raw_state = self._state(obs)
-        state = np.zeros(self.config.head.max_state_dim, np.float32)
+    def _normalize_state(self, raw: np.ndarray) -> np.ndarray:
         norm = self.state_norm
-        state[: self.state_dim] = raw_state if norm is None else norm.normalize(raw_state, clip=False)
-        ids = self.chat.prompt_ids(self._prompt(obs))
-        bucket = self.graphs.select(len(ids))
-        if bucket is None:
-            raise InputError(
-                f"prompt: {len(ids)} tokens with the chat layout exceed the largest bucket {self.max_len}; "
-                f"buckets: {list(self.buckets)}"
-            )
-        return bucket, Checked(pixels, ids, state, raw_state, None if noise is None else self._noise(noise))
+        return raw if norm is None else norm.normalize(raw, clip=False)
+
+    def _prompt_ids(self, obs: Mapping[str, Any]) -> list[int]:
+        return self.chat.prompt_ids(self._prompt(obs))
+
+    def _camera_key(self, cam: str) -> str:
+        return "observation.image" if cam == "" else f"observation.images.{cam}"
 
     def _image(self, obs: Mapping[str, Any], cam: str) -> torch.Tensor:
-        images = obs.get("images") if isinstance(obs.get("images"), Mapping) else {}
-        key = "observation.image" if cam == "" else f"observation.images.{cam}"
-        value = images.get(cam, obs.get(key))
-        if value is None:
-            raise InputError(f"images: camera {cam!r} missing; this policy reads {list(self.cameras)}")
-        return self.image(as_chw_uint8(f"images[{cam!r}]", value).cpu())
+        return self.image(self._frame(obs, cam).cpu())
 
     def _state(self, obs: Mapping[str, Any]) -> np.ndarray:
-        value = next((obs[k] for k in STATE_KEYS if k in obs), None)
-        if value is None:
-            raise InputError(f"state: missing (one of {list(STATE_KEYS)})")
-        dim = self.state_dim
-        arr = np.asarray(value.cpu() if isinstance(value, torch.Tensor) else value)
-        if (
-            arr.dtype == object
-            or not np.issubdtype(arr.dtype, np.number)
-            or arr.shape not in ((dim,), (1, dim))
-        ):
-            raise InputError(f"state: expected {dim} numbers, got shape {arr.shape} dtype {arr.dtype}")
-        arr = arr.reshape(dim).astype(np.float32)
-        if not np.isfinite(arr).all():
-            raise InputError("state: contains NaN or inf")
-        return arr
+        return read_state(obs, self.state_dim)
 
     def _prompt(self, obs: Mapping[str, Any]) -> str:
-        value = next((obs[k] for k in PROMPT_KEYS if k in obs), "")
-        if isinstance(value, (list, tuple)) and len(value) == 1:  # lerobot's batched task
-            value = value[0]
-        if not isinstance(value, str):
-            raise InputError(f"prompt: expected a string, got {type(value).__name__}")
-        text = value or DEFAULT_PROMPT
+        text = read_prompt(obs, PROMPT_KEYS, batched=True) or DEFAULT_PROMPT
         if self.formalize:  # GrootPackInputsStep(formalize_language=True)
             text = "".join(ch for ch in text.lower() if ch.isalnum() or ch.isspace())
         return text

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,15 +41,20 @@ import torch.nn.functional as F  # noqa: N812
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.groot import checkpoint as ck
 from flashrt.frontends.groot.checkpoint import Embodiment
-from flashrt.frontends.groot.frontend import Checked, GrootFrontend, Options
+from flashrt.frontends.groot.frontend import (
+    GrootFrontend,
+    Options,
+    bucket_set,
+    read_prompt,
+    round_buckets,
+)
 from flashrt.frontends.groot.n16 import GrootN16Model, load_n16, n16_config
-from flashrt.frontends.groot.preprocess import _area_resize, _centre_crop, as_chw_uint8
+from flashrt.frontends.groot.preprocess import _area_resize, _centre_crop
 from flashrt.io import open_checkpoint
 from flashrt.io.files import check_regular, read_json
 from flashrt.quant.precision import compute_dtype
-from flashrt.runtime.buffers import Buffers
 from flashrt.runtime.device import resolve_device
-from flashrt.runtime.graphs import GraphSet, backend_for_device
+from flashrt.runtime.graphs import backend_for_device
 
 EAGLE_FACTOR, EAGLE_MIN_PIXELS, EAGLE_MAX_PIXELS = 28, 4 * 28 * 28, 4096 * 28 * 28  # processing_eagle3_vl
 EAGLE_MAX_SIDE, EAGLE_MAX_RATIO = 500 * 14, 200
@@ -305,6 +310,8 @@ class GrootN16Frontend(GrootFrontend):
     """Static buffers + one graph per prompt bucket around a loaded `GrootN16Model` (batch 1); the
     buffers are the N1.7 frontend's."""
 
+    LAYOUT = "the chat layout"
+
     def __init__(
         self,
         model: GrootN16Model,
@@ -321,47 +328,18 @@ class GrootN16Frontend(GrootFrontend):
         self.embodiment, self.cameras, self.image, self.chat = embodiment, tuple(cameras), image, chat
         self.state_norm, self.options = state, options
         self.device = model.device
-        head = self.config.head
-        self.chunk_size = min(head.horizon, embodiment.horizon or head.horizon)
-        self.n_action_steps = min(self.chunk_size, embodiment.replan_period or self.chunk_size)
-        self.action_dim = embodiment.action_dim
-        if embodiment.state_dim > head.max_state_dim or embodiment.action_dim > head.max_action_dim:
-            raise ConfigError(f"embodiment {embodiment.tag!r}: state/action dims exceed max_state/action_dim")
+        self._chunking(embodiment)
+        self._check_dims(embodiment)
         self.image_size = image.output_size()
         self.per_image = model.tokens_per_image(self.image_size)
         base = len(chat.prompt_ids("", len(self.cameras), self.per_image))
         self.header_len = base
-        out = tuple(sorted({int(b) for b in (buckets or self._n16_buckets(base))}))
-        if out[0] <= base:
-            raise ConfigError(f"prompt buckets {out} must exceed the {base}-token chat layout")
-        self.buckets, self.max_len = out, out[-1]
-        self.buffers = Buffers(self._specs(), self.device)
-        self.backend = backend
-        self.graphs = GraphSet(backend, self._build, self.buckets, buffers=self.buffers)
-        self._generator = torch.Generator(self.device)
-        self._generator.seed()
+        self.buckets = bucket_set(buckets or round_buckets(base, (16, 32, 64)), base, "chat layout")
+        self.max_len = self.buckets[-1]
+        self._allocate(backend)
 
-    @staticmethod
-    def _n16_buckets(base: int) -> tuple[int, ...]:
-        return tuple(-(-(base + extra) // 8) * 8 for extra in (16, 32, 64))
-
-    def _build(self, bucket: int) -> Callable[[], None]:
-        b, model = self.buffers, self.model
-        plan = model.plan(bucket, self.image_size, self.embodiment.id)
-        args = (
-            b["vision_pixels"],
-            b["prefix_tokens"][:, :bucket],
-            b["prefix_token_mask"][:, :bucket],
-            b["expert_state"],
-            b["expert_noise"],
-            b["expert_actions"],
-        )
-
-        def step() -> None:
-            with torch.inference_mode():
-                model.sample_actions(*args, plan=plan)
-
-        return step
+    def _plan(self, bucket: int) -> Any:
+        return self.model.plan(bucket, self.image_size, self.embodiment.id)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -371,37 +349,17 @@ class GrootN16Frontend(GrootFrontend):
             "frames_per_camera": 1,
         }
 
-    def check(self, obs: Mapping[str, Any], noise: Any = None) -> tuple[int, Checked]:
-        if not isinstance(obs, Mapping):
-            raise InputError(f"observation: expected a mapping, got {type(obs).__name__}")
-        pixels = torch.stack([self._image(obs, cam) for cam in self.cameras])
-        raw_state = self._state(obs)
-        state = np.zeros(self.config.head.max_state_dim, np.float32)
-        state[: raw_state.shape[0]] = self.state_norm.normalize(raw_state, self.options.clip_outliers)
-        ids = self.chat.prompt_ids(self._prompt(obs), len(self.cameras), self.per_image)
-        bucket = self.graphs.select(len(ids))
-        if bucket is None:
-            raise InputError(
-                f"prompt: {len(ids)} tokens with the chat layout exceed the largest bucket {self.max_len}; "
-                f"buckets: {list(self.buckets)}"
-            )
-        return bucket, Checked(pixels, ids, state, raw_state, None if noise is None else self._noise(noise))
+    def _normalize_state(self, raw: np.ndarray) -> np.ndarray:
+        return self.state_norm.normalize(raw, self.options.clip_outliers)
+
+    def _prompt_ids(self, obs: Mapping[str, Any]) -> list[int]:
+        return self.chat.prompt_ids(self._prompt(obs), len(self.cameras), self.per_image)
 
     def _image(self, obs: Mapping[str, Any], cam: str) -> torch.Tensor:
-        images = obs.get("images") if isinstance(obs.get("images"), Mapping) else {}
-        value = images.get(cam, obs.get(f"observation.images.{cam}"))
-        if value is None:
-            raise InputError(f"images: camera {cam!r} missing; this policy reads {list(self.cameras)}")
-        img = as_chw_uint8(f"images[{cam!r}]", value)
-        return eagle_normalize(eagle_transform(img, self.image), self.image)
+        return eagle_normalize(eagle_transform(self._frame(obs, cam), self.image), self.image)
 
     def _prompt(self, obs: Mapping[str, Any]) -> str:
-        from flashrt.frontends.groot.frontend import PROMPT_KEYS
-
-        value = next((obs[k] for k in PROMPT_KEYS if k in obs), "")
-        if not isinstance(value, str):
-            raise InputError(f"prompt: expected a string, got {type(value).__name__}")
-        return formalize_n16(value, self.options.formalize_language)
+        return formalize_n16(read_prompt(obs), self.options.formalize_language)
 
 
 def _require_image_libraries() -> None:
