@@ -94,19 +94,23 @@ class GrootN17Config:
     head: HeadConfig
 
 
+QWEN3_2B_TEXT: dict[str, Any] = {  # the Qwen3 text sizes Cosmos-Reason2-2B and Eagle-Block2A-2B-v2 share
+    "head_dim": 128,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-6,
+}
+
 COSMOS_REASON2_2B: dict[str, Any] = {
     "image_token_id": 151655,
     "video_token_id": 151656,
     "vision_start_token_id": 151652,
     "vision_end_token_id": 151653,
     "text_config": {
-        "head_dim": 128,
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "num_attention_heads": 16,
-        "num_hidden_layers": 28,
-        "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-6,
+        **QWEN3_2B_TEXT,
         "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20]},
         "rope_theta": 5000000,
         "vocab_size": 151936,

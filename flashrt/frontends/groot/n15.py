@@ -35,8 +35,9 @@ from flashrt.errors import CheckpointError
 from flashrt.frontends.groot.checkpoint import read_json
 from flashrt.frontends.groot.config import HeadConfig, head_config
 from flashrt.frontends.groot.model import ActionHead
-from flashrt.frontends.groot.weights import head_rules
-from flashrt.io import Rule, WeightMap, load_module, transforms
+from flashrt.frontends.groot.n16 import check_qwen3, eagle_sizes, mlp1_rules, siglip_layer_rules
+from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
+from flashrt.io import Rule, WeightMap, load_module
 from flashrt.nn.norms import rms_normalize
 from flashrt.nn.qwen3vl import Qwen3Layer
 from flashrt.nn.rope import rope_cos_sin
@@ -84,27 +85,12 @@ def eagle_config(bb: dict[str, Any], select_layer: int, where: str) -> EagleConf
         raise CheckpointError(f"{where}: only the 0.5 pixel shuffle is supported")
     if int(bb.get("select_layer", -1)) != -1:
         raise CheckpointError(f"{where}: only the vision tower's last layer (select_layer -1) is supported")
-    if (t.get("architectures") or ["Qwen3ForCausalLM"])[0] != "Qwen3ForCausalLM":
-        raise CheckpointError(f"{where}: only a Qwen3 language model is supported")
+    check_qwen3(t, where)
     try:
         return EagleConfig(
-            vision_width=int(v["hidden_size"]),
-            vision_depth=int(v["num_hidden_layers"]),
-            vision_mlp=int(v["intermediate_size"]),
-            vision_heads=int(v["num_attention_heads"]),
-            patch=int(v["patch_size"]),
+            **eagle_sizes(bb, select_layer),
             image_size=int(bb.get("force_image_size") or v["image_size"]),
             mlp_layers=int(bb.get("mlp_connector_layers", 2)),
-            text_width=int(t["hidden_size"]),
-            text_mlp=int(t["intermediate_size"]),
-            heads=int(t["num_attention_heads"]),
-            kv_heads=int(t["num_key_value_heads"]),
-            head_dim=int(t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]),
-            layers=int(select_layer),
-            vocab=int(t["vocab_size"]),
-            eps=float(t.get("rms_norm_eps", 1e-6)),
-            theta=float(t.get("rope_theta", 1e6)),
-            image_token=int(bb["image_token_index"]),
         )
     except KeyError as exc:
         raise CheckpointError(f"{where}: field {exc.args[0]!r} missing") from None
@@ -244,45 +230,22 @@ LM = "backbone.eagle_model.language_model.model."
 
 
 def _rules(c: GrootN15Config) -> list[Rule]:
-    enc, dst = VIS + "encoder.layers.{i}.", "backbone.vision.layers.{i}."
     rules = [
         Rule(VIS + "embeddings.patch_embedding.{p}", "backbone.vision.patch.{p}"),
         Rule(VIS + "embeddings.position_embedding.weight", "backbone.vision.pos"),
         Rule(VIS + "post_layernorm.{p}", "backbone.vision.post_norm.{p}"),
-        Rule(enc + "self_attn.out_proj.{p}", dst + "o.{p}"),
-        Rule(tuple(enc + f"self_attn.{n}_proj.{{p}}" for n in "qkv"), dst + "qkv.{p}", transforms.concat(0)),
-    ]
-    rules += [
-        Rule(enc + f"{s}.{{p}}", dst + f"{d}.{{p}}")
-        for s, d in (
-            ("layer_norm1", "norm1"),
-            ("layer_norm2", "norm2"),
-            ("mlp.fc1", "fc1"),
-            ("mlp.fc2", "fc2"),
-        )
+        *siglip_layer_rules(VIS),
     ]
     mlp = "backbone.eagle_model.mlp1."
     if c.eagle.mlp_layers == 2:
-        rules += [
-            Rule(mlp + "0.{p}", "backbone.mlp_norm.{p}"),
-            Rule(mlp + "1.{p}", "backbone.mlp_fc1.{p}"),
-            Rule(mlp + "3.{p}", "backbone.mlp_fc2.{p}"),
-        ]
+        rules += mlp1_rules(mlp)
     else:
         rules += [Rule(mlp + "0.{p}", "backbone.mlp_fc1.{p}")]
-    src, out = LM + "layers.{i}.", "backbone.layers.{i}."
     rules += [
         Rule(LM + "embed_tokens.weight", "backbone.embed.weight"),
         Rule(LM + "norm.weight", "backbone.norm"),
     ]
-    rules += [Rule(src + f"self_attn.{n}_proj.weight", out + f"{n}.weight") for n in "qkvo"]
-    rules += [Rule(src + f"mlp.{n}_proj.weight", out + f"{n}.weight") for n in ("gate", "up", "down")]
-    rules += [
-        Rule(src + "self_attn.q_norm.weight", out + "q_norm"),
-        Rule(src + "self_attn.k_norm.weight", out + "k_norm"),
-        Rule(src + "input_layernorm.weight", out + "input_norm"),
-        Rule(src + "post_attention_layernorm.weight", out + "post_norm"),
-    ]
+    rules += qwen3_layer_rules(LM + "layers.{i}.", "backbone.layers.{i}.")
     return [*rules, *head_rules(), Rule("action_head.future_tokens.weight", "head.future_tokens.weight")]
 
 
@@ -290,17 +253,10 @@ def n15_weight_map(config: GrootN15Config, keys: list[str]) -> WeightMap:
     """Strict map. Unused on purpose: SigLIP's pooling ``head.*``, the LM head, decoder layers at or beyond
     select_layer (lerobot pops them; a file that keeps them loads the same)."""
     raw, keys = list(keys), [k.removeprefix("_groot_model.") for k in keys]
-    extra = sorted(
-        {
-            k.split(".")[5]
-            for k in keys
-            if k.startswith(LM + "layers.") and int(k.split(".")[5]) >= config.eagle.layers
-        }
-    )
     ignore = [
         VIS + "head.*",
         "backbone.eagle_model.language_model.lm_head.weight",
-        *(LM + f"layers.{i}.*" for i in extra),
+        *popped_layers(keys, LM, config.eagle.layers),
     ]
     return WeightMap(_rules(config), ignore=ignore).auto_prefix(raw, ("", "_groot_model."))
 

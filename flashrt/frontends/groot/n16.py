@@ -44,9 +44,9 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.errors import CheckpointError
-from flashrt.frontends.groot.config import HeadConfig, head_config
+from flashrt.frontends.groot.config import QWEN3_2B_TEXT, HeadConfig, head_config
 from flashrt.frontends.groot.model import ActionHead
-from flashrt.frontends.groot.weights import head_rules
+from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
 from flashrt.io import Alt, Rule, WeightMap, load_module, transforms
 from flashrt.io.files import read_json
 from flashrt.nn.norms import rms_normalize
@@ -65,13 +65,7 @@ EAGLE_BLOCK2A_2B: dict[str, Any] = {  # Isaac-GR00T's Eagle-Block2A-2B-v2/config
     "use_pixel_shuffle": True,
     "text_config": {
         "architectures": ["Qwen3ForCausalLM"],
-        "head_dim": 128,
-        "hidden_size": 2048,
-        "intermediate_size": 6144,
-        "num_attention_heads": 16,
-        "num_hidden_layers": 28,
-        "num_key_value_heads": 8,
-        "rms_norm_eps": 1e-6,
+        **QWEN3_2B_TEXT,
         "rope_theta": 1000000,
         "vocab_size": 151680,
     },
@@ -141,34 +135,47 @@ def _check_vision(v: dict[str, Any], bb: dict[str, Any], where: str) -> None:
         raise CheckpointError(f"{where}: only the vision tower's last layer (select_layer -1) is supported")
 
 
+def check_qwen3(t: dict[str, Any], where: str) -> None:
+    if (t.get("architectures") or ["Qwen3ForCausalLM"])[0] != "Qwen3ForCausalLM":
+        raise CheckpointError(f"{where}: only a Qwen3 language model is supported")
+
+
+def eagle_sizes(bb: dict[str, Any], select_layer: int) -> dict[str, Any]:
+    """The fields Eagle 2.5 (N1.5) and Eagle 3 (N1.6) configs share: the SigLIP tower's and the Qwen3
+    model's sizes, ``select_layer`` kept layers, the image token (a missing field raises KeyError)."""
+    v, t = bb.get("vision_config") or {}, bb.get("text_config") or {}
+    return {
+        "vision_width": int(v["hidden_size"]),
+        "vision_depth": int(v["num_hidden_layers"]),
+        "vision_mlp": int(v["intermediate_size"]),
+        "vision_heads": int(v["num_attention_heads"]),
+        "patch": int(v["patch_size"]),
+        "text_width": int(t["hidden_size"]),
+        "text_mlp": int(t["intermediate_size"]),
+        "heads": int(t["num_attention_heads"]),
+        "kv_heads": int(t["num_key_value_heads"]),
+        "head_dim": int(t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]),
+        "layers": int(select_layer),
+        "vocab": int(t["vocab_size"]),
+        "eps": float(t.get("rms_norm_eps", 1e-6)),
+        "theta": float(t.get("rope_theta", 1e6)),
+        "image_token": int(bb["image_token_index"]),
+    }
+
+
 def eagle3_config(bb: dict[str, Any], select_layer: int, where: str) -> Eagle3Config:
     """The `Eagle3Config` of an Eagle 3 VL config dict, keeping ``select_layer`` text layers."""
     v, t = bb.get("vision_config") or {}, bb.get("text_config") or {}
     _check_vision(v, bb, where)
-    if (t.get("architectures") or ["Qwen3ForCausalLM"])[0] != "Qwen3ForCausalLM":
-        raise CheckpointError(f"{where}: only a Qwen3 language model is supported")
+    check_qwen3(t, where)
     try:
         layers = int(t["num_hidden_layers"])
         if not 0 < select_layer <= layers:
             raise CheckpointError(f"{where}: select_layer {select_layer} is not in 1..{layers}")
         return Eagle3Config(
-            vision_width=int(v["hidden_size"]),
-            vision_depth=int(v["num_hidden_layers"]),
-            vision_mlp=int(v["intermediate_size"]),
-            vision_heads=int(v["num_attention_heads"]),
-            patch=int(v["patch_size"]),
+            **eagle_sizes(bb, select_layer),
             num_patches=int(v.get("num_patches", 256)),
             vision_eps=float(v.get("layer_norm_eps", 1e-6)),
-            text_width=int(t["hidden_size"]),
-            text_mlp=int(t["intermediate_size"]),
-            heads=int(t["num_attention_heads"]),
-            kv_heads=int(t["num_key_value_heads"]),
-            head_dim=int(t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]),
-            layers=int(select_layer),
-            vocab=int(t["vocab_size"]),
-            eps=float(t.get("rms_norm_eps", 1e-6)),
-            theta=float(t.get("rope_theta", 1e6)),
-            image_token=int(bb["image_token_index"]),
         )
     except KeyError as exc:
         raise CheckpointError(f"{where}: field {exc.args[0]!r} missing") from None
@@ -341,53 +348,50 @@ LM = "backbone.model.language_model.model."
 LM_HEAD = "backbone.model.language_model.lm_head.weight"
 
 
-def _vision_rules() -> list[Rule]:
-    enc, dst = VIS + "encoder.layers.{i}.", "backbone.vision.layers.{i}."
+def siglip_layer_rules(vis: str) -> list[Rule]:
+    """The SigLIP / SigLIP2 encoder layers under ``vis`` -> ``backbone.vision.layers`` (q, k, v fused)."""
+    enc, dst = vis + "encoder.layers.{i}.", "backbone.vision.layers.{i}."
     rules = [
-        Rule(VIS + "embeddings.patch_embedding.{p}", "backbone.vision.patch_embedding.{p}"),
-        Rule(VIS + "embeddings.position_embedding.weight", "backbone.vision.position_embedding.weight"),
-        Rule(VIS + "post_layernorm.{p}", "backbone.vision.post_norm.{p}"),
         Rule(enc + "self_attn.out_proj.{p}", dst + "o.{p}"),
         Rule(tuple(enc + f"self_attn.{n}_proj.{{p}}" for n in "qkv"), dst + "qkv.{p}", transforms.concat(0)),
     ]
     pairs = (("layer_norm1", "norm1"), ("layer_norm2", "norm2"), ("mlp.fc1", "fc1"), ("mlp.fc2", "fc2"))
-    rules += [Rule(enc + f"{s}.{{p}}", dst + f"{d}.{{p}}") for s, d in pairs]
-    mlp = "backbone.model.mlp1."
-    return rules + [
+    return rules + [Rule(enc + f"{s}.{{p}}", dst + f"{d}.{{p}}") for s, d in pairs]
+
+
+def mlp1_rules(mlp: str) -> list[Rule]:
+    """The two-layer ``mlp1`` projector (LayerNorm, Linear, GELU, Linear) under ``mlp``."""
+    return [
         Rule(mlp + "0.{p}", "backbone.mlp_norm.{p}"),
         Rule(mlp + "1.{p}", "backbone.mlp_fc1.{p}"),
         Rule(mlp + "3.{p}", "backbone.mlp_fc2.{p}"),
     ]
 
 
+def _vision_rules() -> list[Rule]:
+    return [
+        Rule(VIS + "embeddings.patch_embedding.{p}", "backbone.vision.patch_embedding.{p}"),
+        Rule(VIS + "embeddings.position_embedding.weight", "backbone.vision.position_embedding.weight"),
+        Rule(VIS + "post_layernorm.{p}", "backbone.vision.post_norm.{p}"),
+        *siglip_layer_rules(VIS),
+        *mlp1_rules("backbone.model.mlp1."),
+    ]
+
+
 def _text_rules() -> list[Rule]:
-    src, out = LM + "layers.{i}.", "backbone.layers.{i}."
     rules = [  # tied: Isaac-GR00T's files keep the embedding; a file keeping only the LM head loads the same
         Rule(Alt(LM + "embed_tokens.weight", LM_HEAD), "backbone.embed.weight"),
         Rule(LM + "norm.weight", "backbone.norm"),
     ]
-    rules += [Rule(src + f"self_attn.{n}_proj.weight", out + f"{n}.weight") for n in "qkvo"]
-    rules += [Rule(src + f"mlp.{n}_proj.weight", out + f"{n}.weight") for n in ("gate", "up", "down")]
-    return rules + [
-        Rule(src + "self_attn.q_norm.weight", out + "q_norm"),
-        Rule(src + "self_attn.k_norm.weight", out + "k_norm"),
-        Rule(src + "input_layernorm.weight", out + "input_norm"),
-        Rule(src + "post_attention_layernorm.weight", out + "post_norm"),
-    ]
+    return rules + qwen3_layer_rules(LM + "layers.{i}.", "backbone.layers.{i}.")
 
 
 def n16_weight_map(config: GrootN16Config, keys: list[str]) -> WeightMap:
     """Strict map of a ``Gr00tN1d6`` state dict. Unused on purpose: SigLIP2's pooling ``head.*``, the
     tied LM head, decoder layers at or beyond select_layer (Isaac-GR00T pops them; a file that keeps
     them loads the same) and ``action_head.mask_token`` (state dropout, training only)."""
-    extra = sorted(
-        {
-            k.split(".")[5]
-            for k in keys
-            if k.startswith(LM + "layers.") and int(k.split(".")[5]) >= config.eagle.layers
-        }
-    )
-    ignore = [VIS + "head.*", LM_HEAD, "action_head.mask_token", *(LM + f"layers.{i}.*" for i in extra)]
+    popped = popped_layers(keys, LM, config.eagle.layers)
+    ignore = [VIS + "head.*", LM_HEAD, "action_head.mask_token", *popped]
     return WeightMap([*_vision_rules(), *_text_rules(), *head_rules()], ignore=ignore)
 
 

@@ -53,11 +53,9 @@ def vision_rules() -> list[Rule]:
     return rules
 
 
-def text_rules() -> list[Rule]:
-    src, dst = LM + "layers.{i}.", "layers.{i}."
-    # tied: lerobot's policy files keep only the LM head when the two share storage
-    rules = [Rule(Alt(LM + "embed_tokens.weight", "backbone.model.lm_head.weight"), "embed.weight")]
-    rules += [Rule(src + f"self_attn.{n}_proj.weight", dst + f"{n}.weight") for n in "qkvo"]
+def qwen3_layer_rules(src: str, dst: str) -> list[Rule]:
+    """A transformers Qwen3 decoder layer at ``src`` (e.g. ``...layers.{i}.``) -> `Qwen3Layer` at ``dst``."""
+    rules = [Rule(src + f"self_attn.{n}_proj.weight", dst + f"{n}.weight") for n in "qkvo"]
     rules += [Rule(src + f"mlp.{n}_proj.weight", dst + f"{n}.weight") for n in ("gate", "up", "down")]
     return rules + [
         Rule(src + "self_attn.q_norm.weight", dst + "q_norm"),
@@ -65,6 +63,20 @@ def text_rules() -> list[Rule]:
         Rule(src + "input_layernorm.weight", dst + "input_norm"),
         Rule(src + "post_attention_layernorm.weight", dst + "post_norm"),
     ]
+
+
+def popped_layers(keys: list[str], lm: str, kept: int) -> list[str]:
+    """Ignore patterns for the decoder layers under ``lm`` at or beyond ``kept`` (the reference pops them
+    before saving; a file that still has them loads the same)."""
+    prefix = lm + "layers."
+    ids = {k.removeprefix(prefix).split(".")[0] for k in keys if k.startswith(prefix)}
+    return [prefix + f"{i}.*" for i in sorted(ids) if int(i) >= kept]
+
+
+def text_rules() -> list[Rule]:
+    # tied: lerobot's policy files keep only the LM head when the two share storage
+    rules = [Rule(Alt(LM + "embed_tokens.weight", "backbone.model.lm_head.weight"), "embed.weight")]
+    return rules + qwen3_layer_rules(LM + "layers.{i}.", "layers.{i}.")
 
 
 def _block_rules(src: str, dst: str, ada: bool) -> list[Rule]:
@@ -99,11 +111,8 @@ def n17_weight_map(config: GrootN17Config, keys: list[str]) -> WeightMap:
     """The strict map; ``keys`` (the checkpoint's, with or without lerobot's ``_groot_model.``) name the
     dropped decoder layers to ignore."""
     raw, keys = list(keys), [k.removeprefix("_groot_model.") for k in keys]
-    kept = config.text.layers
-    extra = sorted(
-        {k.split(".")[5] for k in keys if k.startswith(LM + "layers.") and int(k.split(".")[5]) >= kept}
-    )
-    ignore = [LM + "norm.weight", "backbone.model.lm_head.weight", *(LM + f"layers.{i}.*" for i in extra)]
+    popped = popped_layers(keys, LM, config.text.layers)
+    ignore = [LM + "norm.weight", "backbone.model.lm_head.weight", *popped]
     wmap = WeightMap([*vision_rules(), *text_rules(), *head_rules()], ignore=ignore)
     return wmap.auto_prefix(raw, ("", "_groot_model."))
 
