@@ -60,19 +60,86 @@ class GrootImplementation:
         return {"actions": actions}
 
 
-class GrootBenchmark(GrootImplementation):
+def check_profile(
+    name: str, profile: Profile, checkpoint: str | None, model_keys: tuple[str, ...], timing: str
+) -> None:
+    """A random-weight benchmark's profile: ``[model]`` keys among ``model_keys``, no checkpoint
+    (``timing`` says what times one)."""
+    unknown = sorted(set(profile.model) - set(model_keys))
+    if unknown:
+        raise ConfigError(
+            f"{profile.path or profile.name}: [model] keys {unknown} are not {name} options "
+            f"{list(model_keys)}"
+        )
+    if checkpoint:
+        raise ConfigError(f"{name} benchmarks random weights; time a checkpoint with {timing}")
+
+
+def weights_bytes(model: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class RandomGrootBenchmark(GrootImplementation):
+    """The bench protocol of the random-weight GR00T benchmarks. A subclass sets ``bench_name``,
+    ``profile``, ``device``, ``n_cams``, ``model``, ``_tmp``, calls `_capture` once its model is built,
+    and defines `_frontend`, `_observations`, `flops_bytes` and ``LEROBOT`` (where lerobot is timed)."""
+
+    LEROBOT = ""
+    bench_name: str
+    profile: Profile
+    device: str
+    model: Any
+    _tmp: tempfile.TemporaryDirectory[str]
+
+    def _capture(self, start: float) -> None:
+        """The frontend of the profile's backend; cold start = model build since ``start``, capture."""
+        loaded = time.perf_counter()
+        backend = self.profile.runtime.backend
+        GrootImplementation.__init__(self, self._frontend(backend), f"flashrt:{backend}")
+        self.cold_start_ms = {"load": (loaded - start) * 1e3, "capture": (time.perf_counter() - loaded) * 1e3}
+
+    def _frontend(self, backend: str | None) -> Any:
+        raise NotImplementedError
+
+    def _observations(self, n: int, trace_seed: int) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    # -------------------------------------------------------------------------------- protocol
+    def make_inputs(self, trace_seed: int) -> list[dict[str, Any]]:
+        obs = self._observations(self.profile.bench.trace_len, trace_seed)
+        noise_shape = self.frontend.buffers.spec("expert_noise").shape
+        rng = np.random.default_rng(trace_seed + 1)
+        return [{"obs": o, "noise": rng.standard_normal(noise_shape).astype(np.float32)} for o in obs]
+
+    def reference(self, name: str) -> GrootImplementation:
+        import torch
+
+        from flashrt.runtime.graphs import backends_for
+
+        here = backends_for(torch.device(self.device).type)
+        if name not in here:
+            raise ReferenceUnavailable(f"{self.bench_name} compares graph backends {here}; {self.LEROBOT}")
+        return GrootImplementation(self._frontend(name), f"flashrt:{name}")
+
+    def memory(self) -> dict[str, int]:
+        return {"buffers": self.frontend.buffers.nbytes(), "weights": weights_bytes(self.model)}
+
+    def policy(self) -> Any:
+        from flashrt.runner.policy import Policy
+
+        return Policy(self.frontend)
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+class GrootBenchmark(RandomGrootBenchmark):
+    LEROBOT = "lerobot runs in bench/groot_vs_lerobot.py (reference venv)"
+
     def __init__(self, profile: Profile, checkpoint: str | None, device: str) -> None:
-        unknown = sorted(set(profile.model) - set(_MODEL_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{profile.path or profile.name}: [model] keys {unknown} are not groot-n17 options "
-                f"{list(_MODEL_KEYS)}"
-            )
-        if checkpoint:
-            raise ConfigError(
-                "groot-n17 benchmarks random weights; time a checkpoint with bench/groot_vs_lerobot.py "
-                "or flashrt.load_policy"
-            )
+        timing = "bench/groot_vs_lerobot.py or flashrt.load_policy"
+        check_profile("groot-n17", profile, checkpoint, _MODEL_KEYS, timing)
+        self.bench_name = "groot-n17"
         self.profile, self.device, self.preset = profile, device, profile.shapes.preset
         if self.preset not in synthetic.PRESETS:
             raise ConfigError(f"groot-n17: preset {self.preset!r}; choose one of {sorted(synthetic.PRESETS)}")
@@ -89,35 +156,14 @@ class GrootBenchmark(GrootImplementation):
             str(profile.model.get("variant", "n17")),
             profile.shapes.steps or None,
         )
-        loaded = time.perf_counter()
-        backend = profile.runtime.backend
-        super().__init__(self._frontend(backend), f"flashrt:{backend}")
-        self.cold_start_ms = {"load": (loaded - start) * 1e3, "capture": (time.perf_counter() - loaded) * 1e3}
+        self._capture(start)
 
     def _frontend(self, backend: str | None) -> Any:
         buckets = tuple(self.profile.shapes.buckets) or None
         return synthetic.frontend(self.model, self.tokenizer, self.preset, self.n_cams, backend, buckets)
 
-    # -------------------------------------------------------------------------------- protocol
-    def make_inputs(self, trace_seed: int) -> list[dict[str, Any]]:
-        n = self.profile.bench.trace_len
-        obs = synthetic.observations(self.preset, self.n_cams, n, trace_seed)
-        noise_shape = self.frontend.buffers.spec("expert_noise").shape
-        rng = np.random.default_rng(trace_seed + 1)
-        return [{"obs": o, "noise": rng.standard_normal(noise_shape).astype(np.float32)} for o in obs]
-
-    def reference(self, name: str) -> GrootImplementation:
-        import torch
-
-        from flashrt.runtime.graphs import backends_for
-
-        here = backends_for(torch.device(self.device).type)
-        if name not in here:
-            raise ReferenceUnavailable(
-                f"groot-n17 compares graph backends {here}; lerobot runs in "
-                "bench/groot_vs_lerobot.py (reference venv)"
-            )
-        return GrootImplementation(self._frontend(name), f"flashrt:{name}")
+    def _observations(self, n: int, trace_seed: int) -> list[dict[str, Any]]:
+        return synthetic.observations(self.preset, self.n_cams, n, trace_seed)
 
     def flops_bytes(self) -> tuple[float, float]:
         c, fe = self.model.config, self.frontend
@@ -134,20 +180,7 @@ class GrootBenchmark(GrootImplementation):
         tokens = 1 + h.horizon
         dit = h.num_steps * tokens * h.dit_layers * 12 * h.inner**2
         macs = vis + text + vl + cross + dit
-        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return 2.0 * macs, float(weights + fe.buffers.nbytes())
-
-    def memory(self) -> dict[str, int]:
-        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return {"buffers": self.frontend.buffers.nbytes(), "weights": weights}
-
-    def policy(self) -> Any:
-        from flashrt.runner.policy import Policy
-
-        return Policy(self.frontend)
-
-    def close(self) -> None:
-        self._tmp.cleanup()
+        return 2.0 * macs, float(weights_bytes(self.model) + fe.buffers.nbytes())
 
 
 def make_groot_benchmark(

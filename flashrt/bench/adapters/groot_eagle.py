@@ -33,29 +33,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from flashrt.bench.adapters.groot import GrootImplementation
+from flashrt.bench.adapters.groot import RandomGrootBenchmark, check_profile, weights_bytes
 from flashrt.bench.profiles import Profile
-from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
-from flashrt.errors import ConfigError
+from flashrt.bench.registry import register_benchmark
 from flashrt.frontends.groot import synthetic_eagle
 from flashrt.quant.precision import compute_dtype
 
 _MODEL_KEYS = ("seed",)
 
 
-class GrootEagleBenchmark(GrootImplementation):
+class GrootEagleBenchmark(RandomGrootBenchmark):
+    LEROBOT = (
+        "lerobot 0.5.1's N1.5 runs in bench/groot_n15_vs_lerobot.py (reference venv), parity in "
+        "tests/frontends/groot"
+    )
+
     def __init__(self, version: str, profile: Profile, checkpoint: str | None, device: str) -> None:
         name = f"groot-{version}"
-        unknown = sorted(set(profile.model) - set(_MODEL_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{profile.path or profile.name}: [model] keys {unknown} are not {name} options "
-                f"{list(_MODEL_KEYS)}"
-            )
-        if checkpoint:
-            raise ConfigError(f"{name} benchmarks random weights; time a checkpoint with flashrt.load_policy")
+        check_profile(name, profile, checkpoint, _MODEL_KEYS, "flashrt.load_policy")
         self.version, self.bench_name, self.profile, self.device = version, name, profile, device
         self.preset = profile.shapes.preset
         synthetic_eagle.preset(version, self.preset)  # ConfigError naming the presets
@@ -73,34 +68,13 @@ class GrootEagleBenchmark(GrootImplementation):
             profile.shapes.steps or None,
         )
         self.model = self.built.model
-        loaded = time.perf_counter()
-        backend = profile.runtime.backend
-        super().__init__(self._frontend(backend), f"flashrt:{backend}")
-        self.cold_start_ms = {"load": (loaded - start) * 1e3, "capture": (time.perf_counter() - loaded) * 1e3}
+        self._capture(start)
 
     def _frontend(self, backend: str | None) -> Any:
         return self.built.frontend(backend, tuple(self.profile.shapes.buckets) or None)
 
-    # -------------------------------------------------------------------------------- protocol
-    def make_inputs(self, trace_seed: int) -> list[dict[str, Any]]:
-        n = self.profile.bench.trace_len
-        obs = synthetic_eagle.observations(self.built.frame, self.n_cams, n, trace_seed)
-        noise_shape = self.frontend.buffers.spec("expert_noise").shape
-        rng = np.random.default_rng(trace_seed + 1)
-        return [{"obs": o, "noise": rng.standard_normal(noise_shape).astype(np.float32)} for o in obs]
-
-    def reference(self, name: str) -> GrootImplementation:
-        import torch
-
-        from flashrt.runtime.graphs import backends_for
-
-        here = backends_for(torch.device(self.device).type)
-        if name not in here:
-            raise ReferenceUnavailable(
-                f"{self.bench_name} compares graph backends {here}; lerobot 0.5.1's N1.5 runs in "
-                "bench/groot_n15_vs_lerobot.py (reference venv), parity in tests/frontends/groot"
-            )
-        return GrootImplementation(self._frontend(name), f"flashrt:{name}")
+    def _observations(self, n: int, trace_seed: int) -> list[dict[str, Any]]:
+        return synthetic_eagle.observations(self.built.frame, self.n_cams, n, trace_seed)
 
     def flops_bytes(self) -> tuple[float, float]:
         c, fe = self.model.config, self.frontend
@@ -118,20 +92,7 @@ class GrootEagleBenchmark(GrootImplementation):
         dit_tokens = 1 + h.future_tokens + h.horizon
         dit = h.num_steps * dit_tokens * h.dit_layers * 12 * h.inner**2
         macs = vis + proj + text + vl + cross + dit
-        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return 2.0 * macs, float(weights + fe.buffers.nbytes())
-
-    def memory(self) -> dict[str, int]:
-        weights = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return {"buffers": self.frontend.buffers.nbytes(), "weights": weights}
-
-    def policy(self) -> Any:
-        from flashrt.runner.policy import Policy
-
-        return Policy(self.frontend)
-
-    def close(self) -> None:
-        self._tmp.cleanup()
+        return 2.0 * macs, float(weights_bytes(self.model) + fe.buffers.nbytes())
 
 
 def make_groot_n16_benchmark(
