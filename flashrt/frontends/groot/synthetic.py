@@ -220,6 +220,14 @@ def random_model(
     )
     with torch.device("meta"):
         model = GrootN17Model(config)
+    random_fill(model, device, dtype, seed)
+    model.vision.reset_derived()
+    return model.eval().requires_grad_(False)
+
+
+def random_fill(model: torch.nn.Module, device: str | torch.device, dtype: torch.dtype, seed: int) -> None:
+    """Assign ``model`` (built on meta) its random weights: matrices N(0, 0.02²) from a generator seeded
+    with ``seed`` on ``device``, biases 0, other vectors 1."""
     g = torch.Generator(device=device).manual_seed(seed)
     tensors = {}
     for name, t in model.state_dict().items():
@@ -229,14 +237,16 @@ def random_model(
             fill = 0.0 if name.endswith(("bias", ".b")) else 1.0
             tensors[name] = torch.full(t.shape, fill, dtype=dtype, device=device)
     model.load_state_dict(tensors, assign=True)
-    model.vision.reset_derived()
-    return model.eval().requires_grad_(False)
+
+
+def camera_names(n_cams: int) -> tuple[str, ...]:
+    return tuple(f"cam{i}" for i in range(n_cams))
 
 
 def embodiment(n_cams: int) -> Embodiment:
     lo_s, lo_a = np.full(STATE_DIM, -1.0, np.float32), np.full(ACTION_DIM, -1.0, np.float32)
     actions = ActionDecoder((ActionGroup("joints", 0, ACTION_DIM, lo_a, -lo_a),))
-    return Embodiment("synthetic", 0, tuple(f"cam{i}" for i in range(n_cams)), MinMax(lo_s, -lo_s), actions)
+    return Embodiment("synthetic", 0, camera_names(n_cams), MinMax(lo_s, -lo_s), actions)
 
 
 def frontend(
@@ -254,7 +264,7 @@ def frontend(
     fe = GrootFrontend(
         model,
         embodiment(n_cams),
-        tuple(f"cam{i}" for i in range(n_cams)),
+        camera_names(n_cams),
         image,
         tokenizer,
         Options(),
@@ -266,7 +276,13 @@ def frontend(
 
 
 def observations(preset: str, n_cams: int, n: int, seed: int = 0) -> list[dict[str, Any]]:
-    rows, cols = PRESETS[preset].frame
+    return frame_observations(PRESETS[preset].frame, n_cams, n, seed)
+
+
+def frame_observations(frame: tuple[int, int], n_cams: int, n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` seeded observations: uniform uint8 frames of ``frame`` (rows, cols) from cameras cam0.., a
+    state in [-1, 1], the `PROMPTS` in turn."""
+    rows, cols = frame
     rng = np.random.default_rng(seed)
     return [
         {

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +36,7 @@ from flashrt.frontends.groot import synthetic
 from flashrt.io import reset_derived
 from flashrt.runtime.graphs import backend_for_device
 
-SPECIALS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-    "<IMG_CONTEXT>",
-    "<img>",
-    "</img>",
-)
+SPECIALS = (*synthetic.SPECIALS, "<IMG_CONTEXT>", "<img>", "</img>")
 CHAT_TEMPLATE = (  # Eagle's: images as <image-k> placeholders, then the text, generation prompt
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
     "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
@@ -133,66 +122,65 @@ def _siglip(kind: str, width: int, mlp: int, heads: int, layers: int, grid: int)
     return {**out, "image_size": 14 * grid}
 
 
+def _vl(layers: int, heads: int, head_dim: int) -> dict:
+    return {"num_layers": layers, "num_attention_heads": heads, "attention_head_dim": head_dim}
+
+
+def _n15(n16: EaglePreset, vision: dict, vl: dict, **changes: Any) -> EaglePreset:
+    """An N1.5 preset from the N1.6 one of its name: a SigLIP ``vision`` tower, VL self-attention ``vl``
+    and ``changes`` to the other fields."""
+    return replace(n16, vision=vision, vl=vl, **changes)
+
+
+N16_PRESETS: dict[str, EaglePreset] = {
+    "tiny": EaglePreset(
+        _text(64, 128, 4, 2, 16, 2),
+        _siglip("siglip2_vision_model", 32, 64, 2, 2, 4),
+        2,
+        _head(64, 32, 48, 16, 16, 8, 4),
+        _dit(4, 2, 24, 32),
+        (48, 64),
+        56,
+    ),
+    "small": EaglePreset(
+        _text(256, 768, 4, 2, 64, 4),
+        _siglip("siglip2_vision_model", 128, 512, 2, 4, 16),
+        4,
+        _head(256, 128, 256, 32, 32, 16, 32),
+        _dit(8, 4, 64, 128),
+        (240, 320),
+        224,
+    ),
+    "full": EaglePreset(
+        _text(2048, 6144, 16, 8, 128, 28, 151680),
+        _siglip("siglip2_vision_model", 1152, 4304, 16, 27, 16),
+        16,
+        _head(2048, 1024, 1536, 29, 29, 16, 32),
+        _dit(32, 32, 48, 1024),
+        (480, 640),
+        256,
+    ),
+}
 PRESETS: dict[str, dict[str, EaglePreset]] = {
-    "n16": {
-        "tiny": EaglePreset(
-            _text(64, 128, 4, 2, 16, 2),
-            _siglip("siglip2_vision_model", 32, 64, 2, 2, 4),
-            2,
-            _head(64, 32, 48, 16, 16, 8, 4),
-            _dit(4, 2, 24, 32),
-            (48, 64),
-            56,
-        ),
-        "small": EaglePreset(
-            _text(256, 768, 4, 2, 64, 4),
-            _siglip("siglip2_vision_model", 128, 512, 2, 4, 16),
-            4,
-            _head(256, 128, 256, 32, 32, 16, 32),
-            _dit(8, 4, 64, 128),
-            (240, 320),
-            224,
-        ),
-        "full": EaglePreset(
-            _text(2048, 6144, 16, 8, 128, 28, 151680),
-            _siglip("siglip2_vision_model", 1152, 4304, 16, 27, 16),
-            16,
-            _head(2048, 1024, 1536, 29, 29, 16, 32),
-            _dit(32, 32, 48, 1024),
-            (480, 640),
-            256,
-        ),
-    },
+    "n16": N16_PRESETS,
     "n15": {
-        "tiny": EaglePreset(
-            _text(64, 128, 4, 2, 16, 3),
+        "tiny": _n15(
+            N16_PRESETS["tiny"],
             _siglip("siglip_vision_model", 32, 64, 2, 2, 4),
-            2,
-            _head(64, 32, 48, 16, 16, 8, 4),
-            _dit(4, 2, 24, 32),
-            (48, 64),
-            56,
-            {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 32},
+            _vl(1, 2, 32),
+            text=_text(64, 128, 4, 2, 16, 3),
         ),
-        "small": EaglePreset(
-            _text(256, 768, 4, 2, 64, 4),
-            _siglip("siglip_vision_model", 128, 512, 2, 4, 16),
-            4,
-            _head(256, 128, 256, 32, 32, 16, 32),
-            _dit(8, 4, 64, 128),
-            (240, 320),
-            224,
-            {"num_layers": 2, "num_attention_heads": 4, "attention_head_dim": 64},
+        "small": _n15(
+            N16_PRESETS["small"], _siglip("siglip_vision_model", 128, 512, 2, 4, 16), _vl(2, 4, 64)
         ),
-        "full": EaglePreset(
-            _text(2048, 6144, 16, 8, 128, 28, 151680),
+        "full": _n15(
+            N16_PRESETS["full"],
             _siglip("siglip_vision_model", 1152, 4304, 16, 27, 16),
-            12,
-            _head(2048, 1024, 1536, 64, 32, 16, 32),
-            _dit(16, 32, 48, 1024),
-            (480, 640),
-            224,
-            {"num_layers": 4, "num_attention_heads": 32, "attention_head_dim": 64},
+            _vl(4, 32, 64),
+            select_layer=12,
+            head=_head(2048, 1024, 1536, 64, 32, 16, 32),
+            dit=_dit(16, 32, 48, 1024),
+            image=224,
         ),
     },
 }
@@ -237,15 +225,7 @@ def write_assets(folder: Path, per_tile: int, image: int) -> int:
 def _random_weights(
     model: torch.nn.Module, device: str | torch.device, dtype: torch.dtype, seed: int
 ) -> None:
-    g = torch.Generator(device=device).manual_seed(seed)
-    tensors = {}
-    for name, t in model.state_dict().items():
-        if t.dim() >= 2:
-            tensors[name] = (torch.randn(t.shape, generator=g, device=device) * 0.02).to(dtype)
-        else:
-            fill = 0.0 if name.endswith(("bias", ".b")) else 1.0
-            tensors[name] = torch.full(t.shape, fill, dtype=dtype, device=device)
-    model.load_state_dict(tensors, assign=True)
+    synthetic.random_fill(model, device, dtype, seed)
     reset_derived(model, device)
 
 
@@ -310,7 +290,7 @@ def _build_n16(p, n_cams, folder, device, dtype, seed, num_steps) -> Built:
     chat = EagleChat(folder / "backbone", config.eagle.image_token)
     emb = synthetic.embodiment(n_cams)
     norm = StateNorm(np.full(STATE_DIM, -1.0), np.full(STATE_DIM, 1.0))
-    cams = tuple(f"cam{i}" for i in range(n_cams))
+    cams = synthetic.camera_names(n_cams)
 
     def frontend(backend: str | None = None, buckets: tuple[int, ...] | None = None) -> Any:
         fe = GrootN16Frontend(
@@ -354,7 +334,7 @@ def _build_n15(p, n_cams, folder, device, dtype, seed, num_steps) -> Built:
     image = EagleTile.read(assets)
     chat = EagleChat15(assets, config.eagle.image_token, n_cams, config.eagle.tokens_per_image)
     lo_s, lo_a = np.full(STATE_DIM, -1.0, np.float32), np.full(ACTION_DIM, -1.0, np.float32)
-    cams = tuple(f"cam{i}" for i in range(n_cams))
+    cams = synthetic.camera_names(n_cams)
     dev = model.backbone.embed.weight.device
 
     def frontend(backend: str | None = None, buckets: tuple[int, ...] | None = None) -> Any:
@@ -377,16 +357,4 @@ def _build_n15(p, n_cams, folder, device, dtype, seed, num_steps) -> Built:
     return Built(model, frontend, p.frame)
 
 
-def observations(frame: tuple[int, int], n_cams: int, n: int, seed: int = 0) -> list[dict[str, Any]]:
-    rows, cols = frame
-    rng = np.random.default_rng(seed)
-    return [
-        {
-            "images": {
-                f"cam{c}": rng.integers(0, 256, (rows, cols, 3), dtype=np.uint8) for c in range(n_cams)
-            },
-            "state": rng.uniform(-1, 1, STATE_DIM).astype(np.float32),
-            "prompt": synthetic.PROMPTS[(seed + i) % 4],
-        }
-        for i in range(n)
-    ]
+observations = synthetic.frame_observations  # (frame, n_cams, n, seed): Built.frame sized observations
