@@ -12,12 +12,9 @@ import torch
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.groot import checkpoint as ck
 from flashrt.frontends.groot.config import n17_config
-from flashrt.frontends.groot.frontend import GrootFrontend, Options
+from flashrt.frontends.groot.frontend import GrootFrontend, LoadOptions, Options, load_model
 from flashrt.frontends.groot.preprocess import ImageSpec, PromptTokenizer
 from flashrt.frontends.groot.weights import load_n17
-from flashrt.io import open_checkpoint
-from flashrt.quant.precision import compute_dtype
-from flashrt.runtime.device import resolve_device
 from flashrt.runtime.frontend import PolicyFamily
 from flashrt.runtime.graphs import backend_for_device
 
@@ -97,21 +94,25 @@ def load(
     the aspect ratio (``use_albumentations``): it fixes the token layout (default: square frames)."""
     from flashrt.frontends.groot import n15_frontend
 
+    opts = LoadOptions(
+        device, precision, num_steps, backend, buckets, embodiment, cameras, tokenizer, frame_size
+    )
     n15 = n15_frontend.n15_layout(Path(folder))
     if n15 is not None:  # frame_size does not apply: every frame is resized to SigLIP's square
-        return n15_frontend.load(
-            n15, device, precision, num_steps, backend, buckets, embodiment, cameras, tokenizer
-        )
+        return n15_frontend.load(n15, opts)
     where = ck.layout(Path(folder))
     folder = where.base
     raw = ck.read_json(folder / "config.json")
     if raw.get("model_type") == ck.N16_MODEL_TYPE:
         from flashrt.frontends.groot import n16_frontend
 
-        return n16_frontend.load(
-            folder, device, precision, num_steps, backend, buckets, embodiment, cameras, tokenizer, frame_size
-        )
-    config, bb_dir = n17_config(folder, raw, num_steps)
+        return n16_frontend.load(folder, opts)
+    return _load_n17(where, raw, opts)
+
+
+def _load_n17(where: ck.Layout, raw: dict[str, Any], opts: LoadOptions) -> GrootFrontend:
+    folder, embodiment, cameras = where.base, opts.embodiment, opts.cameras
+    config, bb_dir = n17_config(folder, raw, opts.num_steps)
     side = ck.Sidecars.read(folder)
     emb = side.embodiment(
         embodiment if embodiment is not None else where.embodiment, config.head.num_embodiments
@@ -127,19 +128,17 @@ def load(
         )
     kw = side.kwargs
     image = image_spec(kw, config.vision.patch * config.vision.merge, bb_dir)
-    dev = resolve_device(device)
-    with open_checkpoint(where.weights) as weights:
-        model = load_n17(config, weights, dev, compute_dtype(precision))
-    opts = Options(bool(kw.get("formalize_language", True)), bool(kw.get("clip_outliers", True)))
+    model, dev = load_model(load_n17, config, where.weights, opts)
+    frame_size = opts.frame_size
     frontend = GrootFrontend(
         model,
         emb,
         cams,
         image,
-        PromptTokenizer(_tokenizer_path(folder, bb_dir, tokenizer)),
-        opts,
-        buckets,
-        backend_for_device(backend, dev),
+        PromptTokenizer(_tokenizer_path(folder, bb_dir, opts.tokenizer)),
+        Options.from_kwargs(kw),
+        opts.buckets,
+        backend_for_device(opts.backend, dev),
         tuple(int(x) for x in frame_size) if frame_size is not None else None,
     )
     frontend.capture()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,10 @@ from flashrt.frontends.groot.preprocess import (
     normalize_pixels,
     transform_image,
 )
+from flashrt.io import open_checkpoint
+from flashrt.quant.precision import compute_dtype
 from flashrt.runtime.buffers import Buffers, BufferSpec, check_value
+from flashrt.runtime.device import resolve_device
 from flashrt.runtime.graphs import GraphSet
 
 PROMPT_KEYS = ("prompt", "task")
@@ -58,6 +62,36 @@ class Checked:
 class Options:
     formalize_language: bool = True
     clip_outliers: bool = True
+
+    @classmethod
+    def from_kwargs(cls, kw: Mapping[str, Any]) -> Options:
+        """From processor_config.json's kwargs (both on by default)."""
+        return cls(bool(kw.get("formalize_language", True)), bool(kw.get("clip_outliers", True)))
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What `flashrt.frontends.groot.family.load` passes on to the N1.7 / N1.6 / N1.5 loaders."""
+
+    device: str | torch.device = "cpu"
+    precision: str | torch.dtype = "float32"
+    num_steps: int | None = None
+    backend: str | None = None
+    buckets: Sequence[int] | None = None
+    embodiment: str | int | None = None
+    cameras: Sequence[str] | None = None
+    tokenizer: str | Path | None = None
+    frame_size: Sequence[int] | None = None
+
+
+def load_model(
+    loader: Callable[..., Any], config: Any, weights: Path, options: LoadOptions
+) -> tuple[Any, torch.device]:
+    """``loader(config, checkpoint, device, dtype)`` over the checkpoint at ``weights``, on the options'
+    device and precision; returns the model and that device."""
+    dev = resolve_device(options.device)
+    with open_checkpoint(weights) as checkpoint:
+        return loader(config, checkpoint, dev, compute_dtype(options.precision)), dev
 
 
 def mrope_positions(ids: Sequence[int], image_id: int, grid: tuple[int, int], length: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,9 @@ from flashrt.frontends.groot.checkpoint import read_json
 from flashrt.frontends.groot.frontend import (
     Checked,
     GrootFrontend,
+    LoadOptions,
     bucket_set,
+    load_model,
     read_prompt,
     read_state,
     round_buckets,
@@ -66,9 +68,6 @@ from flashrt.frontends.groot.frontend import (
 from flashrt.frontends.groot.n15 import N15_MODEL_TYPE, GrootN15Model, load_n15, n15_config
 from flashrt.frontends.groot.n16_frontend import MEDIA_PLACEHOLDER, eagle_normalize, eagle_tokenizer
 from flashrt.frontends.groot.preprocess import DEFAULT_PROMPT, MinMax, _resize
-from flashrt.io import open_checkpoint
-from flashrt.quant.precision import compute_dtype
-from flashrt.runtime.device import resolve_device
 from flashrt.runtime.graphs import backend_for_device
 
 ASSETS_REPO = "lerobot/eagle2hg-processor-groot-n1p5"  # GrootConfig.tokenizer_assets_repo's default
@@ -434,21 +433,14 @@ def _cameras(cfg: dict[str, Any], chosen: Sequence[str] | None, where: str) -> t
     return tuple(sorted(cams))
 
 
-def load(
-    where: PolicyFolder,
-    device: str | torch.device = "cpu",
-    precision: str | torch.dtype = "float32",
-    num_steps: int | None = None,
-    backend: str | None = None,
-    buckets: Sequence[int] | None = None,
-    embodiment: str | int | None = None,
-    cameras: Sequence[str] | None = None,
-    tokenizer: str | Path | None = None,
-) -> GrootN15Frontend:
-    """A captured GR00T N1.5 frontend for the lerobot 0.5.1 policy folder ``where`` (module docstring)."""
+def load(where: PolicyFolder, opts: LoadOptions | None = None, **changes: Any) -> GrootN15Frontend:
+    """A captured GR00T N1.5 frontend for the lerobot 0.5.1 policy folder ``where`` (module docstring):
+    ``opts`` (default `LoadOptions`) with ``changes`` (its fields by name); ``frame_size`` is unused
+    (every frame is resized to SigLIP's square)."""
+    opts = replace(opts or LoadOptions(), **changes)
     folder, cfg = where.folder, where.config
-    assets = assets_dir(where, tokenizer)
-    config = n15_config(where.base, assets, num_steps)
+    assets = assets_dir(where, opts.tokenizer)
+    config = n15_config(where.base, assets, opts.num_steps)
     pack, pre_state = _pipeline_step(folder, "policy_preprocessor", PACK_STEP)
     _, post_state = _pipeline_step(folder, "policy_postprocessor", UNPACK_STEP)
     name = str(folder / "config.json")
@@ -457,17 +449,15 @@ def load(
     norm = pack.get("normalize_min_max", True)
     state = _minmax(pre_state, "observation.state", state_dim, name) if norm else None
     actions = _minmax(post_state, "action", action_dim, name) if norm else None
-    emb = _embodiment(pack, embodiment, config.head.num_embodiments)
-    cams = _cameras(cfg, cameras, name)
+    emb = _embodiment(pack, opts.embodiment, config.head.num_embodiments)
+    cams = _cameras(cfg, opts.cameras, name)
     image = EagleTile.read(assets)
     if image.size != (config.eagle.image_size,) * 2:
         raise CheckpointError(
             f"{assets}: the image processor's size {image.size} is not SigLIP's {config.eagle.image_size}"
         )
     chat = EagleChat15(assets, config.eagle.image_token, len(cams), config.eagle.tokens_per_image)
-    dev = resolve_device(device)
-    with open_checkpoint(folder) as weights:
-        model = load_n15(config, weights, dev, compute_dtype(precision))
+    model, dev = load_model(load_n15, config, folder, opts)
     frontend = GrootN15Frontend(
         model,
         emb,
@@ -478,8 +468,8 @@ def load(
         actions,
         (state_dim, action_dim, int(cfg.get("n_action_steps") or config.head.horizon)),
         bool(pack.get("formalize_language", False)),
-        buckets,
-        backend_for_device(backend, dev),
+        opts.buckets,
+        backend_for_device(opts.backend, dev),
     )
     frontend.capture()
     return frontend

@@ -43,17 +43,16 @@ from flashrt.frontends.groot import checkpoint as ck
 from flashrt.frontends.groot.checkpoint import Embodiment
 from flashrt.frontends.groot.frontend import (
     GrootFrontend,
+    LoadOptions,
     Options,
     bucket_set,
+    load_model,
     read_prompt,
     round_buckets,
 )
 from flashrt.frontends.groot.n16 import GrootN16Model, load_n16, n16_config
 from flashrt.frontends.groot.preprocess import _area_resize, _centre_crop
-from flashrt.io import open_checkpoint
 from flashrt.io.files import check_regular, read_json
-from flashrt.quant.precision import compute_dtype
-from flashrt.runtime.device import resolve_device
 from flashrt.runtime.graphs import backend_for_device
 
 EAGLE_FACTOR, EAGLE_MIN_PIXELS, EAGLE_MAX_PIXELS = 28, 4 * 28 * 28, 4096 * 28 * 28  # processing_eagle3_vl
@@ -390,24 +389,13 @@ def _backbone_dir(folder: Path, bb_dir: Path | None, tokenizer: str | Path | Non
     return bb_dir
 
 
-def load(
-    folder: Path,
-    device: str | torch.device = "cpu",
-    precision: str | torch.dtype = "float32",
-    num_steps: int | None = None,
-    backend: str | None = None,
-    buckets: Sequence[int] | None = None,
-    embodiment: str | int | None = None,
-    cameras: Sequence[str] | None = None,
-    tokenizer: str | Path | None = None,
-    frame_size: Sequence[int] | None = None,
-) -> GrootN16Frontend:
-    """A captured GR00T N1.6 frontend for the Isaac-GR00T checkpoint ``folder`` (``frame_size`` is
-    accepted and unused: N1.6 letter-boxes every frame to one square size)."""
-    del frame_size
-    config, bb_dir = n16_config(folder, ck.read_json(folder / "config.json"), num_steps)
+def load(folder: Path, opts: LoadOptions) -> GrootN16Frontend:
+    """A captured GR00T N1.6 frontend for the Isaac-GR00T checkpoint ``folder`` (``opts.frame_size`` is
+    unused: N1.6 letter-boxes every frame to one square size)."""
+    cameras = opts.cameras
+    config, bb_dir = n16_config(folder, ck.read_json(folder / "config.json"), opts.num_steps)
     side = ck.Sidecars.read(folder)
-    emb = side.embodiment(embodiment, config.head.num_embodiments)
+    emb = side.embodiment(opts.embodiment, config.head.num_embodiments)
     if emb.frames != 1:
         raise CheckpointError(
             f"processor_config.json: embodiment {emb.tag!r} reads {emb.frames} video frames per camera; "
@@ -421,15 +409,11 @@ def load(
         )
     image = EagleImageSpec.from_checkpoint(side.kwargs, bb_dir)
     _require_image_libraries()
-    chat = EagleChat(_backbone_dir(folder, bb_dir, tokenizer), config.eagle.image_token)
-    dev = resolve_device(device)
-    with open_checkpoint(folder) as weights:
-        model = load_n16(config, weights, dev, compute_dtype(precision))
-    opts = Options(
-        bool(side.kwargs.get("formalize_language", True)), bool(side.kwargs.get("clip_outliers", True))
-    )
+    chat = EagleChat(_backbone_dir(folder, bb_dir, opts.tokenizer), config.eagle.image_token)
+    model, dev = load_model(load_n16, config, folder, opts)
+    options, backend = Options.from_kwargs(side.kwargs), backend_for_device(opts.backend, dev)
     frontend = GrootN16Frontend(
-        model, emb, cams, image, chat, state_norm(side, emb), opts, buckets, backend_for_device(backend, dev)
+        model, emb, cams, image, chat, state_norm(side, emb), options, opts.buckets, backend
     )
     frontend.capture()
     return frontend
