@@ -35,7 +35,7 @@ from flashrt.errors import CheckpointError
 from flashrt.frontends.groot.checkpoint import read_json
 from flashrt.frontends.groot.config import HeadConfig, head_config
 from flashrt.frontends.groot.model import ActionHead
-from flashrt.frontends.groot.n16 import check_qwen3, eagle_sizes, mlp1_rules, siglip_layer_rules
+from flashrt.frontends.groot.n16 import EagleSizes, check_qwen3, eagle_sizes, mlp1_rules, siglip_layer_rules
 from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
 from flashrt.io import Rule, WeightMap, load_module
 from flashrt.nn.norms import rms_normalize
@@ -47,24 +47,9 @@ N15_MODEL_TYPE = "gr00t_n1_5"
 
 
 @dataclass(frozen=True)
-class EagleConfig:
-    vision_width: int
-    vision_depth: int
-    vision_mlp: int
-    vision_heads: int
-    patch: int
+class EagleConfig(EagleSizes):
     image_size: int
     mlp_layers: int  # mlp_connector_layers: 1 or 2
-    text_width: int
-    text_mlp: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    layers: int  # kept layers (select_layer)
-    vocab: int
-    eps: float
-    theta: float
-    image_token: int
 
     @property
     def tokens_per_image(self) -> int:

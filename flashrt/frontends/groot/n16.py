@@ -85,14 +85,14 @@ EAGLE_BLOCK2A_2B: dict[str, Any] = {  # Isaac-GR00T's Eagle-Block2A-2B-v2/config
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
+class EagleSizes:
+    """The fields Eagle 2.5 (N1.5) and Eagle 3 (N1.6) configs share (`eagle_sizes` reads them)."""
+
     vision_width: int
     vision_depth: int
     vision_mlp: int
     vision_heads: int
     patch: int
-    num_patches: int  # the learned position grid (a square)
-    vision_eps: float
     text_width: int
     text_mlp: int
     heads: int
@@ -103,6 +103,12 @@ class Eagle3Config:
     eps: float
     theta: float
     image_token: int
+
+
+@dataclass(frozen=True)
+class Eagle3Config(EagleSizes):
+    num_patches: int  # the learned position grid (a square)
+    vision_eps: float
 
     @property
     def factor(self) -> int:
