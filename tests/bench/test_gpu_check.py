@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh cannot rot: its dry run (every step's command, the 560 s budget, the CUDA tests
+"""bench/gpu_check.sh cannot rot: its dry run (every step's command, the 480 s budget, the CUDA tests
 collect, the GPU scripts parse their arguments) passes on a machine without a GPU."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_gpu_check_dry_run_passes(tmp_path):
     done = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), "--dry-run"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=230)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "dry-run: PASS" in done.stdout and "of 560s" in done.stdout
+    assert "dry-run: PASS" in done.stdout and "of 480s" in done.stdout
 
 
 def test_cache_folder_without_platformdirs(monkeypatch):
