@@ -145,13 +145,22 @@ WRITERS: dict[str, Callable[[Any, Path, int], None]] = {
     "hifigan": write_hifigan, "bigvgan": write_bigvgan, "vocos": write_vocos, "snac": write_snac}
 
 
-def random_module(family: Any, cfg: Any, seed: int, device: str, dtype: torch.dtype) -> torch.nn.Module:
+# Per-family gain on the random weight matrices. SNAC: torch's default init variance, 1 / (3 fan_in), as
+# the snac package's own random model has; with 1 / fan_in its residual stacks carry activations ~2,000,
+# where an unfused linear + add (the onnxrt export) rounds 3e-4 off the fused one (1.8e-7 with the gain).
+WEIGHT_GAIN = {"snac": 1 / math.sqrt(3.0)}
+
+
+def random_module(family: Any, cfg: Any, seed: int, device: str, dtype: torch.dtype,
+                  gain: float | None = None) -> torch.nn.Module:
     """flashrt's module for `cfg` with seeded random weights in its own layout (built on meta, filled,
-    derived buffers computed): weights N(0, 1/fan_in), vectors 0.05 N(0, 1), snake alpha/beta 0.2 N(0, 1)."""
+    derived buffers computed): weights N(0, 1/fan_in) times ``gain`` (default: the family's
+    `WEIGHT_GAIN`), vectors 0.05 N(0, 1), snake alpha/beta 0.2 N(0, 1)."""
     module = build_on_meta(lambda: family.build(cfg))
     g = torch.Generator().manual_seed(seed)
     slots = expected_slots(module, dtype)
-    tensors = {name: _random_like(name, slot, g).to(device) for name, slot in slots.items()}
+    gain = WEIGHT_GAIN.get(family.name, 1.0) if gain is None else gain
+    tensors = {name: _random_like(name, slot, g, gain).to(device) for name, slot in slots.items()}
     module.load_state_dict(tensors, strict=True, assign=True)
     reset_derived(module, device)
     if meta_tensors(module):
@@ -159,7 +168,7 @@ def random_module(family: Any, cfg: Any, seed: int, device: str, dtype: torch.dt
     return module.eval().requires_grad_(False)
 
 
-def _random_like(name: str, slot: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+def _random_like(name: str, slot: torch.Tensor, g: torch.Generator, gain: float = 1.0) -> torch.Tensor:
     if not slot.dtype.is_floating_point:
         return torch.zeros(slot.shape, dtype=slot.dtype)
     noise = torch.randn(slot.shape, generator=g)
@@ -168,5 +177,5 @@ def _random_like(name: str, slot: torch.Tensor, g: torch.Generator) -> torch.Ten
     elif slot.dim() <= 1:
         noise = 0.05 * noise
     else:
-        noise = noise / math.sqrt(max(slot[0].numel(), 1))
+        noise = noise * (gain / math.sqrt(max(slot[0].numel(), 1)))
     return noise.to(slot.dtype)

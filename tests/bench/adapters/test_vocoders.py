@@ -105,6 +105,15 @@ def test_gate_trace_against_eager_through_the_harness(name):
     assert result.roofline["flops_per_call"] > 0
 
 
+def test_snac_on_onnxrt_passes_the_gate_on_the_random_weights():
+    """`bench snac --vs onnxrt`: the random SNAC weights have the package's init variance (`WEIGHT_GAIN`), so
+    activations stay in the range real weights give; with N(0, 1/fan_in) the export's unfused linear + add
+    rounded 3e-4 off the fused eager step and the gate (1e-5) refused the comparison."""
+    result = run_benchmark("snac", profile(), BenchOptions(vs="onnxrt", iters=2, warmup=1, progress=False))
+    assert result.status == "ok" and result.gate["vs"]["passed"], result.gate["vs"]
+    assert result.gate["vs"]["max_abs"] < 1e-5
+
+
 def test_saved_checkpoint_loads_the_same_weights(benches, tmp_path):
     """--checkpoint: a saved flashrt-layout HiFi-GAN (jik876 keys) decodes like the in-memory one."""
     bench = benches["hifigan"]
