@@ -27,6 +27,7 @@ Guarantees (tested):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -148,14 +149,14 @@ class Policy:
              timer: StageTimer | None = None) -> np.ndarray:
         """One action (action_dim,) per control tick; a new chunk is inferred every n_action_steps.
         The observation is checked on every tick. `timer` (optional) receives the stages of the tick
-        ("validate" every tick; "h2d", "replay", "postprocess" on a replanning tick), as `infer`'s."""
+        ("validate" every tick; "h2d", "replay", "postprocess" on a replanning tick), as `infer`'s;
+        without one a tick that only pops a queued action times nothing."""
         with self._lock:
             seed = check_seed(seed)
-            timer = timer if timer is not None else StageTimer(HOST)
-            with timer.stage("validate"):
+            with timer.stage("validate") if timer is not None else contextlib.nullcontext():
                 bucket, checked = self.frontend.check(obs, noise)
             if not self._queue:
-                chunk = self._run(bucket, checked, seed, timer)
+                chunk = self._run(bucket, checked, seed, timer if timer is not None else StageTimer(HOST))
                 self._queue.extend(chunk[: self.n_action_steps])
             return self._queue.popleft()
 

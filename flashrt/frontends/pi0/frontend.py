@@ -94,12 +94,19 @@ class Pi0Frontend:
     def _build(self, bucket: int) -> Callable[[], None]:
         """The no-argument step of one bucket: views of the max-size buffers, nothing allocated."""
         run = self.raw_step(bucket)
+        if self.device.type != "cuda":  # the scope is empty off CUDA: decided here, not per call
 
-        def step() -> None:
+            def step() -> None:
+                with torch.inference_mode():
+                    run()
+
+            return step
+
+        def pinned_step() -> None:
             with torch.inference_mode(), self.numerics.scope(self.device):
                 run()
 
-        return step
+        return pinned_step
 
     def raw_step(self, bucket: int) -> Callable[[], None]:
         """The step of `bucket` without the inference-mode wrapper (for callers that wrap it their own
