@@ -28,7 +28,10 @@ Kernels (`INT8_KERNELS`, `FP8_KERNELS`), chosen per (device, M, K, N) by measure
 ``int_mm`` (``torch._int_mm``), ``float`` (the same integers in a float32 GEMM: exact while
 K * qa * 127 < 2**24, i.e. K <= 2080 at qa = 63; the documented fallback where no int8 GEMM is faster),
 ``scaled_mm`` (CUDA fp8, ``torch._scaled_mm``) and ``emulate`` (fp8 quantize -> dequantize, float32
-GEMM: the exact CPU emulation).
+GEMM: the exact CPU emulation). Never measured, run only inside `portable()` (an ONNX export): ``qdq``
+(int8 as quantize -> dequantize around a float GEMM, exported as QuantizeLinear / DequantizeLinear with
+the calibrated scales, so onnxruntime and TensorRT run int8 with flashrt's scales, never their own
+calibrators) and, for fp8, a refusal (no FP8 Q/DQ at the exporter's opset).
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class QuantWeight(torch.Tensor):
     w_scale: torch.Tensor  # (out,) int8 per channel, () fp8 per tensor; float32
     x_amax: torch.Tensor | None  # () static calibrated activation amax; None with per_token
     qa: float  # activation range (activation_qmax for int8, 448 for fp8)
+    x_scale_value: float | None  # the static activation scale as a Python float (None with per_token)
     mode: str
     site: str
     forms: dict
@@ -110,10 +114,14 @@ class QuantWeight(torch.Tensor):
 
     @staticmethod
     def __new__(cls, q: torch.Tensor, w_scale: torch.Tensor, x_amax: torch.Tensor | None, *, kind: str,
-                qa: float, mode: str = "static", dtype: torch.dtype = torch.float32, site: str = ""):
+                qa: float, mode: str = "static", dtype: torch.dtype = torch.float32, site: str = "",
+                x_scale_value: float | None = None):
         self = torch.Tensor._make_wrapper_subclass(cls, q.shape, dtype=dtype, device=q.device)
         self.kind, self.q, self.w_scale, self.x_amax = kind, q, w_scale.float(), x_amax
         self.qa, self.mode, self.site = float(qa), mode, site
+        if x_scale_value is None and x_amax is not None:  # at load (slices pass their parent's value)
+            x_scale_value = float(self.x_scale())
+        self.x_scale_value = x_scale_value
         self.forms, self.audit, self.reference = {}, None, None
         return self
 
@@ -162,7 +170,7 @@ class QuantWeight(torch.Tensor):
             raise TypeError(f"QuantWeight supports slices only, got {index!r}")
         scale = self.w_scale if self.w_scale.dim() == 0 else self.w_scale[rows]
         out = QuantWeight(self.q[rows, cols], scale, self.x_amax, kind=self.kind, qa=self.qa, mode=self.mode,
-                          dtype=self.dtype, site=self.site)
+                          dtype=self.dtype, site=self.site, x_scale_value=self.x_scale_value)
         out.audit = self.audit
         out.reference = None if self.reference is None else self.reference[rows, cols]
         if cols == slice(None) and rows == slice(None):
@@ -327,12 +335,36 @@ def _anywhere(w: QuantWeight, x: torch.Tensor) -> bool:
     return True  # the fallback that always applies (exact while K * qa * 127 < 2**24)
 
 
+def _never(w: QuantWeight, x: torch.Tensor) -> bool:
+    return False  # a portable form: run only inside `portable()`, never chosen by measurement
+
+
+def _int8_qdq(w: QuantWeight, x: torch.Tensor, bias, post=None):
+    """The portable form of a static int8 GEMM (what an ONNX export records; `portable`): clip to the
+    calibrated range, quantize -> dequantize x per tensor, dequantize w per output channel, a float GEMM.
+    Exported as Clip, QuantizeLinear / DequantizeLinear and Gemm, so onnxruntime and TensorRT run the int8
+    GEMM with flashrt's own scales. The integers equal `quantize_rows`' ones; the sum is formed in float
+    (equal to the int32 sum times the scales within float32 rounding). Per-token activations have no
+    static Q/DQ form: they export the "float" kernel (the same integers, plain float ops)."""
+    if w.mode != "static":
+        return _int8_float(w, x, bias, post)
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+    qd = torch.ops.quantized_decomposed
+    s, qa = w.x_scale_value, w.qa
+    xq = qd.quantize_per_tensor(x.float().clamp(-qa * s, qa * s), s, 0, -128, 127, torch.int8)
+    xd = qd.dequantize_per_tensor(xq, s, 0, -128, 127, torch.int8)
+    zeros = _form(w, "qdq_zeros", lambda: torch.zeros(w.q.shape[0], dtype=torch.int32, device=w.q.device))
+    wd = qd.dequantize_per_channel(w.q, w.w_scale, zeros, 0, -W_QMAX, W_QMAX, torch.int8)
+    return _post(F.linear(xd, wd, bias), post)
+
+
 INT8_KERNELS: dict[str, Kernel] = {  # measured in this order: the cheap baseline first
     "float": Kernel("float", _int8_float, _anywhere,
                     "the same integers in a float32 GEMM (exact while K * qa * 127 < 2**24)"),
     "onednn": Kernel("onednn", _int8_onednn, lambda w, x: _on_cpu(w, x) and onednn_int8_available(),
                      "oneDNN u8 x s8 GEMM, int32 accumulation, scales + bias in the epilogue"),
     "int_mm": Kernel("int_mm", _int8_int_mm, _int_mm_ok, "torch._int_mm, int32 accumulation"),
+    "qdq": Kernel("qdq", _int8_qdq, _never, "portable: Q/DQ around a float GEMM (ONNX export; `portable`)"),
 }
 
 
@@ -357,6 +389,12 @@ def _fp8_scaled_mm(w: QuantWeight, x: torch.Tensor, bias, post=None):
     return _post(y if bias is None else y.add_(bias), post)
 
 
+def _fp8_unportable(w: QuantWeight, x: torch.Tensor, bias, post=None):
+    from flashrt.errors import ConfigError
+    raise ConfigError(f"{w.site or 'an fp8 GEMM'}: fp8 weights have no ONNX form here (FP8 Q/DQ needs "
+                      "opset 19 and is not written yet); run fp8 on the cuda or eager backend")
+
+
 def _scaled_mm_ok(w: QuantWeight, x: torch.Tensor) -> bool:
     k, n = x.shape[1], w.q.shape[0]
     return x.device.type == "cuda" and k % 16 == 0 and n % 16 == 0 and w.w_scale.dim() == 0
@@ -366,7 +404,9 @@ FP8_KERNELS: dict[str, Kernel] = {
     "scaled_mm": Kernel("scaled_mm", _fp8_scaled_mm, _scaled_mm_ok, "CUDA fp8 GEMM, torch._scaled_mm"),
     "emulate": Kernel("emulate", _fp8_emulate, _anywhere,
                       "e4m3 quantize -> dequantize, float32 GEMM (the exact CPU emulation)"),
+    "unportable": Kernel("unportable", _fp8_unportable, _never, "refuses an ONNX export of fp8 GEMMs"),
 }
+PORTABLE = {"int8": "qdq", "fp8": "unportable"}  # the kernel each kind runs inside `portable()`
 KERNELS = {"int8": INT8_KERNELS, "fp8": FP8_KERNELS}
 
 
@@ -384,9 +424,12 @@ class KernelTable:
     measured: dict = field(default_factory=dict)
     late: int = 0
     tuning: bool = False
+    portable: bool = False
     reps: int = 3
 
     def choose(self, w: QuantWeight, x: torch.Tensor) -> str:
+        if self.portable:
+            return PORTABLE[w.kind]
         key = (x.device.type, w.kind, w.mode, x.shape[0], x.shape[1], w.q.shape[0])
         if key in self.choice:
             return self.choice[key]
@@ -457,6 +500,19 @@ def tuning(table: KernelTable | None = None) -> Iterator[KernelTable]:
         yield table
     finally:
         table.tuning = before
+
+
+@contextlib.contextmanager
+def portable(table: KernelTable | None = None) -> Iterator[KernelTable]:
+    """Inside the block every quantized GEMM runs its portable form (`PORTABLE`): int8 as Q/DQ around a
+    float GEMM, which the ONNX exporter writes as QuantizeLinear / DequantizeLinear with the calibrated
+    scales (`flashrt.runtime.onnx_export.record` enters it); fp8 refuses."""
+    table = table or TABLE
+    before, table.portable = table.portable, True
+    try:
+        yield table
+    finally:
+        table.portable = before
 
 
 # ------------------------------------------------------------------------------- making and installing

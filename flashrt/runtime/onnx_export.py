@@ -3,7 +3,10 @@
 How a step that reads and writes static buffers becomes a function of its inputs:
 
 1. `record(fn, buffers)` runs fn once under the `trace` backend's recorder (same refusals: host syncs,
-   data-dependent shapes, RNG), giving the aten program and every static tensor it touched.
+   data-dependent shapes, RNG), giving the aten program and every static tensor it touched. Quantized
+   GEMMs (`flashrt.quant.linear.QuantWeight`) run their portable form meanwhile (`portable`): int8 is
+   recorded as quantize -> dequantize around a float GEMM and written as QuantizeLinear /
+   DequantizeLinear nodes carrying flashrt's calibrated scales (part of the program digest).
 2. `plan(...)` sorts those statics: a named buffer, or a view inside one (found by address range, so the
    frontend's slices `bufs["audio"][:, :n]` map to the buffer `audio`), is a graph input; a buffer the
    program writes into is also a graph output; anything else is a constant (weights, tables) that goes
@@ -86,6 +89,7 @@ def record(fn: Callable[[], Any], buffers: Any = None, math_attention: bool = Fa
     so a CUDA step records no fused attention kernel the exporter cannot write (TensorRT fuses its own)."""
     if not callable(fn):
         raise CaptureError(f"capture needs a no-argument callable, got {type(fn).__name__}")
+    from flashrt.quant.linear import portable  # quantized GEMMs record their Q/DQ form
     names = {id(t): f"buffer {n!r}" for n, t in named_tensors(buffers).items()}
     recorder = Recorder(names)
     mode = _WriteRecorder(recorder)
@@ -93,7 +97,7 @@ def record(fn: Callable[[], Any], buffers: Any = None, math_attention: bool = Fa
     if math_attention:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         attention = sdpa_kernel([SDPBackend.MATH])
-    with torch.no_grad(), _FunctionChecker(), attention, mode:
+    with torch.no_grad(), portable(), _FunctionChecker(), attention, mode:
         fn()
     return Recording(recorder.program(), recorder.nslots, list(recorder.statics.values()), mode.written)
 

@@ -23,10 +23,13 @@ Precision (`precision=`): "auto" builds a strongly typed network (every tensor i
 exported in: a bf16 frontend gives a bf16 engine); "fp32" the same, refusing a step not exported in fp32;
 "fp16" / "bf16" build a weakly typed one from an fp32 export, TensorRT free to run layers in fp16 / bf16
 (TensorRT 10 only: 11 removed weak typing, there load the frontend in that precision and use "auto").
-TF32 is off in every mode where the flag exists (parity with torch's default matmuls). INT8 and FP8 are
-refused: they would need flashrt's own calibration scales written into the export as Q/DQ nodes, which
-the exporter does not write yet, and TensorRT's own calibrator (with its separate cache that goes stale
-silently) is never used.
+TF32 is off in every mode where the flag exists (parity with torch's default matmuls). INT8 comes from
+the frontend, never from TensorRT's calibrator (with its separate cache that goes stale silently): load
+it with ``precision="int8"`` and build with "auto"; its quantized GEMMs export as QuantizeLinear /
+DequantizeLinear nodes carrying flashrt's calibrated scales (`flashrt.quant.linear.portable`), which a
+strongly typed network runs as an explicitly quantized one. A step whose int8 weights reach anything but
+a DequantizeLinear is refused. FP8 is refused (no FP8 Q/DQ at the exporter's opset yet); so is
+``precision="int8"|"fp8"`` as a build option.
 
 Availability: registered for CUDA devices only; the constructor refuses with DeviceError ("needs CUDA +
 tensorrt") where CUDA or the tensorrt package is missing. Nothing here imports tensorrt before a build
@@ -61,9 +64,9 @@ log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "fp32", "fp16", "bf16")
 REFUSED_PRECISIONS = {
-    "int8": "INT8 engines need flashrt's calibration scales written into the ONNX export as Q/DQ nodes, "
-            "which the exporter does not write yet; TensorRT's own calibrator (a separate cache that goes "
-            "stale silently) is never used. Run int8 on the cuda backend.",
+    "int8": "INT8 engines take flashrt's calibration scales from the ONNX export's Q/DQ nodes: load the "
+            "frontend with precision='int8' and build with precision='auto'; TensorRT's own calibrator (a "
+            "separate cache that goes stale silently) is never used.",
     "fp8": "FP8 engines need flashrt's calibration scales written into the ONNX export as Q/DQ nodes, "
            "which the exporter does not write yet; TensorRT's own calibrator is never used. Run fp8 on the "
            "cuda backend.",
@@ -131,10 +134,14 @@ def check_plan(p: ox.ExportPlan, options: BuildOptions) -> None:
     """Refuse what no engine built here may run: quantized weights, float64, a reduced-precision build
     of a step that is not exported in fp32."""
     constants = {t.dtype for t in p.constants}
-    quantized = sorted(str(d) for d in constants if d == torch.int8 or "float8" in str(d))
-    if quantized:
-        raise ConfigError(f"the step holds {quantized} weights (flashrt's quantized layers): "
-                          f"{REFUSED_PRECISIONS['int8']}")
+    fp8 = sorted(str(d) for d in constants if "float8" in str(d))
+    if fp8:
+        raise ConfigError(f"the step holds {fp8} weights (flashrt's fp8 layers): {REFUSED_PRECISIONS['fp8']}")
+    outside = int8_outside_qdq(p)
+    if outside:
+        raise ConfigError(f"the step's int8 weights reach {outside}, not only DequantizeLinear: TensorRT "
+                          "would need its own calibrator, which flashrt never uses (an int8 frontend exports "
+                          "its GEMMs as Q/DQ with its calibrated scales; see flashrt.quant.linear.portable)")
     floats = _float_dtypes(p)
     if torch.float64 in floats:
         raise CaptureError("the step uses float64 tensors; TensorRT has no float64")
@@ -142,6 +149,13 @@ def check_plan(p: ox.ExportPlan, options: BuildOptions) -> None:
         found = sorted(str(d) for d in floats)
         raise ConfigError(f"tensorrt precision {options.precision!r} builds from an fp32 export; this step "
                           f"is exported in {found} (precision='auto' builds it in its own types)")
+
+
+def int8_outside_qdq(p: ox.ExportPlan) -> list[str]:
+    """The ops that read an int8 constant other than the Q/DQ ones (empty: an explicitly quantized step)."""
+    bad = {str(step.func) for step in p.recording.steps if step.func.namespace != "quantized_decomposed"
+           for leaf in step.leaves if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.int8}
+    return sorted(bad)
 
 
 def engine_key(onnx_key: ExportKey, onnx: bytes, options: BuildOptions, *, runtime: str, arch: str,

@@ -64,6 +64,38 @@ def test_int8_linear_matches_float64_reference(mode):
         assert err < 2e-6, (name, float(err))
 
 
+@pytest.mark.parametrize("mode", L.MODES)
+def test_portable_qdq_form_matches_float64_reference_and_is_never_measured(mode):
+    """The form an ONNX export records (`portable`): the same integers (inputs beyond the calibrated
+    range clip to +-qa, not to int8's -128), the sum in float."""
+    torch.manual_seed(3)
+    lin = nn.Linear(96, 80)
+    x = torch.randn(50, 96) * 3
+    x[0, :4] = torch.tensor([-1e3, 1e3, -50.0, 50.0])  # far outside the calibrated range
+    amax = x[1:].abs().amax() * 0.8
+    qa = L.activation_qmax("cpu")
+    qw = L.quantize_weight(lin.weight, "int8", amax, mode=mode)
+    ref = _reference_int8(x, lin.weight.detach(), lin.bias.detach(), amax, qa, mode)
+    assert "qdq" not in _kernels(qw, x)  # never chosen by measurement
+    table = L.KernelTable()
+    with L.portable(table):
+        assert table.choose(qw, x) == "qdq"
+        y = L.INT8_KERNELS["qdq"].run(qw, x, lin.bias.detach().float())
+    assert not table.portable and table.choose(qw, x) != "qdq"
+    err = (y.double() - ref).abs().max() / ref.abs().max()
+    assert err < 2e-6, float(err)
+    if mode == "static":
+        assert qw.x_scale_value == pytest.approx(float(amax) / qa)
+        assert qw[:8].x_scale_value == qw.x_scale_value
+
+
+def test_portable_fp8_refuses_naming_the_site():
+    from flashrt.errors import ConfigError
+    qw = L.quantize_weight(torch.randn(16, 32), "fp8", torch.tensor(2.0), site="vlm.layers.0.q")
+    with L.portable(L.KernelTable()) as table, pytest.raises(ConfigError, match="vlm.layers.0.q: fp8.*ONNX"):
+        L.FP8_KERNELS[table.choose(qw, torch.randn(4, 32))].run(qw, torch.randn(4, 32), None)
+
+
 def test_fp8_emulation_matches_float64_reference():
     torch.manual_seed(2)
     lin = nn.Linear(64, 48)

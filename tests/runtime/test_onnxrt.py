@@ -271,3 +271,70 @@ def test_attention_lowering_lays_out_its_outputs_as_the_kernel_does(query):
     for a, b in zip(got, want):
         assert a.shape == b.shape and a.stride() == b.stride()
         assert (a - b).abs().max() <= TOL
+
+
+# ------------------------------------------------------------------------------ int8 as Q/DQ
+
+
+class QuantToy:
+    """y = linear2(gelu(linear1(x))) with both weights int8 (static scales at `amax`)."""
+
+    def __init__(self, amax: float = 3.0, mode: str = "static") -> None:
+        from flashrt.quant import linear as L
+        g = torch.Generator().manual_seed(4)
+        self.l1, self.l2 = torch.nn.Linear(32, 48), torch.nn.Linear(48, 16)
+        for p in (*self.l1.parameters(), *self.l2.parameters()):
+            p.data = torch.randn(p.shape, generator=g) * 0.3
+        L.install(self.l1, {"": L.quantize_weight(self.l1.weight, "int8", torch.tensor(amax), mode=mode)})
+        L.install(self.l2, {"": L.quantize_weight(self.l2.weight, "int8", torch.tensor(amax), mode=mode)})
+        self.buffers = {"x": torch.randn(24, 32, generator=g), "y": torch.zeros(24, 16)}
+
+    def step(self) -> None:
+        b = self.buffers
+        b["y"].copy_(self.l2(torch.nn.functional.gelu(self.l1(b["x"]))))
+
+
+def test_int8_exports_qdq_nodes_with_flashrts_scales_and_matches_eager(backend):
+    """onnxruntime runs flashrt's int8 GEMMs from QuantizeLinear / DequantizeLinear nodes whose scales are
+    the calibrated ones (no calibrator of its own); the output equals eager int8 within float rounding."""
+    from flashrt.quant import linear as L
+    toy = QuantToy()
+    graph = backend().capture(toy.step, toy.buffers)
+    model = onnx.load_model_from_string(graph.model_bytes)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") == 2 and ops.count("DequantizeLinear") == 4, ops
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    consts.update({n.output[0]: onnx.numpy_helper.to_array(a.t) for n in model.graph.node
+                   if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
+    qa = L.activation_qmax("cpu")
+    x_scales = [float(consts[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert x_scales == pytest.approx([3.0 / qa] * 2, rel=1e-7)
+    weights = [consts[n.input[0]] for n in model.graph.node if n.op_type == "DequantizeLinear"
+               and n.input[0] in consts]
+    assert sorted(w.shape for w in weights) == [(16, 48), (48, 32)]  # the int8 weights, as stored
+    assert all(w.dtype == "int8" for w in weights)
+    for seed in range(3):
+        toy.buffers["x"].copy_(torch.randn(24, 32, generator=torch.Generator().manual_seed(seed)) * 2)
+        graph.replay()
+        got = toy.buffers["y"].clone()
+        toy.step()
+        assert (got - toy.buffers["y"]).abs().max() <= 1e-4 * toy.buffers["y"].abs().max()
+
+
+def test_int8_scales_are_part_of_the_export_key(backend):
+    first, n1 = _capture(backend, QuantToy(amax=3.0))
+    again, n2 = _capture(backend, QuantToy(amax=3.0))
+    other, n3 = _capture(backend, QuantToy(amax=2.0))
+    assert (n1, n2, n3) == (1, 0, 1) and again.cache_hit and not other.cache_hit
+
+
+def test_int8_per_token_exports_its_float_form(backend):
+    """Per-token scales have no static Q/DQ: the same integers in plain float ops."""
+    toy = QuantToy(mode="per_token")
+    graph = backend().capture(toy.step, toy.buffers)
+    ops = [n.op_type for n in onnx.load_model_from_string(graph.model_bytes).graph.node]
+    assert "QuantizeLinear" not in ops and "Round" in ops
+    graph.replay()
+    got = toy.buffers["y"].clone()
+    toy.step()
+    assert (got - toy.buffers["y"]).abs().max() <= 1e-5 * toy.buffers["y"].abs().max()

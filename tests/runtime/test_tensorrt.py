@@ -91,12 +91,29 @@ def _plan(weight_dtype=torch.float32, buffer_dtype=torch.float32):
 def test_check_plan_refuses_quantized_weights_float64_and_reduced_builds_of_non_fp32_steps():
     trt_backend.check_plan(_plan(), BuildOptions("fp16"))
     trt_backend.check_plan(_plan(torch.bfloat16, torch.bfloat16), BuildOptions("auto"))
-    with pytest.raises(ConfigError, match="int8.*calibration scales"):
+    with pytest.raises(ConfigError, match=r"int8 weights reach \['aten._to_copy.default'\].*own calibrator"):
         trt_backend.check_plan(_plan(torch.int8), BuildOptions("auto"))
+    with pytest.raises(ConfigError, match="float8_e4m3fn.*fp8"):
+        trt_backend.check_plan(_plan(torch.float8_e4m3fn), BuildOptions("auto"))
     with pytest.raises(CaptureError, match="float64"):
         trt_backend.check_plan(_plan(torch.float64, torch.float64), BuildOptions("auto"))
     with pytest.raises(ConfigError, match="'bf16' builds from an fp32 export.*bfloat16"):
         trt_backend.check_plan(_plan(torch.bfloat16, torch.bfloat16), BuildOptions("bf16"))
+
+
+def test_check_plan_takes_an_int8_step_in_its_qdq_form():
+    """flashrt's int8 GEMMs record as Q/DQ (`portable`): an explicitly quantized network, no calibrator."""
+    from flashrt.quant import linear as L
+    lin = torch.nn.Linear(16, 8)
+    L.install(lin, {"": L.quantize_weight(lin.weight, "int8", torch.tensor(2.0))})
+    bufs = {"x": torch.randn(4, 16), "y": torch.zeros(4, 8)}
+
+    def step():
+        bufs["y"].copy_(lin(bufs["x"]))
+    p = ox.plan(ox.record(step, bufs), bufs)
+    assert any(t.dtype == torch.int8 for t in p.constants)
+    assert trt_backend.int8_outside_qdq(p) == []
+    trt_backend.check_plan(p, BuildOptions("auto"))
 
 
 # ------------------------------------------------------------------------------ the engine key
@@ -376,3 +393,25 @@ def test_gpu_reduced_precision(trt, make_conv, dtype, precision):
         ref_fn()
     torch.cuda.synchronize()
     torch.testing.assert_close(bufs["audio"].float(), ref["audio"], atol=3e-2, rtol=3e-2)
+
+
+@gpu
+def test_gpu_int8_engine_from_flashrts_qdq_matches_eager_int8(trt):
+    """An int8 frontend's GEMMs reach TensorRT as Q/DQ with flashrt's scales (no calibrator)."""
+    from flashrt.quant import linear as L
+    g = torch.Generator().manual_seed(5)
+    lin1, lin2 = torch.nn.Linear(64, 128).cuda(), torch.nn.Linear(128, 32).cuda()
+    for lin in (lin1, lin2):
+        lin.weight.data = (torch.randn(lin.weight.shape, generator=g) * 0.2).cuda()
+        L.install(lin, {"": L.quantize_weight(lin.weight, "int8", torch.tensor(3.0, device="cuda"))})
+    bufs = {"x": torch.randn(32, 64, generator=g).cuda(), "y": torch.zeros(32, 32, device="cuda")}
+
+    def step():
+        bufs["y"].copy_(lin2(torch.nn.functional.gelu(lin1(bufs["x"]))))
+    with L.tuning():
+        step()
+    want = bufs["y"].clone()
+    graph = trt().capture(step, bufs)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(bufs["y"], want, atol=1e-3 * float(want.abs().max()), rtol=0)
