@@ -149,3 +149,37 @@ def test_kernels_per_replay_of_a_quantized_policy(checkpoints, tmp_path):
     q = flashrt.load_policy(checkpoints["pi0"], precision="int8", calibration=opts)
     d, ref = q.describe(), flashrt.load_policy(checkpoints["pi0"]).describe()
     assert d["kernels_per_replay"] == ref["kernels_per_replay"] > 0
+
+
+@pytest.fixture
+def onnx_cache(tmp_path, monkeypatch):
+    """The registry's onnxrt entry with a tmp cache folder and one thread."""
+    import functools
+
+    from flashrt.runtime import graphs, onnxrt
+    entry = graphs._REGISTRY["onnxrt"]
+    factory = functools.partial(onnxrt.OnnxRuntimeBackend, cache_dir=tmp_path / "onnx", threads=1)
+    import dataclasses
+    monkeypatch.setitem(graphs._REGISTRY, "onnxrt", dataclasses.replace(entry, factory=factory))
+
+
+@pytest.mark.slow
+def test_int8_on_onnxrt_runs_flashrts_scales_and_equals_eager_int8(checkpoints, tmp_path, onnx_cache):
+    """The whole int8 step exported with its GEMMs as Q/DQ (the calibrated scales), run by onnxruntime:
+    the same integers as eager int8 but for rounding ties, far closer to it than int8 is to fp32."""
+    opts = {"cache_dir": tmp_path / "cal", "progress": False}
+    eager = flashrt.load_policy(checkpoints["pi05"], precision="int8", calibration=opts)
+    ort = flashrt.load_policy(checkpoints["pi05"], precision="int8", calibration=opts, backend="onnxrt")
+    ref = flashrt.load_policy(checkpoints["pi05"])
+    assert ort.frontend.quantization["cache"] == "hit"
+    for obs, noise in _held_out(eager):
+        a, b = ort.infer(obs, noise=noise)["actions"], eager.infer(obs, noise=noise)["actions"]
+        f = ref.infer(obs, noise=noise)["actions"]
+        assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
+        assert np.abs(a - b).max() < 0.1 * np.abs(f - b).max()
+
+
+def test_fp8_on_onnxrt_is_refused_saying_why(checkpoints, tmp_path, onnx_cache):
+    opts = {"cache_dir": tmp_path / "cal", "progress": False}
+    with pytest.raises(ConfigError, match="fp8 weights have no ONNX form"):
+        flashrt.load_policy(checkpoints["pi0"], precision="fp8", calibration=opts, backend="onnxrt")
