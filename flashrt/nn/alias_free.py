@@ -5,14 +5,26 @@ kaiser-windowed sinc low-pass filters (julius / alias-free-torch definition) for
 activations (BigVGAN v2, `Activation1d`). Derived tensors (snake frequencies, filters) are
 non-persistent buffers computed in ``reset_derived()``.
 
+Host sine (`SINES`): the snake's sine is the bulk of its cost on the CPU (ATen's float32 ``sin`` is MKL's
+VML kernel, 1.5-2.4 ns per value on the AMD EPYC of 2026-12-02; NumPy's own vectorized float32 sine
+0.5-0.9 ns). ``Snake.sine = "numpy"`` runs it through NumPy in place over the tensor's memory taken
+as one flat array (a value's sine depends on the value only, not on where it lies: stream == one-shot
+stays exact), where that is possible: a plain eager call on a dense CPU float32 tensor without
+autograd; under a recording mode (the trace backend, FLOP counters, export) or anywhere else it is
+ATen's ``sin_``, so a recorded graph always holds the op. The two sines differ in the last bit of
+~13 % of the values. `pick_sine` measures both once per process; `use_sine` sets a module's snakes.
+
 Shape legend: B batch, C channels, T time steps at the block's own rate.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
+from time import perf_counter
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,7 +33,56 @@ from flashrt.nn.conv1d import ROWS
 from flashrt.nn.reach import Reach
 from flashrt.nn.valid import EXACT
 
-__all__ = ["Snake", "SnakeBeta", "kaiser_sinc_filter1d", "UpSample1d", "DownSample1d", "Activation1d"]
+__all__ = ["Snake", "SnakeBeta", "kaiser_sinc_filter1d", "UpSample1d", "DownSample1d", "Activation1d",
+           "SINES", "sin_", "pick_sine", "use_sine"]
+
+SINES = ("aten", "numpy")
+
+
+# ----------------------------------------------------------------------------------------- sine
+
+def _numpy_sine_applies(t: torch.Tensor) -> bool:
+    """A plain eager call on a dense CPU float32 tensor (no autograd, no recording mode, no tracing)."""
+    return (t.device.type == "cpu" and t.dtype == torch.float32 and not t.requires_grad
+            and (t.is_contiguous() or (t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last)))
+            and torch._C._len_torch_dispatch_stack() == 0 and not torch._C._is_torch_function_mode_enabled()
+            and not torch.jit.is_tracing())
+
+
+def sin_(t: torch.Tensor, sine: str = "aten") -> torch.Tensor:
+    """t = sin(t) in place, by ATen or (``sine="numpy"``, where `_numpy_sine_applies`) by NumPy over t's
+    memory as one flat array."""
+    if sine != "numpy" or not _numpy_sine_applies(t):
+        return t.sin_()
+    flat = t.as_strided((t.numel(),), (1,)).numpy()
+    np.sin(flat, out=flat)
+    return t
+
+
+@functools.cache
+def pick_sine(probe: int = 1 << 18, tries: int = 5) -> str:
+    """The faster sine of this process's CPU for float32: "numpy" where it beat ATen's by more than 20 %
+    on a ``probe``-value tensor (best of ``tries`` each, interleaved), else "aten". Measured once."""
+    x = torch.randn(probe, generator=torch.Generator().manual_seed(0)) * 4
+    best = {"aten": math.inf, "numpy": math.inf}
+    with torch.no_grad():
+        for _ in range(tries):
+            for name in SINES:
+                t = x.clone()
+                start = perf_counter()
+                sin_(t, name)
+                best[name] = min(best[name], perf_counter() - start)
+    return "numpy" if best["numpy"] < 0.8 * best["aten"] else "aten"
+
+
+def use_sine(module: nn.Module, sine: str) -> int:
+    """Set the sine of every `Snake` in ``module`` (one of `SINES`); returns how many."""
+    if sine not in SINES:
+        raise ValueError(f"sine must be one of {SINES}, got {sine!r}")
+    snakes = [m for m in module.modules() if isinstance(m, Snake)]
+    for m in snakes:
+        m.sine = sine
+    return len(snakes)
 
 
 # ----------------------------------------------------------------------------------------- snake
@@ -33,6 +94,7 @@ class Snake(nn.Module):
     """
 
     eps = 1e-9
+    sine = "aten"   # or "numpy" (`use_sine`): see the module docstring
 
     def __init__(self, channels: int, logscale: bool = True) -> None:
         super().__init__()
@@ -52,7 +114,7 @@ class Snake(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * (x.dim() - 2)              # (C, 1) or (C, 1, 1) for rows
         t = x * self.freq.view(shape)
-        t.sin_().square_()
+        sin_(t, self.sine).square_()
         if t.requires_grad:  # autograd cannot record out=; inference never gets here
             return torch.addcmul(x, t, self.inv.view(shape))
         return torch.addcmul(x, t, self.inv.view(shape), out=t)   # one pass, into the fresh t

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashrt.io import Checkpoint, Rule, WeightMap, load_module
+from flashrt.nn.alias_free import SINES, pick_sine, sin_, use_sine
 from flashrt.nn.audio import (
     EXACT,
     Activation1d,
@@ -228,6 +229,48 @@ def test_snake_derived_follow_loaded_weights():
                                                                            Rule("beta", "beta")]))
     assert torch.allclose(m.freq.flatten(), torch.full((3,), 2.0))
     assert torch.allclose(m.inv.flatten(), torch.ones(3))
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_numpy_sine_is_the_sine_position_for_position(rows):
+    """The host sine: within one float32 ulp of ATen's, and a value's sine does not depend on where it
+    lies (offsets, lengths, masked tails): what keeps stream == one-shot exact."""
+    x = torch.randn(1, 16, 1, 301) * 20 if rows else torch.randn(3, 5, 301) * 20
+    x = x.contiguous(memory_format=torch.channels_last) if rows else x
+    got = sin_(x.clone(), "numpy")
+    assert got.stride() == x.stride()
+    assert (got - torch.sin(x)).abs().max() <= 1.2e-7
+    flat = x.flatten()
+    whole = sin_(flat.clone(), "numpy")
+    for start, n in [(0, 1), (1, 17), (5, 64), (13, 1000), (31, flat.numel() - 31)]:
+        assert torch.equal(sin_(flat[start:start + n].clone(), "numpy"), whole[start:start + n])
+
+
+def test_numpy_sine_leaves_recorded_and_autograd_calls_to_aten():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    snake = _ready(SnakeBeta(4))
+    assert use_sine(snake, "numpy") == 1 and snake.sine == "numpy"
+    x = torch.randn(2, 4, 33)
+    with torch.no_grad(), Ops() as mode:
+        recorded = snake(x)
+    assert "aten.sin_.default" in mode.seen                      # a recording mode sees the op
+    with torch.no_grad():
+        host = snake(x)
+    assert (host - recorded).abs().max() <= 1e-6
+    g = x.clone().requires_grad_()
+    snake(g).sum().backward()                                   # autograd: ATen's, differentiable
+    assert g.grad is not None
+    assert pick_sine() in SINES
+    with pytest.raises(ValueError, match="sine"):
+        use_sine(snake, "fast")
 
 
 # ------------------------------------------------------------------------------- anti-aliasing

@@ -34,6 +34,9 @@ The user-facing loader is `flashrt.load_vocoder` (runner/vocoder.py: this packag
   sample in an order independent of the sequence's length and start, so ``stream()`` equals the
   one-shot call bit for bit; ``"direct"`` keeps oneDNN everywhere; ``"spectral"`` forces every
   eligible float32 conv spectral. No effect on a GPU.
+* Snake sines (BigVGAN): a float32 CPU module's snakes take the sine measured faster on this CPU at
+  load (`flashrt.nn.alias_free.pick_sine`: NumPy's or ATen's; plain eager calls only, a recorded graph
+  holds ATen's); ``flashrt.nn.alias_free.use_sine(voc.module, "aten")`` sets it back.
 
 Registering a family (how vocos.py / snac.py plug in; import-time, no other side effects)::
 
@@ -72,6 +75,7 @@ from flashrt.frontends.vocoders.base import CheckpointSource, VocoderFamily
 from flashrt.frontends.vocoders.frontend import VocoderFrontend
 from flashrt.io import Checkpoint, load_module, open_checkpoint
 from flashrt.io.hub import resolve_checkpoint
+from flashrt.nn.alias_free import pick_sine, use_sine
 from flashrt.nn.conv_policy import POLICIES as CONV_POLICIES
 from flashrt.nn.conv_policy import apply_conv_policy
 from flashrt.quant.precision import compute_dtype
@@ -275,6 +279,8 @@ def load_vocoder_module(
     cfg = config_for(fam, cfg, overrides) if overrides else cfg
     module = load_module(lambda: fam.build(cfg), ckpt, fam.weight_map(cfg, ckpt), device=device, dtype=dtype)
     apply_conv_policy(module, CONV_POLICIES[conv or fam.conv])
+    if torch.device(device).type == "cpu" and dtype == torch.float32 and use_sine(module, "aten"):
+        use_sine(module, pick_sine())
     return LoadedVocoder(fam, cfg, module, dtype, card.get("runtime", {}))
 
 

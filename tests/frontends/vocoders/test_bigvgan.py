@@ -13,6 +13,7 @@ from flashrt.errors import CheckpointError, InputError
 from flashrt.frontends.vocoders.base import CheckpointSource
 from flashrt.frontends.vocoders.bigvgan import PRESETS, BigVGAN, BigVGANConfig, detect, receptive_field
 from flashrt.io import open_checkpoint
+from flashrt.nn.alias_free import SINES, pick_sine, use_sine
 from flashrt.runner.vocoder import load_vocoder
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
@@ -79,6 +80,22 @@ def test_default_stream_equals_one_shot_bit_for_bit(piece, chunk, backend):
     mel = io["mel"]
     parts = list(voc.stream(mel[..., i:i + piece] for i in range(0, 37, piece)))
     assert torch.equal(torch.cat(parts, -1), voc(mel))
+
+
+@pytest.mark.parametrize("sine", SINES)
+def test_either_sine_streams_bit_for_bit_and_matches_the_package(sine):
+    """The snakes' host sine (NumPy's, where it measured faster at load) and ATen's: both keep the stream
+    equal to the one-shot call exactly and the output within the package's tolerance; a float32 CPU load
+    takes the measured one."""
+    io = _io("bigvgan_tiny_wn")
+    voc = load_vocoder(FIXTURES / "bigvgan_tiny_wn", batch=2, buckets=(37,), stream_chunk=6)
+    assert {m.sine for m in voc.module.modules() if hasattr(m, "sine")} == {pick_sine()}
+    use_sine(voc.module, sine)
+    mel = io["mel"]
+    one_shot = voc(mel)
+    assert (one_shot - io["audio"]).abs().max() <= 1e-5
+    parts = list(voc.stream(mel[..., i:i + 5] for i in range(0, 37, 5)))
+    assert torch.equal(torch.cat(parts, -1), one_shot)
 
 
 def test_declared_context_covers_measured_receptive_field():
