@@ -272,9 +272,10 @@ class _Run:
         self.golden = golden_outputs(reference, self.trace)
         self.cold["reference_build"] = _ms_since(start)
         start = time.perf_counter()
-        gate = gate_check(self.adapter, self.trace, self.golden, q.atol, q.rtol)
+        atol, rtol = vs_tolerances(self.adapter, q.reference, q.atol, q.rtol)
+        gate = gate_check(self.adapter, self.trace, self.golden, atol, rtol)
         self.cold["first_call"] = _ms_since(start) / len(self.trace)
-        self.result.gate = {"reference": q.reference, "atol": q.atol, "rtol": q.rtol, **gate, "vs": None}
+        self.result.gate = {"reference": q.reference, "atol": atol, "rtol": rtol, **gate, "vs": None}
         quality = getattr(self.adapter, "quality", None)
         if quality is not None and quality() is not None:
             self.result.gate["quantization"] = quality()
@@ -317,7 +318,8 @@ class _Run:
     def measure(self, vs_impl: Any) -> list[Side]:
         """Step 5: warm-up, then timed attempts (interleaved when comparing)."""
         q, b = self.profile.quality, self.profile.bench
-        sides = [Side("A", self.adapter, self.device, q.atol, q.rtol)]
+        sides = [Side("A", self.adapter, self.device, *vs_tolerances(self.adapter, q.reference, q.atol,
+                                                                      q.rtol))]
         if vs_impl is not None:
             sides.append(Side("B", vs_impl, self.device, *self.vs_tol))
         interleave(sides, self.trace, self.golden, b.warmup)

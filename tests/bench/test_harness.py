@@ -77,6 +77,17 @@ def test_gate_tolerance_comes_from_the_profile(tiny_profile, fake_name):
     assert _run(fake_name, tiny_profile(quality={"atol": 1e-2})).status == "ok"
 
 
+def test_gate_and_timed_checks_take_the_adapters_own_bound_for_its_reference(tiny_profile, fake_name,
+                                                                              monkeypatch):
+    """E.g. an int8 run behind onnxrt gated against eager int8: the recipe's bound, not the profile's."""
+    from .fakes import FakeBenchmark
+    register_fake(fake_name, offset=1e-3)
+    monkeypatch.setattr(FakeBenchmark, "vs_tolerance", lambda self, name: (1e-2, 0.0) if name == "eager"
+                        else None, raising=False)
+    result = _run(fake_name, tiny_profile())
+    assert result.status == "ok" and result.gate["atol"] == 1e-2 and result.steady["failures"] == 0
+
+
 def test_failures_inside_the_run_are_counted(tiny_profile, fake_name):
     # calls 0-2 are the gate, 3-4 warm-up; timed calls start at 5
     register_fake(fake_name, fail_on={6, 9, 10})

@@ -209,6 +209,7 @@ def test_int8_run_with_a_float_reference_gated_by_the_recipe(monkeypatch, tmp_pa
         assert bench.loaded.frontend.quantization["cache"] == "calibrated"
         assert "calibration" in bench.cold_start_ms and bench.quality()["min_cosine"] >= 0.995
         assert bench.vs_tolerance("fp32") == (0.5, 0.0) and bench.vs_tolerance("eager") is None
+        assert bench.vs_tolerance("onnxrt") == (0.5, 0.0)  # another backend: rounding ties may flip
         x = bench.make_inputs(0)[0]
         fp32 = bench.reference("fp32").run(x, StageTimer())["actions"]
         assert np.abs(bench.run(x, StageTimer())["actions"] - fp32).max() <= 0.5
