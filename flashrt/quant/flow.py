@@ -111,6 +111,9 @@ class QuantJob:
     progress: bool = True
     model_name: str = ""
     device: str = "cpu"
+    # called with the model once its quantized weights are installed, before the kernels are measured:
+    # a family's kernel choices that depend on the weights' kinds (Pi0: one quantized gate|up GEMM)
+    on_install: Callable[[nn.Module], None] | None = None
 
 
 def gemm_sites(model: nn.Module, recipe: Recipe) -> dict[str, nn.Linear]:
@@ -170,6 +173,8 @@ def quantize_model(model: nn.Module, job: QuantJob) -> dict[str, Any]:
         amax = _calibrate_and_gate(model, sites, job, found.path)
         status = "calibrated"
     _install(model, sites, job, amax, mode)
+    if job.on_install is not None:
+        job.on_install(model)
     with linear.tuning():
         job.run(job.samples[0])
     return {"cache": status, "entry": str(found.path), "seconds": round(time.perf_counter() - start, 3),

@@ -247,13 +247,20 @@ def quantize_rows(x: torch.Tensor, w: QuantWeight) -> tuple[torch.Tensor, torch.
     else:
         a = x.detach().abs().amax(dim=1, keepdim=True).float()
         scale = torch.where(a > 0, a / w.qa, torch.ones_like(a))
-    return torch.round(x.float() / scale).clamp_(-w.qa, w.qa), scale
+    return torch.div(x.float(), scale).round_().clamp_(-w.qa, w.qa), scale
 
 
 def _epilogue(acc: torch.Tensor, x_scale: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None,
               post: str | None = None):
-    """float32 acc (M, N) -> post(acc * (s_x s_w) + bias) (scales combined in float32)."""
-    alpha = x_scale * w.w_scale if x_scale.dim() == 0 else x_scale * w.w_scale[None, :]
+    """acc (M, N), float32 or an integer GEMM's int32 -> post(acc * (s_x s_w) + bias) in float32 (scales
+    combined in float32; an int32 acc is converted, scaled and biased in one pass)."""
+    if x_scale.dim() == 0:  # static: s_x s_w is a property of the weight, formed once
+        alpha = _form(w, "alpha", lambda: x_scale * w.w_scale)
+    else:
+        alpha = x_scale * w.w_scale[None, :]
+    if acc.dtype != torch.float32:
+        y = torch.mul(acc, alpha) if bias is None else torch.addcmul(bias, acc, alpha)
+        return _post(y, post)
     y = acc.mul_(alpha)
     y = y if bias is None else y.add_(bias)
     return _post(y, post)
@@ -296,7 +303,7 @@ def _int8_float(w: QuantWeight, x: torch.Tensor, bias, post=None):
 def _int8_int_mm(w: QuantWeight, x: torch.Tensor, bias, post=None):
     xq, scale = quantize_rows(x, w)
     wt = _form(w, "int_mm", lambda: w.q.t().contiguous())  # (K, N) int8
-    return _epilogue(torch._int_mm(xq.to(torch.int8), wt).float(), scale, w, bias, post)
+    return _epilogue(torch._int_mm(xq.to(torch.int8), wt), scale, w, bias, post)
 
 
 def _onednn_zero_point(w: QuantWeight) -> int:

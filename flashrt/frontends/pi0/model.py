@@ -79,6 +79,7 @@ from flashrt.nn.fused import use_kernels
 from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
 from flashrt.nn.rope import rope_cos_sin
 from flashrt.nn.siglip import FC1_GELU_KERNELS, Siglip
+from flashrt.quant.linear import QuantWeight
 from flashrt.runtime.buffers import BufferSpec
 from flashrt.runtime.rtc import guided_velocity
 
@@ -334,6 +335,12 @@ def select_cpu_kernels(model: Pi0Model) -> None:
     heads = [m for name, m in model.named_children() if name not in ("vision", "projector", "vlm")]
     for module in heads:
         column_major_linears(module)
+    select_mlp_kernels(model)
+
+
+def select_mlp_kernels(model: Pi0Model) -> None:
+    """oneDNN's fused GeGLU / fc1 + GELU where torch has it and the weights are plain float32 row-major,
+    ATen elsewhere (again after quantized weights are installed: `_row_major_f32`)."""
     use_mlp_kernels(model, "onednn" if onednn_available() else "aten")
 
 
@@ -366,7 +373,11 @@ def mlp_kernels(model: Pi0Model, kernel: str) -> Iterator[None]:
 
 
 def _row_major_f32(linear: nn.Linear) -> bool:
-    return linear.weight.dtype == torch.float32 and linear.weight.is_contiguous()
+    """A plain float32 row-major weight (a quantized one runs the "aten" GeGLU: its gate and up halves
+    share one quantization of the input and one integer GEMM, where oneDNN's fused pair would quantize
+    the same input twice)."""
+    w = linear.weight
+    return w.dtype == torch.float32 and w.is_contiguous() and not isinstance(w, QuantWeight)
 
 
 # ---------------------------------------------------------------------- static buffers for capture

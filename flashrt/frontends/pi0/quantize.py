@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from flashrt.frontends.pi0.frontend import Pi0Frontend
+from flashrt.frontends.pi0.model import select_mlp_kernels
 from flashrt.quant.cache import CalibrationCache
 from flashrt.quant.flow import Calibration, QuantJob, as_calibration, quantize_model
 from flashrt.runtime.device import device_arch
@@ -83,8 +84,8 @@ def quantize(pf: Any, kind: str, calibration: Any, checkpoint_dir: str | Path) -
                              "steps": c.num_steps},
                   "arch": device_arch(pf.device)}
     job = QuantJob(kind, recipe, runner(pf), samples, key_fields, cache, cal.progress, f"{c.variant}-{kind}",
-                   pf.device.type)
-    return quantize_model(pf.frontend.model, job)  # oneDNN's fused MLPs stay: QuantWeight runs them
+                   pf.device.type, on_install=select_mlp_kernels)
+    return quantize_model(pf.frontend.model, job)
 
 
 def calibration_frontend(model: Any, n_cams: int, buckets: tuple[int, ...]) -> Pi0Frontend:
