@@ -1,4 +1,5 @@
-"""`flashrt export PATH --format onnx [--bucket N ...] -o DIR`: each shape bucket's step as an ONNX file.
+"""`flashrt export PATH --format onnx [--bucket N ...] [--precision P [--recipe R]] -o DIR`: each shape
+bucket's step as an ONNX file.
 
 Loads PATH as a user's program would (a policy folder, else a vocoder checkpoint/folder; `--kind`
 forces one), captured with the `trace` backend at the given buckets (prompt tokens for a policy,
@@ -7,6 +8,13 @@ backend's exporter (`flashrt.runtime.onnx_export`: the declared buffers as named
 checked by onnx.checker) through the export cache, so a later `backend="onnxrt"` load of the same
 model is a cache hit. Writes `<DIR>/<name>-<bucket>.onnx` and `<DIR>/manifest.json` (per bucket: the
 file, its inputs and outputs with shapes and dtypes, whether it came from the cache).
+
+`--precision` loads the model in that precision first. A policy in ``int8`` is quantized with the
+calibration cache's scales (calibrated and gated on a miss, with `--recipe`; a hit runs no calibration)
+and its GEMMs are written as QuantizeLinear / DequantizeLinear carrying those scales
+(`flashrt.quant.linear.portable`): the files TensorRT (`trtexec --onnx=...`, strongly typed) or
+onnxruntime run as int8 without a calibrator of their own. The manifest names the precision and, for a
+quantized model, its calibration entry. ``fp8`` is refused (no FP8 Q/DQ at the exporter's opset).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ KINDS = ("auto", "policy", "vocoder")
 
 def _load(path: Path, kind: str, buckets: list[int] | None, options: dict[str, Any]) -> Any:
     import flashrt
-    from flashrt.errors import CheckpointError
+    from flashrt.errors import CheckpointError, ConfigError
     from flashrt.runner.policy import detect_family
 
     if kind == "auto":
@@ -34,7 +42,22 @@ def _load(path: Path, kind: str, buckets: list[int] | None, options: dict[str, A
             kind = "vocoder"
     if kind == "policy":
         return flashrt.load_policy(path, backend="trace", buckets=buckets or None, **options)
+    if "calibration" in options:
+        raise ConfigError(f"{path}: a vocoder has no calibrated int8 / fp8 form; export it in a float "
+                          "precision")
     return flashrt.load_vocoder(path, backend="trace", buckets=tuple(buckets) if buckets else None, **options)
+
+
+def _graph_set(model: Any) -> Any:
+    """The bucket GraphSet behind a loaded model: a vocoder's frontend holds it, a policy's family
+    frontend wraps the frontend that does."""
+    node = model
+    for _ in range(3):
+        node = getattr(node, "frontend", None)
+        graphs = getattr(node, "graphs", None)
+        if graphs is not None and hasattr(graphs, "build"):
+            return graphs
+    return None
 
 
 def _port(p) -> dict[str, Any]:
@@ -51,13 +74,18 @@ def export_graphs(path: Path, out: Path, buckets: list[int] | None = None, kind:
     if kind not in KINDS:
         raise ConfigError(f"kind {kind!r}; choose one of {list(KINDS)}")
     model = _load(path, kind, buckets, options)
-    graphs = getattr(model.frontend, "graphs", None)
+    graphs = _graph_set(model)
     if graphs is None:
         raise ConfigError(f"{path}: this model runs without bucket graphs; nothing to export")
     backend = OnnxRuntimeBackend(cache_dir=cache_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = path.stem or "model"
-    manifest: dict[str, Any] = {"source": str(path), "format": "onnx", "buckets": {}}
+    manifest: dict[str, Any] = {"source": str(path), "format": "onnx",
+                                "precision": str(options.get("precision", "float32")), "buckets": {}}
+    quantization = getattr(model.frontend, "quantization", None)
+    if quantization:
+        manifest["quantization"] = {k: quantization.get(k) for k in ("kind", "recipe", "cache", "entry",
+                                                                     "activations", "sites")}
     for bucket in graphs.buckets:
         plan, data, hit = backend.export(graphs.build(bucket), graphs.buffers)
         file = out / f"{name}-{bucket}.onnx"
@@ -79,6 +107,10 @@ def export(
     kind: Annotated[str, typer.Option(help="auto, policy or vocoder")] = "auto",
     tokenizer: Annotated[Path | None, typer.Option(help="policy tokenizer (Pi0: tokenizer.model)")] = None,
     cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="export cache folder")] = None,
+    precision: Annotated[str, typer.Option(help="float32, bfloat16, float16 or int8 (a policy: Q/DQ "
+                                           "with flashrt's calibrated scales)")] = "float32",
+    recipe: Annotated[str | None, typer.Option(help="calibration recipe of an int8 policy (name or "
+                                               "path; default: the family's)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the manifest as JSON")] = False,
 ) -> None:
     """Export each shape bucket's captured step to ONNX (buffers as named inputs and outputs)."""
@@ -86,7 +118,15 @@ def export(
 
     if format not in FORMATS:
         raise ConfigError(f"format {format!r}; choose one of {list(FORMATS)}")
-    options = {"tokenizer": str(tokenizer)} if tokenizer is not None else {}
+    options: dict[str, Any] = {"tokenizer": str(tokenizer)} if tokenizer is not None else {}
+    if precision != "float32":
+        options["precision"] = precision
+    if recipe is not None:
+        if precision not in ("int8", "fp8"):
+            raise ConfigError(f"--recipe applies to --precision int8, not {precision!r}")
+        options["calibration"] = {"recipe": recipe, "progress": not as_json}
+    elif precision in ("int8", "fp8"):
+        options["calibration"] = {"progress": not as_json}
     manifest = export_graphs(path, out, bucket, kind, cache_dir, **options)
     if as_json:
         typer.echo(json.dumps(manifest, indent=1))

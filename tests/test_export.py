@@ -1,6 +1,7 @@
 """`flashrt export PATH --format onnx [--bucket N] -o DIR` (flashrt/export.py), run in-process as the console
 script does: one checked ONNX file per bucket plus manifest.json, graph inputs/outputs named after the
-vocoder's own declared buffers, a second export served by the export cache, bad arguments one line."""
+vocoder's own declared buffers, a second export served by the export cache, bad arguments one line; a
+Pi0.5 policy in int8 (the policy path: its graphs sit behind the family frontend) with Q/DQ nodes."""
 
 from __future__ import annotations
 
@@ -71,4 +72,46 @@ def test_bad_arguments_are_one_line_errors(capsys, tmp_path, extra, needle):
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert needle in err and err.startswith("flashrt: error: ")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+@pytest.fixture
+def pi05_dir(tmp_path, monkeypatch):
+    import flashrt.quant.cache
+    from flashrt.frontends.pi0.synthetic import TINY, SyntheticSpec, write_checkpoint
+
+    monkeypatch.setattr(flashrt.quant.cache, "default_root", lambda: tmp_path / "cal")  # not the user's
+    folder = tmp_path / "pi05"
+    write_checkpoint(folder, SyntheticSpec("pi05", TINY, ("top", "wrist")))
+    return folder
+
+
+def test_int8_policy_exports_qdq_with_its_calibrated_scales(capsys, tmp_path, one_thread, pi05_dir):
+    """The deployment path to TensorRT / onnxruntime int8: flashrt's scales in the file, no calibrator."""
+    out = tmp_path / "out"
+    code = main(["export", str(pi05_dir), "--precision", "int8", "--bucket", "64", "-o", str(out),
+                 "--cache-dir", str(tmp_path / "cache"), "--json"])
+    capsys.readouterr()
+    assert code == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and manifest["quantization"]["kind"] == "int8"
+    q = manifest["quantization"]
+    assert q["cache"] == "calibrated" and Path(q["entry"]).is_file()
+    model = onnx.load(str(out / manifest["buckets"]["64"]["file"]))
+    onnx.checker.check_model(model, full_check=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") >= manifest["quantization"]["sites"] and "DequantizeLinear" in ops
+    code = main(["export", str(pi05_dir), "--precision", "int8", "--bucket", "64", "-o",
+                 str(tmp_path / "again"), "--cache-dir", str(tmp_path / "cache"), "--json"])
+    capsys.readouterr()
+    again = json.loads((tmp_path / "again" / "manifest.json").read_text())
+    assert code == 0 and again["quantization"]["cache"] == "hit" and again["buckets"]["64"]["cache_hit"]
+
+
+@pytest.mark.parametrize(("extra", "needle"), [(("--precision", "fp8"), "fp8 weights have no ONNX form"),
+                                               (("--recipe", "pi0"), "--recipe applies to --precision int8")])
+def test_quantized_export_refusals_are_one_line_errors(capsys, tmp_path, one_thread, pi05_dir, extra, needle):
+    code = main(["export", str(pi05_dir), "--bucket", "64", "-o", str(tmp_path / "out"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and needle in err
     assert not (tmp_path / "out" / "manifest.json").exists()
