@@ -74,6 +74,23 @@ _POINTWISE_INTO = getattr(torch.ops.mkldnn, "_convolution_pointwise_", None) \
     if torch.backends.mkldnn.is_available() else None
 
 
+_REORDER = getattr(torch.ops.mkldnn, "_reorder_convolution_weight", None) \
+    if torch.backends.mkldnn.is_available() else None
+
+
+def _packed(weight: torch.Tensor, geometry: tuple) -> torch.Tensor | None:
+    """``weight`` (O, C/g, kh, kw) reordered once into oneDNN's blocked layout for a 2-D channels-last conv
+    of ``geometry`` (padding, stride, dilation, groups), or None where that does not apply (not a CPU
+    float32 weight, no oneDNN). A plain weight is reordered by oneDNN on every call: at a few frames
+    that was most of BigVGAN's call (~3 ms per 256-channel conv of 11 taps); the packed one is
+    the same values, so the conv's results are bit for bit the same (tests/nn/test_audio.py)."""
+    if _REORDER is None or _POINTWISE is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    pad, stride, dilation, groups = geometry
+    size = [1, weight.shape[1] * groups, 1 + (weight.shape[2] - 1) * dilation[0], 64]
+    return _REORDER(weight.detach(), pad, stride, dilation, groups, size)
+
+
 def _epilogue(y: torch.Tensor, slope: float | None, residual: torch.Tensor | None,
               into: bool) -> torch.Tensor:
     """leaky_relu(y, slope) and/or the residual add, unfused (y is a fresh tensor, changed in place)."""
@@ -111,10 +128,41 @@ class Conv1d(nn.Conv1d):
         self.spectral_block: int | None = None
         self.spectral: SpectralPlan | None = None
         self.phase_split = False
+        self.packed: torch.Tensor | None = None     # weight_rows (or its phase view) in oneDNN's layout
+        self.packed_phases = False                  # which of the two `packed` holds
 
     def reset_derived(self) -> None:
         _rows_weight(self)
         self.set_spectral(self.spectral_block)
+
+    def _geometry(self) -> tuple:
+        """(padding, stride, dilation, groups) of the 2-D conv on rows."""
+        return [0, self.padding[0]], [1, self.stride[0]], [1, self.dilation[0]], self.groups
+
+    def _phase_geometry(self) -> tuple:
+        return [self.padding[0] // self.dilation[0], 0], [1, 1], [1, 1], self.groups
+
+    def pack(self) -> None:
+        """Reorder the weight once for the algorithm this conv runs (`flashrt.nn.conv_policy` calls it
+        after choosing; `reset_derived` after a load): the direct or the phase-split conv's weight in
+        oneDNN's layout; none for a spectral conv."""
+        self.packed_phases = self.phase_split
+        if self.spectral is not None or not self.weight_rows.numel():
+            self.packed = None
+        elif self.phase_split:
+            self.packed = _packed(self._phase_weight(), self._phase_geometry())
+        else:
+            self.packed = _packed(self.weight_rows, self._geometry())
+
+    def _phase_weight(self) -> torch.Tensor:
+        return self.weight_rows.squeeze(2).unsqueeze(3)                      # (O, C, K, 1), same memory
+
+    def _weight_for(self, x: torch.Tensor, phase: bool) -> torch.Tensor:
+        """The packed weight for a float32 call where it was packed for this form (``phase``: the
+        phase-split conv's), else the plain one."""
+        if self.packed is not None and x.dtype == torch.float32 and phase == self.packed_phases:
+            return self.packed
+        return self._phase_weight() if phase else self.weight_rows
 
     def set_spectral(self, block: int | None) -> None:
         """Run as a block-spectral conv of block size ``block`` on CPU float32 rows (None: direct). The
@@ -122,6 +170,7 @@ class Conv1d(nn.Conv1d):
         self.spectral_block = block
         self.spectral = None if block is None else \
             SpectralPlan(self.weight, self.dilation[0], self.padding[0], block)
+        self.pack()
 
     def reach(self, rate: int = 1) -> Reach:
         """Frames an output reaches at `rate` samples per frame (its kernel, dilation and padding)."""
@@ -141,9 +190,9 @@ class Conv1d(nn.Conv1d):
             return _epilogue(y, slope, residual, into)
         if self.phase_split and rows_cpu:
             return self._phases(x.contiguous(memory_format=ROWS), slope, residual, into)
-        geometry = ([0, self.padding[0]], [1, self.stride[0]], [1, self.dilation[0]], self.groups)
+        geometry = self._geometry()
         if _fusable(x) and (slope is None or residual is None):
-            return _fused_conv(x, self.weight_rows, self.bias, geometry, slope, residual, into)
+            return _fused_conv(x, self._weight_for(x, False), self.bias, geometry, slope, residual, into)
         pad, stride, dilation, groups = geometry
         y = super().forward(x) if x.dim() == 3 else F.conv2d(x, self.weight_rows, self.bias, stride, pad,
                                                              dilation, groups)
@@ -158,15 +207,15 @@ class Conv1d(nn.Conv1d):
         if steps != t:
             seq = F.pad(seq, (0, 0, 0, steps - t))
         image = seq.view(b, steps // d, d, c).permute(0, 3, 1, 2)            # (B, C, T/d, d) channels-last
-        weight = self.weight_rows.squeeze(2).unsqueeze(3)                     # (O, C, K, 1), same memory
-        geometry = ([self.padding[0] // d, 0], [1, 1], [1, 1], self.groups)
+        geometry = self._phase_geometry()
         fuse = _fusable(image) and (slope is None or residual is None) and \
             (residual is None or (steps == t and residual.is_contiguous(memory_format=ROWS)))
         if fuse:
             res = None if residual is None else _as_phases(residual, d)
-            y = _fused_conv(image, weight, self.bias, geometry, slope, res, into)
+            y = _fused_conv(image, self._weight_for(image, True), self.bias, geometry, slope, res, into)
             return residual if into and residual is not None else _phases_to_rows(y, t)
-        y = _phases_to_rows(F.conv2d(image, weight, self.bias, 1, geometry[0], 1, self.groups), t)
+        y = F.conv2d(image, self._phase_weight(), self.bias, 1, geometry[0], 1, self.groups)
+        y = _phases_to_rows(y, t)
         return _epilogue(y, slope, residual, into)
 
 
@@ -218,6 +267,7 @@ class ConvTranspose1d(nn.ConvTranspose1d):
         self.register_buffer("poly_bias", None, persistent=False)
         self.polyphase = False
         self.poly_pad = (0, 0)
+        self.poly_packed: torch.Tensor | None = None     # poly_rows in oneDNN's layout (`_packed`)
 
     def reset_derived(self) -> None:
         _rows_weight(self)
@@ -231,12 +281,13 @@ class ConvTranspose1d(nn.ConvTranspose1d):
         """Run as the polyphase stride-1 conv on CPU rows (True) or as oneDNN's transposed conv."""
         self.polyphase = bool(on)
         if not on:
-            self.poly_rows, self.poly_bias = torch.empty(0), None
+            self.poly_rows, self.poly_bias, self.poly_packed = torch.empty(0), None, None
             return
         weight, left, right = polyphase_weight(self.weight.detach(), self.stride[0], self.padding[0])
         self.poly_rows = weight.unsqueeze(2).contiguous(memory_format=ROWS)          # (s O, C, 1, M)
         self.poly_bias = None if self.bias is None else self.bias.detach().repeat(self.stride[0])
         self.poly_pad = (left, right)
+        self.poly_packed = _packed(self.poly_rows, self._poly_geometry())
 
     def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
         x = valid.zero(x, self.halo)
@@ -246,11 +297,19 @@ class ConvTranspose1d(nn.ConvTranspose1d):
             return self._polyphase(x)
         return F.conv_transpose2d(x, self.weight_rows, self.bias, (1, self.stride[0]), (0, self.padding[0]))
 
+    def _poly_geometry(self) -> tuple:
+        """The polyphase conv's (padding, stride, dilation, groups); asymmetric padding is applied to x."""
+        left, right = self.poly_pad
+        return [0, left if left == right else 0], [1, 1], [1, 1], 1
+
     def _polyphase(self, x: torch.Tensor) -> torch.Tensor:
         left, right = self.poly_pad
         if left != right:
             x, left = F.pad(x, (left, right)).contiguous(memory_format=ROWS), 0
-        y = F.conv2d(x, self.poly_rows, self.poly_bias, padding=(0, left))          # (B, s O, 1, T)
+        if self.poly_packed is not None and x.dtype == torch.float32 and _fusable(x):
+            y = _POINTWISE(x, self.poly_packed, self.poly_bias, *self._poly_geometry(), "none", [], "")
+        else:
+            y = F.conv2d(x, self.poly_rows, self.poly_bias, padding=(0, left))      # (B, s O, 1, T)
         b, _, _, t = y.shape
         seq = y.contiguous(memory_format=ROWS).permute(0, 2, 3, 1)                 # (B, 1, T, s O)
         return seq.reshape(b, t * self.stride[0], self.out_channels).permute(0, 2, 1).unsqueeze(2)

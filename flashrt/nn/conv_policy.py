@@ -67,8 +67,8 @@ def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[s
         out_ch, in_ch, taps = conv.weight.shape
         spectral = policy.spectral is not None and eligible(conv)
         block = policy.spectral.block(taps, in_ch, out_ch, conv.dilation[0]) if spectral else None
-        conv.set_spectral(block)
         conv.phase_split = invariant and conv.can_phase_split()
+        conv.set_spectral(block)                    # also packs the weight for the algorithm chosen
         for key, on in (("spectral", block is not None), ("phase_split", conv.phase_split)):
             if on:
                 chosen[key].append(name)

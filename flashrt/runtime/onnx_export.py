@@ -257,8 +257,16 @@ def plan(recording: Recording, buffers: Any) -> ExportPlan:
             sources.append(Source(port=len(used) + k, view=view))
         else:
             sources.append(Source(const=len(constants)))
-            constants.append(t.to_dense() if t.is_mkldnn else t)
+            constants.append(_dense(t) if t.is_mkldnn else t)
     return ExportPlan(recording, ports, sources, constants)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """A oneDNN-packed weight as a plain constant; a 4-D (conv) one channels-last, the layout flashrt keeps
+    its plain conv weights in (`flashrt.nn.conv1d`), so the aten conv that stands in for the fused one
+    returns the fused op's channels-last output."""
+    dense = t.to_dense()
+    return dense.contiguous(memory_format=torch.channels_last) if dense.dim() == 4 else dense
 
 
 def _encode_leaf(leaf: Any, static_index: dict[int, int]) -> Any:

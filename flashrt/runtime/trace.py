@@ -315,6 +315,8 @@ def _written_statics(func: Any, leaves: list[Any], recorder: Recorder) -> list[t
 
 
 def _layout(t: torch.Tensor) -> tuple:
+    if t.is_mkldnn:  # a oneDNN-packed weight (read-only operand of a mutable op): no storage, no strides
+        return (id(t), tuple(t.shape))
     return (_storage_ptr(t), t.data_ptr(), tuple(t.shape), tuple(t.stride()))
 
 

@@ -403,6 +403,29 @@ def test_invariant_policy_padded_run_equals_unpadded_bit_for_bit(name):
     assert _padded_equals_exact(block, torch.randn(1, 64, 150), pad=37, rows=True) == 0.0
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN weight packing")
+@pytest.mark.parametrize("policy", ["direct", "invariant"])
+def test_packed_conv_weights_change_no_bit(policy):
+    """Conv weights reordered once at load into oneDNN's layout (direct, phase-split, polyphase) give the
+    plain weights' results bit for bit, epilogues included."""
+    block = _ready(ResBlock1(32, 7, (1, 3, 5)))
+    up = _ready(ConvTranspose1d(32, 16, 8, 4))
+    for m in (block, up):
+        apply_conv_policy(m, POLICIES[policy])
+    convs = [m for m in block.modules() if isinstance(m, Conv1d)]
+    assert all(c.packed is not None and c.packed.is_mkldnn for c in convs)
+    assert any(c.packed_phases for c in convs) == (policy == "invariant")
+    assert (up.poly_packed is not None) == (policy == "invariant")
+    x = to_rows(torch.randn(2, 32, 97))
+    with torch.no_grad():
+        packed = block(x.clone()), up(x.clone()), convs[1](x, slope=0.1)
+        for m in [*convs, up]:
+            m.packed = m.poly_packed = None
+        plain = block(x.clone()), up(x.clone()), convs[1](x, slope=0.1)
+    for a, b in zip(packed, plain):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("cin,cout,kernel,stride",
                          [(16, 8, 16, 8), (8, 4, 4, 2), (6, 3, 11, 3), (4, 4, 6, 2)])
 def test_polyphase_upsampler_matches_float64(cin, cout, kernel, stride):
