@@ -351,6 +351,35 @@ def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Te
     return _index_copy_(x.clone(), dim, index, source)
 
 
+def _unbind(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, ...]:
+    """unbind as selects (Gather): the exporter writes unbind as SplitToSequence / SequenceAt, which
+    TensorRT's ONNX parser does not take and ONNX does not define for bfloat16."""
+    return tuple(x.select(dim, i) for i in range(x.shape[dim]))
+
+
+def _pieces(x: torch.Tensor, sizes: Sequence[int], dim: int) -> tuple[torch.Tensor, ...]:
+    """Consecutive narrows (Slice) of the given sizes along dim (split / chunk without sequences)."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(x.narrow(dim, start, n))
+        start += n
+    return tuple(out)
+
+
+def _split(x: torch.Tensor, size: int, dim: int = 0) -> tuple[torch.Tensor, ...]:
+    total = x.shape[dim]
+    return _pieces(x, [min(size, total - a) for a in range(0, total, size)] or [0], dim)
+
+
+def _split_with_sizes(x: torch.Tensor, sizes: Sequence[int], dim: int = 0) -> tuple[torch.Tensor, ...]:
+    return _pieces(x, sizes, dim)
+
+
+def _chunk(x: torch.Tensor, chunks: int, dim: int = 0) -> tuple[torch.Tensor, ...]:
+    total = x.shape[dim]
+    return _split(x, -(-total // chunks) if total else 1, dim)
+
+
 def _sdpa_flash_cpu(q, k, v, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask=None, scale=None):
     """CPU flash attention in plain ops: (output, logsumexp). Grouped-query key/value heads are repeated
     for their query heads, as the kernel does (the exporter's own form assumes equal head counts)."""
@@ -374,8 +403,9 @@ def _sdpa_flash_cpu(q, k, v, dropout_p: float = 0.0, is_causal: bool = False, *,
 def _portable_ops() -> dict[Any, Callable[..., Any]]:
     """Ops the exporter cannot take, and their aten compositions: CPU-only fused ops (oneDNN, as
     flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding), index_copy,
-    the CPU flash attention with grouped-query heads and flashrt's own ``flashrt::`` custom ops (their
-    references: the CUDA kernel table picks them on a GPU)."""
+    unbind / split / chunk as selects and slices (no ONNX sequence ops: TensorRT cannot parse them and
+    ONNX has none for bfloat16), the CPU flash attention with grouped-query heads and flashrt's own
+    ``flashrt::`` custom ops (their references: the CUDA kernel table picks them on a GPU)."""
     mk = getattr(torch.ops, "mkldnn", None)
     pairs = [("_convolution_pointwise", "default", _conv_pointwise),
              ("_convolution_pointwise", "binary", _conv_pointwise_binary),
@@ -384,6 +414,8 @@ def _portable_ops() -> dict[Any, Callable[..., Any]]:
              ("_linear_pointwise", "binary", _linear_pointwise_binary)]
     table: dict[Any, Callable[..., Any]] = {
         torch.ops.aten.index_copy_.default: _index_copy_, torch.ops.aten.index_copy.default: _index_copy,
+        torch.ops.aten.unbind.int: _unbind, torch.ops.aten.chunk.default: _chunk,
+        torch.ops.aten.split.Tensor: _split, torch.ops.aten.split_with_sizes.default: _split_with_sizes,
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa_flash_cpu}
     for packet, overload, fn in pairs:
         op = getattr(getattr(mk, packet, None), overload, None) if mk is not None else None
