@@ -45,7 +45,7 @@ from flashrt.runtime.graphs import named_tensors
 from flashrt.runtime.trace import Recorder, Step, _bound, _DispatchRecorder, _FunctionChecker
 
 OPSET = 18
-SCHEME_VERSION = 2  # bump when what an exported file means changes (naming, plan rules)
+SCHEME_VERSION = 3  # bump when what an exported file means changes (naming, plan rules, lowerings)
 
 # --------------------------------------------------------------------------------------- recording
 
