@@ -499,27 +499,27 @@ TABLE = KernelTable()
 
 
 @contextlib.contextmanager
-def tuning(table: KernelTable | None = None) -> Iterator[KernelTable]:
-    """Measure the kernel of every new GEMM shape run inside the block (at load, eager)."""
+def _flag(table: KernelTable | None, name: str) -> Iterator[KernelTable]:
+    """Set the table's boolean ``name`` inside the block (restored after, nesting included)."""
     table = table or TABLE
-    before, table.tuning = table.tuning, True
+    before = getattr(table, name)
+    setattr(table, name, True)
     try:
         yield table
     finally:
-        table.tuning = before
+        setattr(table, name, before)
 
 
-@contextlib.contextmanager
-def portable(table: KernelTable | None = None) -> Iterator[KernelTable]:
+def tuning(table: KernelTable | None = None) -> contextlib.AbstractContextManager[KernelTable]:
+    """Measure the kernel of every new GEMM shape run inside the block (at load, eager)."""
+    return _flag(table, "tuning")
+
+
+def portable(table: KernelTable | None = None) -> contextlib.AbstractContextManager[KernelTable]:
     """Inside the block every quantized GEMM runs its portable form (`PORTABLE`): int8 as Q/DQ around a
     float GEMM, which the ONNX exporter writes as QuantizeLinear / DequantizeLinear with the calibrated
     scales (`flashrt.runtime.onnx_export.record` enters it); fp8 refuses."""
-    table = table or TABLE
-    before, table.portable = table.portable, True
-    try:
-        yield table
-    finally:
-        table.portable = before
+    return _flag(table, "portable")
 
 
 # ------------------------------------------------------------------------------- making and installing
