@@ -34,18 +34,26 @@ def _load(path: Path, kind: str, buckets: list[int] | None, options: dict[str, A
     from flashrt.errors import CheckpointError, ConfigError
     from flashrt.runner.policy import detect_family
 
+    why_not_policy = ""
     if kind == "auto":
         try:
             detect_family(path)
             kind = "policy"
-        except CheckpointError:
-            kind = "vocoder"
+        except CheckpointError as exc:
+            kind, why_not_policy = "vocoder", str(exc)
     if kind == "policy":
         return flashrt.load_policy(path, backend="trace", buckets=buckets or None, **options)
-    if "calibration" in options:
-        raise ConfigError(f"{path}: a vocoder has no calibrated int8 / fp8 form; export it in a float "
-                          "precision")
-    return flashrt.load_vocoder(path, backend="trace", buckets=tuple(buckets) if buckets else None, **options)
+    policy_only = sorted(set(options) & {"tokenizer", "embodiment", "calibration"})
+    if policy_only:
+        hint = f" ({why_not_policy})" if why_not_policy else ""
+        raise ConfigError(f"{path} is loaded as a vocoder, which takes no {policy_only}{hint}")
+    try:
+        return flashrt.load_vocoder(path, backend="trace", buckets=tuple(buckets) if buckets else None,
+                                    **options)
+    except CheckpointError as exc:
+        if not why_not_policy:
+            raise
+        raise CheckpointError(f"{path} is neither a policy ({why_not_policy}) nor a vocoder ({exc})") from exc
 
 
 def _graph_set(model: Any) -> Any:
@@ -111,6 +119,7 @@ def export(
                                            "with flashrt's calibrated scales)")] = "float32",
     recipe: Annotated[str | None, typer.Option(help="calibration recipe of an int8 policy (name or "
                                                "path; default: the family's)")] = None,
+    embodiment: Annotated[str | None, typer.Option(help="GROOT: the embodiment tag (or its id)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the manifest as JSON")] = False,
 ) -> None:
     """Export each shape bucket's captured step to ONNX (buffers as named inputs and outputs)."""
@@ -118,7 +127,9 @@ def export(
 
     if format not in FORMATS:
         raise ConfigError(f"format {format!r}; choose one of {list(FORMATS)}")
-    options: dict[str, Any] = {"tokenizer": str(tokenizer)} if tokenizer is not None else {}
+    from flashrt.runner.policy import cli_options
+
+    options = cli_options(tokenizer, embodiment)
     if precision != "float32":
         options["precision"] = precision
     if recipe is not None:

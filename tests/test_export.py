@@ -115,3 +115,28 @@ def test_quantized_export_refusals_are_one_line_errors(capsys, tmp_path, one_thr
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and needle in err
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+GROOT = Path(__file__).resolve().parent / "fixtures" / "groot" / "n17_tiny"
+
+
+def test_groot_export_takes_the_embodiment(capsys, tmp_path, one_thread):
+    argv = ["export", str(GROOT), "-o", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    assert main(argv) == 2 and "embodiment None is not in this checkpoint" in capsys.readouterr().err
+    assert main([*argv, "--embodiment", "tag_a", "--json"]) == 0
+    capsys.readouterr()
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["buckets"] and manifest["precision"] == "float32"
+
+
+def test_policy_options_on_a_vocoder_are_one_line_errors(capsys, tmp_path):
+    code = main(["export", str(CHECKPOINT), "-o", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "loaded as a vocoder, which takes no ['tokenizer']" in err
+
+
+def test_cli_options():
+    from flashrt.runner.policy import cli_options
+    assert cli_options() == {}
+    assert cli_options(Path("t.model"), "3") == {"tokenizer": "t.model", "embodiment": 3}
+    assert cli_options(embodiment="tag_a") == {"embodiment": "tag_a"}

@@ -197,6 +197,17 @@ def detect_family(path: str | Path, families: Mapping[str, PolicyFamily] | None 
     raise CheckpointError(f"{folder}: no policy family recognises it. Tried {tried}")
 
 
+def cli_options(tokenizer: str | Path | None = None, embodiment: str | None = None) -> dict[str, Any]:
+    """The family options a command line gives `load_policy`: ``--tokenizer PATH``, ``--embodiment TAG``
+    (GROOT: a tag name, or its integer id as digits); the family refuses an option it does not take."""
+    options: dict[str, Any] = {}
+    if tokenizer is not None:
+        options["tokenizer"] = str(tokenizer)
+    if embodiment is not None:
+        options["embodiment"] = int(embodiment) if embodiment.isdigit() else embodiment
+    return options
+
+
 def load_policy(path: str | Path, device: str | torch.device = "cpu",
                 precision: str | torch.dtype = "float32", num_steps: int | None = None,
                 backend: str | None = None, buckets: Sequence[int] | None = None,

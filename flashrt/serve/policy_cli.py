@@ -18,18 +18,18 @@ def serve_policy(
     precision: Annotated[str, typer.Option(help="float32, bfloat16, float16")] = "float32",
     tokenizer: Annotated[Path | None, typer.Option(help="tokenizer file (Pi0: PaliGemma .model)")] = None,
     max_message_mb: Annotated[float, typer.Option(help="largest observation message accepted, MiB")] = 64.0,
+    embodiment: Annotated[str | None, typer.Option(help="GROOT: the embodiment tag (or its id)")] = None,
 ) -> None:
     """Serve one policy to openpi-client over websockets (msgpack + numpy, metadata on connect)."""
     from flashrt.errors import ConfigError
-    from flashrt.runner.policy import load_policy
+    from flashrt.runner.policy import cli_options, load_policy
     from flashrt.serve.policy_server import PolicyServer
 
     if not 0 <= port < 65536:
         raise ConfigError(f"--port {port} must lie in 0..65535")
     if not 0 < max_message_mb <= 4096:
         raise ConfigError(f"--max-message-mb {max_message_mb} must lie in (0, 4096]")
-    options = {"tokenizer": str(tokenizer)} if tokenizer is not None else {}
-    policy = load_policy(path, device=device, precision=precision, **options)
+    policy = load_policy(path, device=device, precision=precision, **cli_options(tokenizer, embodiment))
     server = PolicyServer(policy, host, port, max_message_bytes=int(max_message_mb * 2**20))
     typer.echo(f"flashrt serve-policy: {path} on ws://{server.host}:{server.port} (GET /healthz)", err=True)
     try:

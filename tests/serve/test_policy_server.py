@@ -200,3 +200,12 @@ def test_cli_user_errors_are_one_line(capsys, tmp_path):
     assert main(["serve-policy", str(tmp_path), "--port", "70000"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("flashrt: error") == 2
+
+
+def test_cli_passes_the_embodiment_to_the_family(capsys):
+    """--embodiment reaches load_policy: a Pi0 checkpoint refuses it by name (GROOT takes it)."""
+    from flashrt.cli import main
+
+    assert main(["serve-policy", str(E2E.case("pi05_cam1").policy_dir), "--embodiment", "tag_a",
+                 "--tokenizer", str(E2E.TOKENIZER)]) == 2
+    assert "take no option(s) ['embodiment']" in capsys.readouterr().err
