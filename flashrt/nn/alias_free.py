@@ -180,12 +180,32 @@ def _extent(d: torch.Tensor) -> int:
 
 
 def _add_edges(x: torch.Tensor, y: torch.Tensor, gains: tuple[torch.Tensor, torch.Tensor],
-               valid=EXACT) -> torch.Tensor:
+               valid=EXACT, pair: torch.Tensor | None = None) -> torch.Tensor:
     """y (zero-padded filter output) plus the replicate-padding contribution of x's first value and of
-    its last real value (the end of the tensor, or where `valid` says the data ends)."""
+    its last real value (the end of the tensor, or where `valid` says the data ends).
+
+    On rows at the exact length with ``pair`` (`_edge_pair`), both ends in one product and one add over
+    a two-block view of y's ends: the same products and the same single add per sample as the two
+    slices (zero gains add +0), ~6 fewer small ops per call (73 activations x 2 in BigVGAN)."""
+    if pair is not None and valid is EXACT and x.dim() == 4 and y.shape[-1] >= 2 * pair.shape[-1]:
+        n, (sb, sc, _, st) = pair.shape[-1], y.stride()
+        ends = y.as_strided((y.shape[0], y.shape[1], 2, n), (sb, sc, (y.shape[-1] - n) * st, st))
+        sb, sc, _, st = x.stride()
+        edge = x.as_strided((x.shape[0], x.shape[1], 2, 1), (sb, sc, (x.shape[-1] - 1) * st, st))
+        ends.add_(edge * pair)
+        return y
     left, right = gains
     y[..., :left.numel()].add_(x[..., :1] * left)
     return valid.add_end(y, x, right)
+
+
+def _edge_pair(gains: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor | None:
+    """(2, n): the left gains at the start, the right gains at the end, zero-filled to one length n."""
+    if gains is None:
+        return None
+    left, right = gains
+    n = max(left.numel(), right.numel(), 1)
+    return torch.stack([F.pad(left, (0, n - left.numel())), F.pad(right, (n - right.numel(), 0))])
 
 
 def _cast_filters(module: nn.Module, dtype: torch.dtype) -> None:
@@ -194,6 +214,7 @@ def _cast_filters(module: nn.Module, dtype: torch.dtype) -> None:
     module.filter_rows = module.filter_rows.to(dtype).contiguous(memory_format=ROWS)
     if module.gains is not None:
         module.gains = tuple(g.to(dtype) for g in module.gains)
+    module.edge_pair = _edge_pair(module.gains)
 
 
 class UpSample1d(nn.Module):
@@ -217,6 +238,7 @@ class UpSample1d(nn.Module):
         self.register_buffer("filter", torch.empty(channels, 1, self.kernel_size), persistent=False)
         self.register_buffer("filter_rows", torch.empty(0), persistent=False)
         self.gains: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.edge_pair: torch.Tensor | None = None      # `_edge_pair(gains)`
 
     def reset_derived(self) -> None:
         f = kaiser_sinc_filter1d(0.5 / self.ratio, 0.6 / self.ratio, self.kernel_size)
@@ -228,6 +250,7 @@ class UpSample1d(nn.Module):
             zero = lambda x: F.conv_transpose1d(x, f64, stride=self.ratio, padding=self.zero_pad)
             gains = _edge_gains(lambda x: self._padded(x, f64), zero, self.kernel_size)
         self.gains = None if gains is None else tuple(g.to(self.filter) for g in gains)
+        self.edge_pair = _edge_pair(self.gains)
 
     def _padded(self, x: torch.Tensor, filt: torch.Tensor) -> torch.Tensor:
         """The definition on (B, C, T): replicate pad, transposed conv, trim."""
@@ -246,7 +269,7 @@ class UpSample1d(nn.Module):
         x = valid.zero(x, self.pad)                  # zeros past the data, the edge's share added after
         y = F.conv_transpose2d(x, self.filter_rows, stride=(1, self.ratio), padding=(0, self.zero_pad),
                                groups=self.channels)
-        return _add_edges(x, y, self.gains, valid)
+        return _add_edges(x, y, self.gains, valid, self.edge_pair)
 
     def reach(self, rate: int = 1) -> Reach:
         """Bound on the reach, in frames, for an input at `rate` samples per frame."""
@@ -271,6 +294,7 @@ class DownSample1d(nn.Module):
         self.register_buffer("filter", torch.empty(channels, 1, self.kernel_size), persistent=False)
         self.register_buffer("filter_rows", torch.empty(0), persistent=False)
         self.gains: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.edge_pair: torch.Tensor | None = None      # `_edge_pair(gains)`
 
     def reset_derived(self) -> None:
         f = kaiser_sinc_filter1d(0.5 / self.ratio, 0.6 / self.ratio, self.kernel_size)
@@ -281,6 +305,7 @@ class DownSample1d(nn.Module):
                             lambda x: F.conv1d(x, f64, stride=self.ratio, padding=self.pad_left),
                             self.kernel_size)
         self.gains = None if gains is None else tuple(g.to(self.filter) for g in gains)
+        self.edge_pair = _edge_pair(self.gains)
 
     def _padded(self, x: torch.Tensor, filt: torch.Tensor) -> torch.Tensor:
         """The definition on (B, C, T*ratio): replicate pad, strided low-pass."""
@@ -297,7 +322,7 @@ class DownSample1d(nn.Module):
         x = valid.zero(x, self.pad_right)            # zeros past the data, the edge's share added after
         y = F.conv2d(x, self.filter_rows, stride=(1, self.ratio), padding=(0, self.pad_left),
                      groups=self.channels)
-        return _add_edges(x, y, self.gains, valid)
+        return _add_edges(x, y, self.gains, valid, self.edge_pair)
 
     def reach(self, rate: int = 1) -> Reach:
         """`rate` is the samples-per-frame of the (high-rate) input."""

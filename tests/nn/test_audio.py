@@ -297,6 +297,18 @@ def test_upsample_downsample_shapes_and_dc():
     assert z.shape == (1, 3, 20) and torch.allclose(z, x, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", [UpSample1d, DownSample1d])
+@pytest.mark.parametrize("steps,batch", [(24, 1), (25, 2), (301, 1)])
+def test_resampler_edges_in_one_op_change_no_bit(kind, steps, batch):
+    """Both replicate-padding edge terms added through one view of y's two ends (`_edge_pair`) give the
+    two-slice result bit for bit."""
+    m = _ready(kind(16))
+    x = to_rows(torch.randn(batch, 16, steps) * 3)
+    one = m(x.clone())
+    m.edge_pair = None
+    assert torch.equal(one, m(x.clone()))
+
+
 def test_upsample_is_the_transposed_conv_definition():
     """Independent check of the trim arithmetic: interleave zeros, pad, low-pass, x ratio."""
     up = _ready(UpSample1d(2))
