@@ -32,6 +32,7 @@ def calibrate(
     tokenizer: Annotated[Path | None, typer.Option(help="tokenizer file when the checkpoint lacks it "
                                                    "(Pi0/Pi0.5: PaliGemma's tokenizer.model)")] = None,
     cache_dir: Annotated[Path | None, typer.Option("--dir", help="calibration cache folder")] = None,
+    embodiment: Annotated[str | None, typer.Option(help="GROOT: the embodiment tag (or its id)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Calibrate a checkpoint's int8 / fp8 scales into the cache (a hit runs no calibration)."""
@@ -43,7 +44,9 @@ def calibrate(
         raise ConfigError(f"--precision must be one of {list(QUANTIZED)}, got {precision!r}")
     observations = _trace_observations(data) if data is not None else None
     start = time.perf_counter()
-    options = {"tokenizer": str(tokenizer)} if tokenizer is not None else {}
+    from flashrt.runner.policy import cli_options
+
+    options = cli_options(tokenizer, embodiment)
     policy = flashrt.load_policy(path, device=device, precision=precision, **options,
                                  calibration=Calibration(recipe=recipe, samples=samples, data=observations,
                                                          cache_dir=cache_dir, progress=not as_json))

@@ -83,6 +83,15 @@ def dtype_info(name: str) -> DTypeInfo:
 
 
 COMPUTE_PRECISIONS = ("fp32", "bf16", "fp16")
+QUANTIZED_PRECISIONS = ("int8", "fp8_e4m3")  # the names a family that installs quantized GEMMs accepts
+
+
+def quantized_kind(precision: str | torch.dtype) -> str | None:
+    """"int8" / "fp8" for a quantized precision name (aliases included), None for a float one."""
+    if isinstance(precision, torch.dtype) or not isinstance(precision, str):
+        return None
+    key = _ALIASES.get(precision, precision)
+    return {"int8": "int8", "fp8_e4m3": "fp8"}.get(key)
 
 
 def compute_dtype(precision: str | torch.dtype, quantized: tuple[str, ...] = ()) -> torch.dtype:

@@ -12,9 +12,10 @@ import torch
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.groot import checkpoint as ck
 from flashrt.frontends.groot.config import n17_config
-from flashrt.frontends.groot.frontend import GrootFrontend, LoadOptions, Options, load_model
+from flashrt.frontends.groot.frontend import GrootFrontend, LoadOptions, Options, finish, load_model
 from flashrt.frontends.groot.preprocess import ImageSpec, PromptTokenizer
 from flashrt.frontends.groot.weights import load_n17
+from flashrt.quant.precision import quantized_kind
 from flashrt.runtime.frontend import PolicyFamily
 from flashrt.runtime.graphs import backend_for_device
 
@@ -87,15 +88,23 @@ def load(
     cameras: Sequence[str] | None = None,
     tokenizer: str | Path | None = None,
     frame_size: Sequence[int] | None = None,
+    calibration: Any = None,
 ) -> GrootFrontend:
     """A captured GR00T N1.7 frontend for ``folder`` (see `flashrt.frontends.groot.checkpoint`).
 
     ``frame_size`` (rows, cols) of the cameras matters only for checkpoints whose image transform keeps
-    the aspect ratio (``use_albumentations``): it fixes the token layout (default: square frames)."""
+    the aspect ratio (``use_albumentations``): it fixes the token layout (default: square frames).
+
+    ``precision="int8"`` / ``"fp8"`` (N1.7, N1.6, N1.5): the recipe's GEMMs quantized with scales from
+    the calibration cache, calibrated and gated on a miss (``calibration``: a recipe name, path, dict or
+    `flashrt.quant.flow.Calibration`; recipe calibration/groot.toml; `flashrt.frontends.groot.quantize`)."""
     from flashrt.frontends.groot import n15_frontend
 
+    if quantized_kind(precision) is None and calibration is not None:
+        raise ConfigError(f"calibration= applies to precision 'int8' or 'fp8', not {precision!r}")
     opts = LoadOptions(
-        device, precision, num_steps, backend, buckets, embodiment, cameras, tokenizer, frame_size
+        device, precision, num_steps, backend, buckets, embodiment, cameras, tokenizer, frame_size,
+        calibration,
     )
     n15 = n15_frontend.n15_layout(Path(folder))
     if n15 is not None:  # frame_size does not apply: every frame is resized to SigLIP's square
@@ -141,15 +150,14 @@ def _load_n17(where: ck.Layout, raw: dict[str, Any], opts: LoadOptions) -> Groot
         backend_for_device(opts.backend, dev),
         tuple(int(x) for x in frame_size) if frame_size is not None else None,
     )
-    frontend.capture()
-    return frontend
+    return finish(frontend, opts, folder)
 
 
 FAMILY = PolicyFamily(
     name="groot",
     detect=lambda folder: ck.detect(Path(folder)),
     load=load,
-    options=("embodiment", "cameras", "tokenizer", "frame_size"),
+    options=("embodiment", "cameras", "tokenizer", "frame_size", "calibration"),
     doc="NVIDIA GR00T N1.7 (Qwen3-VL backbone) / N1.6 (Eagle 3 VL), AlternateVLDiT flow-matching head; "
     "N1.5 (Eagle 2.5 VL, DiT head)",
 )

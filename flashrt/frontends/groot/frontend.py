@@ -38,7 +38,7 @@ from flashrt.frontends.groot.preprocess import (
     transform_image,
 )
 from flashrt.io import open_checkpoint
-from flashrt.quant.precision import compute_dtype
+from flashrt.quant.precision import QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
 from flashrt.runtime.buffers import Buffers, BufferSpec, check_value
 from flashrt.runtime.device import resolve_device
 from flashrt.runtime.graphs import GraphSet
@@ -82,16 +82,33 @@ class LoadOptions:
     cameras: Sequence[str] | None = None
     tokenizer: str | Path | None = None
     frame_size: Sequence[int] | None = None
+    calibration: Any = None  # int8 / fp8: `flashrt.quant.flow.Calibration` (or a recipe name, dict)
 
 
 def load_model(
     loader: Callable[..., Any], config: Any, weights: Path, options: LoadOptions
 ) -> tuple[Any, torch.device]:
     """``loader(config, checkpoint, device, dtype)`` over the checkpoint at ``weights``, on the options'
-    device and precision; returns the model and that device."""
+    device and precision (int8 / fp8: float32, quantized later by `finish`); returns the model and that
+    device."""
     dev = resolve_device(options.device)
+    dtype = compute_dtype(options.precision, quantized=QUANTIZED_PRECISIONS)
     with open_checkpoint(weights) as checkpoint:
-        return loader(config, checkpoint, dev, compute_dtype(options.precision)), dev
+        return loader(config, checkpoint, dev, dtype), dev
+
+
+def finish(frontend: GrootFrontend, options: LoadOptions, folder: str | Path) -> GrootFrontend:
+    """The last step of every GR00T loader: quantize the model (``precision`` "int8" / "fp8": the
+    calibration cache's scales, calibrated and gated on a miss; `flashrt.frontends.groot.quantize`)
+    before its graphs are captured, then capture them."""
+    kind = quantized_kind(options.precision)
+    frontend.quantization = None
+    if kind is not None:
+        from flashrt.frontends.groot.quantize import quantize
+
+        frontend.quantization = quantize(frontend, kind, options.calibration, folder)
+    frontend.capture()
+    return frontend
 
 
 def mrope_positions(ids: Sequence[int], image_id: int, grid: tuple[int, int], length: int) -> torch.Tensor:
@@ -235,7 +252,8 @@ class GrootFrontend:
         image = self.image
         # the pixel size every camera ends at (albumentations keeps the frame's aspect ratio: frames of
         # another size than `frame_size` would give another token layout and are refused in `check`)
-        self.image_size = image.output_size(*(frame_size or (image.edge, image.edge)))
+        self._frame_size = tuple(frame_size or (image.edge, image.edge))
+        self.image_size = image.output_size(*self._frame_size)
         _check_token_ids(tokenizer, self.config.tokens)
         # lerobot left-pads a video horizon of T frames with the current one: every camera's image is fed
         # T times, timestep-major (t0: cameras, t1: cameras, ...); the vision tower runs once per camera
@@ -313,6 +331,18 @@ class GrootFrontend:
     def capture(self) -> dict[str, Any]:
         self.graphs.capture_all()
         return self.report()
+
+    @property
+    def frame_shape(self) -> tuple[int, int]:
+        """(rows, cols) of camera frames this frontend takes as loaded (synthetic calibration samples):
+        N1.7's loaded frame size (its albumentations transform keeps the aspect ratio), else the size
+        every frame is transformed to (any frame size works there)."""
+        return getattr(self, "_frame_size", None) or tuple(self.image_size)
+
+    @property
+    def state_size(self) -> int:
+        """The raw state's length (the embodiment's)."""
+        return self.embodiment.state_dim
 
     def report(self) -> dict[str, Any]:
         return {**self.graphs.report(), "buffers_bytes": self.buffers.nbytes()}

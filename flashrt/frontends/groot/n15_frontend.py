@@ -60,6 +60,7 @@ from flashrt.frontends.groot.frontend import (
     GrootFrontend,
     LoadOptions,
     bucket_set,
+    finish,
     load_model,
     read_prompt,
     read_state,
@@ -313,6 +314,10 @@ class GrootN15Frontend(GrootFrontend):
 
     LAYOUT = "the chat layout"
 
+    @property
+    def state_size(self) -> int:
+        return self.state_dim
+
     def __init__(
         self,
         model: GrootN15Model,
@@ -471,5 +476,4 @@ def load(where: PolicyFolder, opts: LoadOptions | None = None, **changes: Any) -
         opts.buckets,
         backend_for_device(opts.backend, dev),
     )
-    frontend.capture()
-    return frontend
+    return finish(frontend, opts, folder)

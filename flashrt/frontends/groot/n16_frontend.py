@@ -46,6 +46,7 @@ from flashrt.frontends.groot.frontend import (
     LoadOptions,
     Options,
     bucket_set,
+    finish,
     load_model,
     read_prompt,
     round_buckets,
@@ -415,5 +416,4 @@ def load(folder: Path, opts: LoadOptions) -> GrootN16Frontend:
     frontend = GrootN16Frontend(
         model, emb, cams, image, chat, state_norm(side, emb), options, opts.buckets, backend
     )
-    frontend.capture()
-    return frontend
+    return finish(frontend, opts, folder)

@@ -30,7 +30,7 @@ from flashrt.frontends.pi0.observation import check_state, is_finite, split_obse
 from flashrt.frontends.pi0.preprocess import CheckedImage, ImagePreprocessor
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
 from flashrt.nn.fused import resolve_kernels, use_kernels
-from flashrt.quant.precision import compute_dtype, dtype_info
+from flashrt.quant.precision import QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
 from flashrt.runtime.device import resolve_device
 from flashrt.runtime.frontend import PolicyFamily
 from flashrt.runtime.rtc import Guidance, guidance_gains
@@ -213,7 +213,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     if fp32_modules not in FP32_MODULES:
         raise ConfigError(f"fp32_modules={fp32_modules!r}; choose one of {FP32_MODULES}")
     keep_fp32 = fp32_modules == "lerobot" and dtype in (torch.bfloat16, torch.float16)
-    kind = _quantized_kind(precision)
+    kind = quantized_kind(precision)
     if kind is None and calibration is not None:
         raise ConfigError(f"calibration= applies to precision 'int8' or 'fp8', not {precision!r}")
     ck = load_checkpoint(path, tokenizer=tokenizer, asset_id=asset_id)
@@ -240,16 +240,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     return policy
 
 
-QUANTIZED = ("int8", "fp8_e4m3")
+QUANTIZED = QUANTIZED_PRECISIONS
 FP32_MODULES = ("lerobot", "none")  # `fp32_modules` of a half-precision load
-
-
-def _quantized_kind(precision: str | torch.dtype) -> str | None:
-    """"int8" / "fp8" for a quantized precision name, None for a float one (already validated)."""
-    if isinstance(precision, torch.dtype):
-        return None
-    info = dtype_info(precision)
-    return {"int8": "int8", "fp8_e4m3": "fp8"}.get(info.name)
 
 
 def detect(path: Path) -> None:

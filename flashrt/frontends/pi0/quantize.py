@@ -23,6 +23,7 @@ from flashrt.frontends.pi0.frontend import Pi0Frontend
 from flashrt.frontends.pi0.model import select_mlp_kernels
 from flashrt.quant.cache import CalibrationCache
 from flashrt.quant.flow import Calibration, QuantJob, as_calibration, quantize_model
+from flashrt.quant.samples import smooth_frame
 from flashrt.runtime.device import device_arch
 
 DEFAULT_RECIPE = "pi0"
@@ -36,17 +37,11 @@ def synthetic_observations(pf: Any, n: int, seed: int) -> list[dict[str, Any]]:
     side = side if isinstance(side, int) else side[0]
     out = []
     for i in range(n):
-        images = {cam: _frame(rng, side) for cam in pf.cameras}
+        images = {cam: smooth_frame(rng, side, side) for cam in pf.cameras}
         out.append({"images": images, "state": rng.normal(0.0, 0.5, pf.state_dim).astype(np.float32),
                     "prompt": PROMPTS[i % len(PROMPTS)],
                     "noise": rng.normal(0.0, 1.0, (c.chunk_size, c.max_action_dim)).astype(np.float32)})
     return out
-
-
-def _frame(rng: np.random.Generator, side: int) -> np.ndarray:
-    coarse = rng.uniform(0, 255, (4, 4, 3))
-    smooth = np.kron(coarse, np.ones((-(-side // 4), -(-side // 4), 1)))[:side, :side]
-    return np.clip(smooth + rng.normal(0, 12, smooth.shape), 0, 255).astype(np.uint8)
 
 
 def runner(pf: Any):
