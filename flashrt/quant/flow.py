@@ -182,6 +182,21 @@ def quantize_model(model: nn.Module, job: QuantJob) -> dict[str, Any]:
             "report": str(report_path(found.path))}
 
 
+def gate_figures(info: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The quality gate's figures of a quantized load (``quantize_model``'s info), read from the report
+    next to its cache entry: cache status, min cosine, max |delta|, max layer error, worst layer."""
+    if info is None:
+        return None
+    import json
+
+    try:
+        report = json.loads(Path(info["report"]).read_text())
+    except (OSError, ValueError, KeyError):
+        return {"cache": info.get("cache")}
+    return {"cache": info.get("cache"), **{k: report.get(k) for k in ("min_cosine", "max_abs_delta",
+                                                                      "max_layer_error", "worst_layer")}}
+
+
 def report_path(entry: Path) -> Path:
     """The per-layer quality-gate report beside a cache entry (removed with it by `flashrt cache rm`)."""
     return entry.with_name(entry.stem + REPORT_SUFFIX)

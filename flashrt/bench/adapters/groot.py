@@ -10,7 +10,10 @@ with the flow-matching noise taken from the trace so every implementation sees t
 
 RANDOM weights (`flashrt.frontends.groot.synthetic`, no checkpoint file): `profile.shapes.preset`
 tiny / small / full; `shapes.views` cameras (default 2), `shapes.steps` flow steps, `shapes.buckets`
-prompt buckets; `[model]` takes `seed` and `variant` ("n17", or "n16": no VL self-attention).
+prompt buckets; `[model]` takes `seed`, `variant` ("n17", or "n16": no VL self-attention) and, for
+`--precision int8|fp8`, `recipe` (default calibration/groot.toml): the model is quantized before any
+frontend captures it (scales from the calibration cache, keyed by the random weights' digest; a miss
+calibrates and gates), and `--vs fp32` builds the same weights in float32, gated by the recipe's bound.
 
 References (`--vs`): any graph backend that runs on the device ("eager", "trace", "onnxrt", "cuda",
 ...: the same weights behind that graph backend, own buffers). lerobot is compared by
@@ -36,9 +39,10 @@ from flashrt.errors import ConfigError
 from flashrt.frontends.groot import synthetic
 from flashrt.frontends.groot.preprocess import PromptTokenizer
 from flashrt.profile.timers import StageTimer
-from flashrt.quant.precision import compute_dtype
+from flashrt.quant.precision import QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
 
-_MODEL_KEYS = ("seed", "variant")
+_MODEL_KEYS = ("seed", "variant", "recipe")
+FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")  # `--vs fp32`: the same random weights in that precision
 
 
 class GrootImplementation:
@@ -147,20 +151,61 @@ class GrootBenchmark(RandomGrootBenchmark):
         self._tmp = tempfile.TemporaryDirectory()
         self.tokenizer = PromptTokenizer(synthetic.write_tokenizer(Path(self._tmp.name)))
         start = time.perf_counter()
-        self.model = synthetic.random_model(
-            self.preset,
-            self.tokenizer,
-            device,
-            compute_dtype(profile.precision),
-            int(profile.model.get("seed", 0)),
-            str(profile.model.get("variant", "n17")),
-            profile.shapes.steps or None,
-        )
+        self.model = self._model(profile.precision)
+        self.quantization = self._quantize(quantized_kind(profile.precision))
         self._capture(start)
 
-    def _frontend(self, backend: str | None) -> Any:
+    def _model(self, precision: str) -> Any:
+        p = self.profile
+        return synthetic.random_model(
+            self.preset,
+            self.tokenizer,
+            self.device,
+            compute_dtype(precision, quantized=QUANTIZED_PRECISIONS),
+            int(p.model.get("seed", 0)),
+            str(p.model.get("variant", "n17")),
+            p.shapes.steps or None,
+        )
+
+    def _quantize(self, kind: str | None) -> dict[str, Any] | None:
+        """Quantize the model through an uncaptured frontend (calibration runs its step eagerly)."""
+        if kind is None:
+            return None
+        from flashrt.frontends.groot.quantize import quantize
+        from flashrt.io.digest import tensor_digest
+
+        fe = self._frontend("eager", capture=False)
+        digest = tensor_digest({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
+        calibration = {"recipe": str(self.profile.model.get("recipe", "")), "progress": False}
+        return quantize(fe, kind, calibration, None, weights_digest=digest)
+
+    def _frontend(self, backend: str | None, capture: bool = True, model: Any = None) -> Any:
         buckets = tuple(self.profile.shapes.buckets) or None
-        return synthetic.frontend(self.model, self.tokenizer, self.preset, self.n_cams, backend, buckets)
+        return synthetic.frontend(model or self.model, self.tokenizer, self.preset, self.n_cams, backend,
+                                  buckets, capture=capture)
+
+    def reference(self, name: str) -> GrootImplementation:
+        """A graph backend over the same model, or (a quantized run) the same weights in a float
+        precision on the profile's backend."""
+        if name in FLOAT_PRECISIONS and self.quantization is not None:
+            fe = self._frontend(self.profile.runtime.backend, model=self._model(name))
+            return GrootImplementation(fe, f"flashrt:{self.profile.runtime.backend}:{name}")
+        return super().reference(name)
+
+    def vs_tolerance(self, name: str) -> tuple[float, float] | None:
+        """A float `--vs` of a quantized run, or another backend of it (rounding ties), is gated by the
+        recipe's bound (normalized actions are un-normalized here: a loose but honest bound)."""
+        if self.quantization is None or name == self.profile.runtime.backend:
+            return None
+        from flashrt.quant.calibrate import load_recipe
+
+        return float(load_recipe(self.profile.model.get("recipe") or "groot").max_abs_delta), 0.0
+
+    def quality(self) -> dict[str, Any] | None:
+        """The calibration gate's figures of a quantized run (from the report next to its cache entry)."""
+        from flashrt.quant.flow import gate_figures
+
+        return gate_figures(self.quantization)
 
     def _observations(self, n: int, trace_seed: int) -> list[dict[str, Any]]:
         return synthetic.observations(self.preset, self.n_cams, n, trace_seed)

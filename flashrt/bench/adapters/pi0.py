@@ -400,17 +400,9 @@ class Pi0Benchmark:
 
     def quality(self) -> dict[str, Any] | None:
         """The calibration gate's figures of a quantized run (from the report next to its cache entry)."""
-        q = self.loaded.frontend.quantization
-        if q is None:
-            return None
-        import json
+        from flashrt.quant.flow import gate_figures
 
-        try:
-            report = json.loads(Path(q["report"]).read_text())
-        except (OSError, ValueError):
-            return {"cache": q["cache"]}
-        return {"cache": q["cache"], **{k: report.get(k) for k in ("min_cosine", "max_abs_delta",
-                                                                   "max_layer_error", "worst_layer")}}
+        return gate_figures(self.loaded.frontend.quantization)
 
     def flops_bytes(self) -> tuple[float, float]:
         """Network FLOPs and minimum DRAM bytes per call, averaged over the buckets the calls replayed."""

@@ -57,15 +57,19 @@ def runner(fe: Any):
     return run
 
 
-def quantize(fe: Any, kind: str, calibration: Any, folder: str | Path) -> dict[str, Any]:
-    """Quantize the model behind ``fe`` in place; returns the flow's info (`Pi0`'s counterpart)."""
+def quantize(fe: Any, kind: str, calibration: Any, folder: str | Path | None,
+             weights_digest: str | None = None) -> dict[str, Any]:
+    """Quantize the model behind ``fe`` in place; returns the flow's info (`Pi0`'s counterpart). The
+    cache key digests the checkpoint ``folder``, or takes ``weights_digest`` (weights with no file:
+    the random-weight benchmarks)."""
     cal: Calibration = as_calibration(calibration)
     recipe = cal.load_recipe(DEFAULT_RECIPE)
     need = recipe.samples + recipe.holdout
     samples = list(cal.data)[:need] if cal.data is not None else synthetic_observations(fe, need, recipe.seed)
     cache = CalibrationCache(cal.cache_dir)
     describe = fe.describe()
-    key_fields = {"data_digest": cache.data_digest(folder), "config": fe.config,
+    digest = weights_digest if weights_digest is not None else cache.data_digest(folder)
+    key_fields = {"data_digest": digest, "config": fe.config,
                   "shapes": {"cameras": list(fe.cameras), "buckets": list(fe.buckets),
                              "image_size": list(fe.image_size), "embodiment": describe.get("embodiment"),
                              "chunk": fe.chunk_size},

@@ -256,8 +256,10 @@ def frontend(
     n_cams: int,
     backend: str | None = None,
     buckets: tuple[int, ...] | None = None,
+    capture: bool = True,
 ) -> GrootFrontend:
-    """A captured frontend over ``model`` for ``n_cams`` cameras (several may share one model)."""
+    """A frontend over ``model`` for ``n_cams`` cameras (several may share one model), captured unless
+    ``capture`` is False (calibration runs its step eagerly first)."""
     size = PRESETS[preset].image
     image = ImageSpec((size, size), size, 230 / 256)
     dev = model.embed.weight.device
@@ -271,7 +273,8 @@ def frontend(
         buckets,
         backend_for_device(backend, dev),
     )
-    fe.capture()
+    if capture:
+        fe.capture()
     return fe
 
 

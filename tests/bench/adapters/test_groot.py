@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from flashrt.bench.adapters import groot as groot_bench
 from flashrt.bench.harness import BenchOptions, run_benchmark
@@ -53,3 +54,26 @@ def test_refusals():
         groot_bench.make_groot_benchmark(profile(variant="n15"))
     with pytest.raises(ConfigError, match="keys"):
         groot_bench.make_groot_benchmark(profile(colour="red"))
+
+
+def test_int8_run_quantizes_before_capture_and_is_gated_against_fp32(one_thread, monkeypatch, tmp_path):
+    from dataclasses import replace
+
+    import flashrt.quant.cache
+    from flashrt.quant import linear
+
+    monkeypatch.setattr(flashrt.quant.cache, "default_root", lambda: tmp_path)  # not the user's cache
+    result = run_benchmark("groot-n17", replace(profile(), precision="int8"),
+                           BenchOptions(vs="fp32", progress=False))
+    assert result.status == "ok", result.reason
+    assert result.gate["vs"]["passed"] and result.gate["vs"]["atol"] == 0.5
+    assert result.gate["quantization"]["cache"] == "calibrated"
+    assert result.gate["quantization"]["min_cosine"] >= 0.995
+    bench = groot_bench.make_groot_benchmark(replace(profile(), precision="int8"))
+    try:
+        assert bench.quantization["cache"] == "hit"  # the same random weights: the same entry
+        assert any(isinstance(m.weight, linear.QuantWeight) for m in bench.model.modules()
+                   if isinstance(m, torch.nn.Linear))
+        assert bench.vs_tolerance("trace") == (0.5, 0.0) and bench.vs_tolerance("eager") is None
+    finally:
+        bench.close()
