@@ -5,7 +5,8 @@ not yet captured `GrootFrontend` (N1.7, N1.6 or N1.5): each sample goes through 
 checks and buffers, then its step runs eagerly (the observing weights' hooks need Python), and the
 quantized weights stay installed for the capture that follows. Which GEMMs are quantized is the
 recipe's (calibration/groot.toml). The gate compares the head's normalized action chunk on held-out
-observations.
+observations. ``calibration={"data": [...]}`` takes recorded samples instead: the inputs of a
+`flashrt bench groot-* --save-trace` trace ({"obs": observation, "noise": array}) or observations.
 
 Synthetic samples (`synthetic_observations`): per camera a uint8 frame of the size the frontend was
 loaded for (smooth random colour fields plus noise), a raw state drawn in [-1, 1], prompts from a
@@ -46,7 +47,8 @@ def runner(fe: Any):
     steps: dict[int, Any] = {}
 
     def run(sample: dict[str, Any]) -> torch.Tensor:
-        obs = {k: v for k, v in sample.items() if k != "noise"}
+        # a synthetic sample (observation keys + "noise") or a recorded bench input ({"obs", "noise"})
+        obs = sample["obs"] if "obs" in sample else {k: v for k, v in sample.items() if k != "noise"}
         bucket, checked = fe.check(obs, sample.get("noise"))
         fe.write(bucket, checked)
         if bucket not in steps:

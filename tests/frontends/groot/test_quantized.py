@@ -70,3 +70,14 @@ def test_refusals(folders):
         flashrt.load_policy(path, calibration="groot", **opts)
     with pytest.raises(ConfigError, match="unknown precision 'int4'"):
         flashrt.load_policy(path, precision="int4", **opts)
+
+
+def test_recorded_samples_calibrate(folders, tmp_path):
+    """``calibration={"data": ...}``: bench-trace inputs ({"obs", "noise"}) instead of synthetic ones."""
+    path, opts = folders["n16"]
+    probe = flashrt.load_policy(path, **opts)
+    data = [{"obs": {k: v for k, v in o.items() if k != "noise"}, "noise": o["noise"]}
+            for o in synthetic_observations(probe.frontend, 10, 7)]
+    q = flashrt.load_policy(path, precision="int8", **opts,
+                            calibration={"data": data, "cache_dir": tmp_path, "progress": False})
+    assert q.frontend.quantization["cache"] == "calibrated"
