@@ -111,6 +111,9 @@ class CudaGraph:
         self.pool = pool
         self._guard = guard
         self._stream = pool.stream if pool.priority is not None else None
+        # the two cross-stream orderings of a priority replay, created once: Stream.wait_stream would
+        # make a new CUDA event per call (a wait takes the event's last record, so reuse is safe)
+        self._events = (torch.cuda.Event(), torch.cuda.Event()) if self._stream is not None else None
 
     def replay(self) -> None:
         if self._guard is not None:
@@ -118,11 +121,14 @@ class CudaGraph:
         if self._stream is None:
             self._graph.replay()
             return
+        ready, done = self._events
         caller = torch.cuda.current_stream(self.pool.device)
-        self._stream.wait_stream(caller)
+        ready.record(caller)
+        self._stream.wait_event(ready)
         with torch.cuda.stream(self._stream):
             self._graph.replay()
-        caller.wait_stream(self._stream)
+        done.record(self._stream)
+        caller.wait_event(done)
 
     def check(self) -> None:
         if self._guard is not None:

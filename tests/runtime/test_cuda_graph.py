@@ -56,6 +56,25 @@ def test_priority_stream_replay_matches_eager_and_allocates_nothing(make_conv):
     assert graph.pool.priority == -1
 
 
+def test_priority_replay_creates_no_cuda_event_per_call(make_conv, monkeypatch):
+    """Issue #17: no per-call CUDA event unless timing is asked for (Stream.wait_stream makes one)."""
+    import torch.cuda.streams as streams
+    _, bufs, fn, _ = make_conv(seed=0, device=DEVICE)
+    graph = CudaBackend(priority=-1, warmup=2).capture(fn, bufs)
+    made = []
+    real = streams.Event
+
+    def counting(*args, **kwargs):
+        made.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(streams, "Event", counting)
+    monkeypatch.setattr(torch.cuda, "Event", counting)
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert not made
+
+
 def test_graphs_of_one_backend_share_one_pool(make_conv):
     backend = get_backend("cuda")
     _, a, fa, feed_a = make_conv(seed=0, device=DEVICE)
