@@ -501,12 +501,37 @@ def export_onnx(p: ExportPlan) -> bytes:
         program = torch.onnx.export(module, args, dynamo=True, input_names=p.input_names(),
                                     output_names=p.output_names(), opset_version=OPSET, verbose=False,
                                     external_data=False, optimize=False)
-    model = program.model_proto
+    model = castlike_to_cast(program.model_proto)
     buf = io.BytesIO()
     onnx.save_model(model, buf)
     data = buf.getvalue()
     check_model(data, p.input_names(), p.output_names())
     return data
+
+
+def castlike_to_cast(model: Any) -> Any:
+    """Every CastLike(x, like) whose ``like`` has a known element type becomes Cast(x, to=that type), in
+    place (returned). CastLike is an ONNX function op that not every runtime imports (TensorRT's parser
+    lists no importer for it); the exporter writes ~200 of them in a Pi0 step."""
+    import onnx
+
+    castlikes = [n for n in model.graph.node if n.op_type == "CastLike"]
+    if not castlikes:
+        return model
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.input,
+                                                             *inferred.graph.output)}
+    types.update({t.name: t.data_type for t in model.graph.initializer})
+    for node in model.graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        if node.op_type == "Constant" and value is not None:
+            types[node.output[0]] = value.data_type
+    for node in castlikes:
+        to = types.get(node.input[1], 0)
+        if to:
+            cast = onnx.helper.make_node("Cast", [node.input[0]], list(node.output), name=node.name, to=to)
+            node.CopyFrom(cast)
+    return model
 
 
 def check_model(data: bytes, inputs: Sequence[str], outputs: Sequence[str]) -> None:

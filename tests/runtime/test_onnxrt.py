@@ -356,10 +356,27 @@ def test_unbind_split_chunk_export_without_sequence_ops(backend, dtype):
     model = onnx.load_model_from_string(onnx_export.export_onnx(p))
     onnx.checker.check_model(model, full_check=True)  # bfloat16 SplitToSequence failed here
     ops = {n.op_type for n in model.graph.node}
-    assert not {"SplitToSequence", "SequenceAt", "SequenceConstruct"} & ops, ops
+    assert not {"SplitToSequence", "SequenceAt", "SequenceConstruct", "CastLike"} & ops, ops
     if dtype == torch.float32:  # onnxruntime's CPU provider has no bfloat16 Mul
         graph = backend().capture(step, bufs)
         graph.replay()
         got = bufs["y"].clone()
         step()
         assert (got - bufs["y"]).abs().max() <= TOL
+
+
+def test_castlike_of_a_known_type_becomes_cast():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    like = numpy_helper.from_array(np.zeros((), np.float16), "like")
+    graph = helper.make_graph(
+        [helper.make_node("CastLike", ["x", "like"], ["y"]), helper.make_node("CastLike", ["x", "z"], ["w"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+              helper.make_tensor_value_info("z", TensorProto.UNDEFINED, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2]),
+         helper.make_tensor_value_info("w", TensorProto.UNDEFINED, None)], [like])
+    model = onnx_export.castlike_to_cast(helper.make_model(graph))
+    first, second = model.graph.node
+    assert first.op_type == "Cast" and list(first.input) == ["x"]
+    assert first.attribute[0].i == TensorProto.FLOAT16
+    assert second.op_type == "CastLike"  # unknown target type: left as it is
