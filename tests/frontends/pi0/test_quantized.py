@@ -170,9 +170,10 @@ def test_int8_on_onnxrt_runs_flashrts_scales_and_equals_eager_int8(checkpoints, 
     """The whole int8 step exported with its GEMMs as Q/DQ (the calibrated scales), run by onnxruntime:
     the same integers as eager int8 but for rounding ties, far closer to it than int8 is to fp32."""
     opts = {"cache_dir": tmp_path / "cal", "progress": False}
-    eager = flashrt.load_policy(checkpoints["pi05"], precision="int8", calibration=opts)
-    ort = flashrt.load_policy(checkpoints["pi05"], precision="int8", calibration=opts, backend="onnxrt")
-    ref = flashrt.load_policy(checkpoints["pi05"])
+    one = {"buckets": (64,), "precision": "int8", "calibration": opts}  # one exported graph
+    eager = flashrt.load_policy(checkpoints["pi05"], **one)
+    ort = flashrt.load_policy(checkpoints["pi05"], backend="onnxrt", **one)
+    ref = flashrt.load_policy(checkpoints["pi05"], buckets=(64,))
     assert ort.frontend.quantization["cache"] == "hit"
     for obs, noise in _held_out(eager):
         a, b = ort.infer(obs, noise=noise)["actions"], eager.infer(obs, noise=noise)["actions"]
