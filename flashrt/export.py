@@ -14,7 +14,7 @@ calibration cache's scales (calibrated and gated on a miss, with `--recipe`; a h
 and its GEMMs are written as QuantizeLinear / DequantizeLinear carrying those scales
 (`flashrt.quant.linear.portable`): the files TensorRT (`trtexec --onnx=...`, strongly typed) or
 onnxruntime run as int8 without a calibrator of their own. The manifest names the precision and, for a
-quantized model, its calibration entry. ``fp8`` is refused (no FP8 Q/DQ at the exporter's opset).
+quantized model, its calibration entry. ``fp8`` likewise, as float8e4m3fn Q/DQ (opset 19).
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def export(
     kind: Annotated[str, typer.Option(help="auto, policy or vocoder")] = "auto",
     tokenizer: Annotated[Path | None, typer.Option(help="policy tokenizer (Pi0: tokenizer.model)")] = None,
     cache_dir: Annotated[Path | None, typer.Option("--cache-dir", help="export cache folder")] = None,
-    precision: Annotated[str, typer.Option(help="float32, bfloat16, float16 or int8 (a policy: Q/DQ "
-                                           "with flashrt's calibrated scales)")] = "float32",
+    precision: Annotated[str, typer.Option(help="float32, bfloat16, float16, int8 or fp8 (a policy: "
+                                           "Q/DQ with flashrt's calibrated scales)")] = "float32",
     recipe: Annotated[str | None, typer.Option(help="calibration recipe of an int8 policy (name or "
                                                "path; default: the family's)")] = None,
     embodiment: Annotated[str | None, typer.Option(help="GROOT: the embodiment tag (or its id)")] = None,
@@ -134,7 +134,7 @@ def export(
         options["precision"] = precision
     if recipe is not None:
         if precision not in ("int8", "fp8"):
-            raise ConfigError(f"--recipe applies to --precision int8, not {precision!r}")
+            raise ConfigError(f"--recipe applies to --precision int8 or fp8, not {precision!r}")
         options["calibration"] = {"recipe": recipe, "progress": not as_json}
     elif precision in ("int8", "fp8"):
         options["calibration"] = {"progress": not as_json}

@@ -108,8 +108,8 @@ def test_int8_policy_exports_qdq_with_its_calibrated_scales(capsys, tmp_path, on
     assert code == 0 and again["quantization"]["cache"] == "hit" and again["buckets"]["64"]["cache_hit"]
 
 
-@pytest.mark.parametrize(("extra", "needle"), [(("--precision", "fp8"), "fp8 weights have no ONNX form"),
-                                               (("--recipe", "pi0"), "--recipe applies to --precision int8")])
+@pytest.mark.parametrize(("extra", "needle"), [(("--recipe", "pi0"), "--recipe applies to --precision int8"),
+                                               (("--precision", "int4"), "unknown precision 'int4'")])
 def test_quantized_export_refusals_are_one_line_errors(capsys, tmp_path, one_thread, pi05_dir, extra, needle):
     code = main(["export", str(pi05_dir), "--bucket", "64", "-o", str(tmp_path / "out"), *extra])
     err = capsys.readouterr().err

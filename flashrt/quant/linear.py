@@ -31,7 +31,7 @@ K * qa * 127 < 2**24, i.e. K <= 2080 at qa = 63; the documented fallback where n
 GEMM: the exact CPU emulation). Never measured, run only inside `portable()` (an ONNX export): ``qdq``
 (int8 as quantize -> dequantize around a float GEMM, exported as QuantizeLinear / DequantizeLinear with
 the calibrated scales, so onnxruntime and TensorRT run int8 with flashrt's scales, never their own
-calibrators) and, for fp8, a refusal (no FP8 Q/DQ at the exporter's opset).
+calibrators) and its fp8 counterpart (`fp8_qdq` / `fp8_dequant`, exported as float8e4m3fn Q/DQ).
 """
 
 from __future__ import annotations
@@ -106,23 +106,29 @@ class QuantWeight(torch.Tensor):
     x_amax: torch.Tensor | None  # () static calibrated activation amax; None with per_token
     qa: float  # activation range (activation_qmax for int8, 448 for fp8)
     x_scale_value: float | None  # the static activation scale as a Python float (None with per_token)
+    w_scale_value: float | None  # a per-tensor weight scale (fp8) as a Python float (None per channel)
     mode: str
     site: str
     forms: dict
     audit: SiteStats | None
     reference: torch.Tensor | None  # the float weight while auditing
+    window: tuple  # (the stored tensor, r0, r1, c0, c1): the rows and columns of it this weight views
 
     @staticmethod
     def __new__(cls, q: torch.Tensor, w_scale: torch.Tensor, x_amax: torch.Tensor | None, *, kind: str,
                 qa: float, mode: str = "static", dtype: torch.dtype = torch.float32, site: str = "",
-                x_scale_value: float | None = None):
+                x_scale_value: float | None = None, w_scale_value: float | None = None):
         self = torch.Tensor._make_wrapper_subclass(cls, q.shape, dtype=dtype, device=q.device)
         self.kind, self.q, self.w_scale, self.x_amax = kind, q, w_scale.float(), x_amax
         self.qa, self.mode, self.site = float(qa), mode, site
         if x_scale_value is None and x_amax is not None:  # at load (slices pass their parent's value)
             x_scale_value = float(self.x_scale())
         self.x_scale_value = x_scale_value
+        if w_scale_value is None and w_scale.dim() == 0:  # at load, like x_scale_value
+            w_scale_value = float(w_scale)
+        self.w_scale_value = w_scale_value
         self.forms, self.audit, self.reference = {}, None, None
+        self.window = (q, 0, q.shape[0], 0, q.shape[1])  # (the stored tensor, rows, cols) this one views
         return self
 
     def __repr__(self) -> str:  # noqa: D105
@@ -170,8 +176,10 @@ class QuantWeight(torch.Tensor):
             raise TypeError(f"QuantWeight supports slices only, got {index!r}")
         scale = self.w_scale if self.w_scale.dim() == 0 else self.w_scale[rows]
         out = QuantWeight(self.q[rows, cols], scale, self.x_amax, kind=self.kind, qa=self.qa, mode=self.mode,
-                          dtype=self.dtype, site=self.site, x_scale_value=self.x_scale_value)
+                          dtype=self.dtype, site=self.site, x_scale_value=self.x_scale_value,
+                          w_scale_value=self.w_scale_value)
         out.audit = self.audit
+        out.window = _window(self.window, rows, cols, self.q.shape)
         out.reference = None if self.reference is None else self.reference[rows, cols]
         if cols == slice(None) and rows == slice(None):
             out.forms = self.forms
@@ -229,6 +237,15 @@ _FUSED = {"mkldnn::_linear_pointwise": _fused_unary, "mkldnn::_linear_pointwise.
 
 _METADATA = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.stride, torch.Tensor.is_contiguous,
              torch.Tensor.numel, torch.Tensor.element_size, torch.Tensor.__len__}
+
+
+def _window(parent: tuple, rows: slice, cols: slice, shape: torch.Size) -> tuple:
+    """The (stored tensor, r0, r1, c0, c1) a slice of a view over ``parent``'s window covers (step 1)."""
+    base, r0, _, c0, _ = parent
+    (a, b, rs), (c, d, cs) = rows.indices(shape[0]), cols.indices(shape[1])
+    if rs != 1 or cs != 1:
+        return (None, 0, 0, 0, 0)  # strided: no window (only the ONNX form needs one)
+    return (base, r0 + a, r0 + max(a, b), c0 + c, c0 + max(c, d))
 
 
 def _slice_key(s: slice) -> tuple:
@@ -396,10 +413,39 @@ def _fp8_scaled_mm(w: QuantWeight, x: torch.Tensor, bias, post=None):
     return _post(y if bias is None else y.add_(bias), post)
 
 
-def _fp8_unportable(w: QuantWeight, x: torch.Tensor, bias, post=None):
-    from flashrt.errors import ConfigError
-    raise ConfigError(f"{w.site or 'an fp8 GEMM'}: fp8 weights have no ONNX form here (FP8 Q/DQ needs "
-                      "opset 19 and is not written yet); run fp8 on the cuda or eager backend")
+@torch.library.custom_op("flashrt::fp8_qdq", mutates_args=())
+def fp8_qdq(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """e4m3(clamp(x / scale, +-448)) * scale in float32: an fp8 activation quantize -> dequantize as one
+    op, which the ONNX export writes as QuantizeLinear / DequantizeLinear (float8e4m3fn, saturating)."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale
+
+
+@fp8_qdq.register_fake
+def _(x, scale):
+    return torch.empty(x.shape, dtype=torch.float32, device=x.device)
+
+
+@torch.library.custom_op("flashrt::fp8_dequant", mutates_args=())
+def fp8_dequant(w: torch.Tensor, scale: float, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+    """Rows [r0, r1) and columns [c0, c1) of an e4m3 weight times its per-tensor scale, in float32
+    (exported as DequantizeLinear, then a Slice of the float result: ONNX has no float8 Slice)."""
+    return (w.float() * scale)[r0:r1, c0:c1].contiguous()
+
+
+@fp8_dequant.register_fake
+def _(w, scale, r0, r1, c0, c1):
+    return torch.empty((r1 - r0, c1 - c0), dtype=torch.float32, device=w.device)
+
+
+def _fp8_qdq(w: QuantWeight, x: torch.Tensor, bias, post=None):
+    """The portable form of an fp8 GEMM (`portable`): the activation quantize -> dequantize and the weight
+    dequantize as two ops the ONNX export writes as Q/DQ carrying the calibrated scales (TensorRT builds
+    an FP8 engine from them), then a float GEMM; equal to ``emulate`` within float32 rounding."""
+    base, r0, r1, c0, c1 = w.window
+    if base is None:
+        raise ValueError(f"{w.site or 'an fp8 GEMM'}: a strided slice of an fp8 weight has no ONNX form")
+    xd = fp8_qdq(x.float(), w.x_scale_value)
+    return _post(F.linear(xd, fp8_dequant(base, w.w_scale_value, r0, r1, c0, c1), bias), post)
 
 
 def _scaled_mm_ok(w: QuantWeight, x: torch.Tensor) -> bool:
@@ -411,9 +457,9 @@ FP8_KERNELS: dict[str, Kernel] = {
     "scaled_mm": Kernel("scaled_mm", _fp8_scaled_mm, _scaled_mm_ok, "CUDA fp8 GEMM, torch._scaled_mm"),
     "emulate": Kernel("emulate", _fp8_emulate, _anywhere,
                       "e4m3 quantize -> dequantize, float32 GEMM (the exact CPU emulation)"),
-    "unportable": Kernel("unportable", _fp8_unportable, _never, "refuses an ONNX export of fp8 GEMMs"),
+    "qdq": Kernel("qdq", _fp8_qdq, _never, "portable: fp8 Q/DQ ops around a float GEMM (ONNX export)"),
 }
-PORTABLE = {"int8": "qdq", "fp8": "unportable"}  # the kernel each kind runs inside `portable()`
+PORTABLE = {"int8": "qdq", "fp8": "qdq"}  # the kernel each kind runs inside `portable()`
 KERNELS = {"int8": INT8_KERNELS, "fp8": FP8_KERNELS}
 
 
@@ -518,7 +564,7 @@ def tuning(table: KernelTable | None = None) -> contextlib.AbstractContextManage
 def portable(table: KernelTable | None = None) -> contextlib.AbstractContextManager[KernelTable]:
     """Inside the block every quantized GEMM runs its portable form (`PORTABLE`): int8 as Q/DQ around a
     float GEMM, which the ONNX exporter writes as QuantizeLinear / DequantizeLinear with the calibrated
-    scales (`flashrt.runtime.onnx_export.record` enters it); fp8 refuses."""
+    scales (`flashrt.runtime.onnx_export.record` enters it); fp8 likewise with float8e4m3fn Q/DQ."""
     return _flag(table, "portable")
 
 

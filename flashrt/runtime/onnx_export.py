@@ -44,7 +44,7 @@ from flashrt.io.digest import tensor_digest
 from flashrt.runtime.graphs import named_tensors
 from flashrt.runtime.trace import Recorder, Step, _bound, _DispatchRecorder, _FunctionChecker
 
-OPSET = 18
+OPSET = 19  # the first with float8 QuantizeLinear / DequantizeLinear (flashrt's fp8 GEMMs)
 SCHEME_VERSION = 3  # bump when what an exported file means changes (naming, plan rules, lowerings)
 
 # --------------------------------------------------------------------------------------- recording
@@ -500,13 +500,37 @@ def export_onnx(p: ExportPlan) -> bytes:
         warnings.simplefilter("ignore")
         program = torch.onnx.export(module, args, dynamo=True, input_names=p.input_names(),
                                     output_names=p.output_names(), opset_version=OPSET, verbose=False,
-                                    external_data=False, optimize=False)
+                                    external_data=False, optimize=False,
+                                    custom_translation_table=_translations())
     model = castlike_to_cast(program.model_proto)
     buf = io.BytesIO()
     onnx.save_model(model, buf)
     data = buf.getvalue()
     check_model(data, p.input_names(), p.output_names())
     return data
+
+
+def _translations() -> dict[Any, Callable[..., Any]]:
+    """ONNX forms of flashrt's own ops that the exporter writes as they are: the fp8 Q/DQ of a quantized
+    GEMM's portable form (`flashrt.quant.linear.fp8_qdq`, `fp8_dequant`) as float8e4m3fn QuantizeLinear /
+    DequantizeLinear with the calibrated scale (zero point 0, saturating)."""
+    import onnx
+    from onnxscript import opset19 as op
+
+    from flashrt.quant import linear
+
+    zero = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
+
+    def qdq(x, scale: float):
+        s = op.Constant(value_float=scale)
+        return op.DequantizeLinear(op.QuantizeLinear(x, s, op.Constant(value=zero)), s)
+
+    def dequant(w, scale: float, r0: int, r1: int, c0: int, c1: int):
+        full = op.DequantizeLinear(w, op.Constant(value_float=scale))
+        return op.Slice(full, op.Constant(value_ints=[r0, c0]), op.Constant(value_ints=[r1, c1]),
+                        op.Constant(value_ints=[0, 1]))
+
+    return {linear.fp8_qdq._opoverload: qdq, linear.fp8_dequant._opoverload: dequant}
 
 
 def castlike_to_cast(model: Any) -> Any:

@@ -28,8 +28,9 @@ the frontend, never from TensorRT's calibrator (with its separate cache that goe
 it with ``precision="int8"`` and build with "auto"; its quantized GEMMs export as QuantizeLinear /
 DequantizeLinear nodes carrying flashrt's calibrated scales (`flashrt.quant.linear.portable`), which a
 strongly typed network runs as an explicitly quantized one. A step whose int8 weights reach anything but
-a DequantizeLinear is refused. FP8 is refused (no FP8 Q/DQ at the exporter's opset yet); so is
-``precision="int8"|"fp8"`` as a build option.
+a DequantizeLinear is refused. FP8 likewise (Hopper / Ada): an fp8 frontend exports float8e4m3fn Q/DQ
+at its calibrated scales. ``precision="int8"|"fp8"`` as a build option is refused (load the frontend in
+that precision and build with "auto").
 
 Availability: registered for CUDA devices only; the constructor refuses with DeviceError ("needs CUDA +
 tensorrt") where CUDA or the tensorrt package is missing. Nothing here imports tensorrt before a build
@@ -67,9 +68,9 @@ REFUSED_PRECISIONS = {
     "int8": "INT8 engines take flashrt's calibration scales from the ONNX export's Q/DQ nodes: load the "
             "frontend with precision='int8' and build with precision='auto'; TensorRT's own calibrator (a "
             "separate cache that goes stale silently) is never used.",
-    "fp8": "FP8 engines need flashrt's calibration scales written into the ONNX export as Q/DQ nodes, "
-           "which the exporter does not write yet; TensorRT's own calibrator is never used. Run fp8 on the "
-           "cuda backend.",
+    "fp8": "FP8 engines take flashrt's calibration scales from the ONNX export's Q/DQ nodes: load the "
+           "frontend with precision='fp8' and build with precision='auto'; TensorRT's own calibrator is "
+           "never used.",
 }
 ENGINE_SCHEME = 1  # bump when what a cached engine means changes (binding rules, build recipe)
 NEEDS = "graph backend 'tensorrt' needs CUDA + tensorrt"
@@ -133,15 +134,12 @@ def _float_dtypes(p: ox.ExportPlan) -> set[torch.dtype]:
 def check_plan(p: ox.ExportPlan, options: BuildOptions) -> None:
     """Refuse what no engine built here may run: quantized weights, float64, a reduced-precision build
     of a step that is not exported in fp32."""
-    constants = {t.dtype for t in p.constants}
-    fp8 = sorted(str(d) for d in constants if "float8" in str(d))
-    if fp8:
-        raise ConfigError(f"the step holds {fp8} weights (flashrt's fp8 layers): {REFUSED_PRECISIONS['fp8']}")
-    outside = int8_outside_qdq(p)
+    outside = quantized_outside_qdq(p)
     if outside:
-        raise ConfigError(f"the step's int8 weights reach {outside}, not only DequantizeLinear: TensorRT "
-                          "would need its own calibrator, which flashrt never uses (an int8 frontend exports "
-                          "its GEMMs as Q/DQ with its calibrated scales; see flashrt.quant.linear.portable)")
+        raise ConfigError(f"the step's quantized weights reach {outside}, not only DequantizeLinear: "
+                          "TensorRT would need its own calibrator, which flashrt never uses (an int8 / fp8 "
+                          "frontend exports its GEMMs as Q/DQ with its calibrated scales; see "
+                          "flashrt.quant.linear.portable)")
     floats = _float_dtypes(p)
     if torch.float64 in floats:
         raise CaptureError("the step uses float64 tensors; TensorRT has no float64")
@@ -151,10 +149,18 @@ def check_plan(p: ox.ExportPlan, options: BuildOptions) -> None:
                           f"is exported in {found} (precision='auto' builds it in its own types)")
 
 
-def int8_outside_qdq(p: ox.ExportPlan) -> list[str]:
-    """The ops that read an int8 constant other than the Q/DQ ones (empty: an explicitly quantized step)."""
-    bad = {str(step.func) for step in p.recording.steps if step.func.namespace != "quantized_decomposed"
-           for leaf in step.leaves if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.int8}
+QDQ_READERS = {torch.int8: ("quantized_decomposed.",), torch.float8_e4m3fn: ("flashrt.fp8_dequant.",)}
+
+
+def quantized_outside_qdq(p: ox.ExportPlan) -> list[str]:
+    """"dtype: op" for each op that reads an int8 / float8 constant other than its dequantize (empty: an
+    explicitly quantized step, or none)."""
+    bad = set()
+    for step in p.recording.steps:
+        for leaf in step.leaves:
+            readers = QDQ_READERS.get(leaf.dtype) if isinstance(leaf, torch.Tensor) else None
+            if readers is not None and not str(step.func).startswith(readers):
+                bad.add(f"{str(leaf.dtype).removeprefix('torch.')}: {step.func}")
     return sorted(bad)
 
 
@@ -357,7 +363,8 @@ class TensorRTGraph:
 
 class TensorRTBackend:
     """Export (cached), build (cached), run with TensorRT. Options: `precision` (auto|fp32|fp16|bf16;
-    int8/fp8 refused, see module docstring), `opt_level` (builder optimization level 0..5),
+    int8/fp8 come from the frontend's precision, see module docstring), `opt_level` (builder
+    optimization level 0..5),
     `workspace_mb` (0: TensorRT's default), `cache_dir` (None: the user cache) or `cache=False`,
     `device` (set by `backend_for_device`)."""
 

@@ -89,11 +89,18 @@ def test_portable_qdq_form_matches_float64_reference_and_is_never_measured(mode)
         assert qw[:8].x_scale_value == qw.x_scale_value
 
 
-def test_portable_fp8_refuses_naming_the_site():
-    from flashrt.errors import ConfigError
-    qw = L.quantize_weight(torch.randn(16, 32), "fp8", torch.tensor(2.0), site="vlm.layers.0.q")
-    with L.portable(L.KernelTable()) as table, pytest.raises(ConfigError, match="vlm.layers.0.q: fp8.*ONNX"):
-        L.FP8_KERNELS[table.choose(qw, torch.randn(4, 32))].run(qw, torch.randn(4, 32), None)
+def test_portable_fp8_form_equals_the_emulation():
+    """fp8's portable form (two ops the export writes as float8 Q/DQ) against the exact emulation."""
+    torch.manual_seed(4)
+    lin = nn.Linear(64, 48)
+    x = torch.randn(30, 64) * 2
+    qw = L.quantize_weight(lin.weight, "fp8", x.abs().amax() * 0.7)  # some activations saturate
+    assert qw.w_scale_value == pytest.approx(float(qw.w_scale)) and qw[:8].w_scale_value == qw.w_scale_value
+    with L.portable(L.KernelTable()) as table:
+        assert table.choose(qw, x) == "qdq"
+        y = L.FP8_KERNELS["qdq"].run(qw, x, lin.bias.detach())
+    ref = L.FP8_KERNELS["emulate"].run(qw, x, lin.bias.detach())
+    assert float((y - ref).abs().max() / ref.abs().max()) < 2e-6
 
 
 def test_fp8_emulation_matches_float64_reference():

@@ -277,16 +277,16 @@ def test_attention_lowering_lays_out_its_outputs_as_the_kernel_does(query):
 
 
 class QuantToy:
-    """y = linear2(gelu(linear1(x))) with both weights int8 (static scales at `amax`)."""
+    """y = linear2(gelu(linear1(x))) with both weights int8 or fp8 (static scales at `amax`)."""
 
-    def __init__(self, amax: float = 3.0, mode: str = "static") -> None:
+    def __init__(self, amax: float = 3.0, mode: str = "static", kind: str = "int8") -> None:
         from flashrt.quant import linear as L
         g = torch.Generator().manual_seed(4)
         self.l1, self.l2 = torch.nn.Linear(32, 48), torch.nn.Linear(48, 16)
         for p in (*self.l1.parameters(), *self.l2.parameters()):
             p.data = torch.randn(p.shape, generator=g) * 0.3
-        L.install(self.l1, {"": L.quantize_weight(self.l1.weight, "int8", torch.tensor(amax), mode=mode)})
-        L.install(self.l2, {"": L.quantize_weight(self.l2.weight, "int8", torch.tensor(amax), mode=mode)})
+        for lin in (self.l1, self.l2):
+            L.install(lin, {"": L.quantize_weight(lin.weight, kind, torch.tensor(amax), mode=mode)})
         self.buffers = {"x": torch.randn(24, 32, generator=g), "y": torch.zeros(24, 16)}
 
     def step(self) -> None:
@@ -380,3 +380,21 @@ def test_castlike_of_a_known_type_becomes_cast():
     assert first.op_type == "Cast" and list(first.input) == ["x"]
     assert first.attribute[0].i == TensorProto.FLOAT16
     assert second.op_type == "CastLike"  # unknown target type: left as it is
+
+
+def test_fp8_exports_float8_qdq_and_matches_eager(backend):
+    """fp8 GEMMs as float8e4m3fn QuantizeLinear / DequantizeLinear at the calibrated scales (opset 19)."""
+    toy = QuantToy(kind="fp8")
+    graph = backend().capture(toy.step, toy.buffers)
+    model = onnx.load_model_from_string(graph.model_bytes)
+    onnx.checker.check_model(model, full_check=True)
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") == 2 and ops.count("DequantizeLinear") == 4, ops
+    fp8 = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN]
+    assert sorted(tuple(t.dims) for t in fp8) == [(16, 48), (48, 32)]
+    for seed in range(3):
+        toy.buffers["x"].copy_(torch.randn(24, 32, generator=torch.Generator().manual_seed(seed)) * 2)
+        graph.replay()
+        got = toy.buffers["y"].clone()
+        toy.step()
+        assert (got - toy.buffers["y"]).abs().max() <= 1e-4 * toy.buffers["y"].abs().max()

@@ -91,9 +91,9 @@ def _plan(weight_dtype=torch.float32, buffer_dtype=torch.float32):
 def test_check_plan_refuses_quantized_weights_float64_and_reduced_builds_of_non_fp32_steps():
     trt_backend.check_plan(_plan(), BuildOptions("fp16"))
     trt_backend.check_plan(_plan(torch.bfloat16, torch.bfloat16), BuildOptions("auto"))
-    with pytest.raises(ConfigError, match=r"int8 weights reach \['aten._to_copy.default'\].*own calibrator"):
+    with pytest.raises(ConfigError, match=r"reach \['int8: aten._to_copy.default'\].*own calibrator"):
         trt_backend.check_plan(_plan(torch.int8), BuildOptions("auto"))
-    with pytest.raises(ConfigError, match="float8_e4m3fn.*fp8"):
+    with pytest.raises(ConfigError, match=r"reach \['float8_e4m3fn: aten._to_copy.default'\]"):
         trt_backend.check_plan(_plan(torch.float8_e4m3fn), BuildOptions("auto"))
     with pytest.raises(CaptureError, match="float64"):
         trt_backend.check_plan(_plan(torch.float64, torch.float64), BuildOptions("auto"))
@@ -101,18 +101,19 @@ def test_check_plan_refuses_quantized_weights_float64_and_reduced_builds_of_non_
         trt_backend.check_plan(_plan(torch.bfloat16, torch.bfloat16), BuildOptions("bf16"))
 
 
-def test_check_plan_takes_an_int8_step_in_its_qdq_form():
-    """flashrt's int8 GEMMs record as Q/DQ (`portable`): an explicitly quantized network, no calibrator."""
+@pytest.mark.parametrize("kind, dtype", [("int8", torch.int8), ("fp8", torch.float8_e4m3fn)])
+def test_check_plan_takes_a_quantized_step_in_its_qdq_form(kind, dtype):
+    """flashrt's int8 / fp8 GEMMs record as Q/DQ (`portable`): an explicitly quantized network."""
     from flashrt.quant import linear as L
     lin = torch.nn.Linear(16, 8)
-    L.install(lin, {"": L.quantize_weight(lin.weight, "int8", torch.tensor(2.0))})
+    L.install(lin, {"": L.quantize_weight(lin.weight, kind, torch.tensor(2.0))})
     bufs = {"x": torch.randn(4, 16), "y": torch.zeros(4, 8)}
 
     def step():
         bufs["y"].copy_(lin(bufs["x"]))
     p = ox.plan(ox.record(step, bufs), bufs)
-    assert any(t.dtype == torch.int8 for t in p.constants)
-    assert trt_backend.int8_outside_qdq(p) == []
+    assert any(t.dtype == dtype for t in p.constants)
+    assert trt_backend.quantized_outside_qdq(p) == []
     trt_backend.check_plan(p, BuildOptions("auto"))
 
 

@@ -166,11 +166,15 @@ def onnx_cache(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_int8_on_onnxrt_runs_flashrts_scales_and_equals_eager_int8(checkpoints, tmp_path, onnx_cache):
-    """The whole int8 step exported with its GEMMs as Q/DQ (the calibrated scales), run by onnxruntime:
-    the same integers as eager int8 but for rounding ties, far closer to it than int8 is to fp32."""
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_quantized_on_onnxrt_runs_flashrts_scales_and_equals_eager(checkpoints, tmp_path, onnx_cache, kind):
+    """The whole step exported with its GEMMs as Q/DQ (the calibrated scales; int8, or float8e4m3fn),
+    run by onnxruntime: within the gate of fp32 and far closer to eager than eager is to fp32. Not
+    equal: a value sitting on a rounding tie moves by one quantization step under another runtime's
+    float rounding (fp8's steps are 1/8 of a value: measured 3.7e-3 against eager, 2.7e-2 eager vs
+    fp32; the portable form run by torch agrees with onnxruntime to 5e-7 where no tie flips)."""
     opts = {"cache_dir": tmp_path / "cal", "progress": False}
-    one = {"buckets": (64,), "precision": "int8", "calibration": opts}  # one exported graph
+    one = {"buckets": (64,), "precision": kind, "calibration": opts}  # one exported graph
     eager = flashrt.load_policy(checkpoints["pi05"], **one)
     ort = flashrt.load_policy(checkpoints["pi05"], backend="onnxrt", **one)
     ref = flashrt.load_policy(checkpoints["pi05"], buckets=(64,))
@@ -178,11 +182,7 @@ def test_int8_on_onnxrt_runs_flashrts_scales_and_equals_eager_int8(checkpoints, 
     for obs, noise in _held_out(eager):
         a, b = ort.infer(obs, noise=noise)["actions"], eager.infer(obs, noise=noise)["actions"]
         f = ref.infer(obs, noise=noise)["actions"]
-        assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
-        assert np.abs(a - b).max() < 0.1 * np.abs(f - b).max()
+        assert _cosine(a, f) >= 0.995
+        assert np.abs(a - b).max() <= (1e-3 if kind == "int8" else 1e-2) * np.abs(b).max()
+        assert np.abs(a - b).max() < (0.1 if kind == "int8" else 0.35) * np.abs(f - b).max()
 
-
-def test_fp8_on_onnxrt_is_refused_saying_why(checkpoints, tmp_path, onnx_cache):
-    opts = {"cache_dir": tmp_path / "cal", "progress": False}
-    with pytest.raises(ConfigError, match="fp8 weights have no ONNX form"):
-        flashrt.load_policy(checkpoints["pi0"], precision="fp8", calibration=opts, backend="onnxrt")
