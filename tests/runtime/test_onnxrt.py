@@ -293,6 +293,15 @@ class QuantToy:
         b = self.buffers
         b["y"].copy_(self.l2(torch.nn.functional.gelu(self.l1(b["x"]))))
 
+    def replays_match(self, graph, seeds: int = 3) -> None:
+        """The graph's replay equals the eager step on fresh inputs (within float rounding of the GEMMs)."""
+        for seed in range(seeds):
+            self.buffers["x"].copy_(torch.randn(24, 32, generator=torch.Generator().manual_seed(seed)) * 2)
+            graph.replay()
+            got = self.buffers["y"].clone()
+            self.step()
+            assert (got - self.buffers["y"]).abs().max() <= 1e-4 * self.buffers["y"].abs().max()
+
 
 def test_int8_exports_qdq_nodes_with_flashrts_scales_and_matches_eager(backend):
     """onnxruntime runs flashrt's int8 GEMMs from QuantizeLinear / DequantizeLinear nodes whose scales are
@@ -313,12 +322,7 @@ def test_int8_exports_qdq_nodes_with_flashrts_scales_and_matches_eager(backend):
                and n.input[0] in consts]
     assert sorted(w.shape for w in weights) == [(16, 48), (48, 32)]  # the int8 weights, as stored
     assert all(w.dtype == "int8" for w in weights)
-    for seed in range(3):
-        toy.buffers["x"].copy_(torch.randn(24, 32, generator=torch.Generator().manual_seed(seed)) * 2)
-        graph.replay()
-        got = toy.buffers["y"].clone()
-        toy.step()
-        assert (got - toy.buffers["y"]).abs().max() <= 1e-4 * toy.buffers["y"].abs().max()
+    toy.replays_match(graph)
 
 
 def test_int8_scales_are_part_of_the_export_key(backend):
@@ -392,9 +396,4 @@ def test_fp8_exports_float8_qdq_and_matches_eager(backend):
     assert ops.count("QuantizeLinear") == 2 and ops.count("DequantizeLinear") == 4, ops
     fp8 = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN]
     assert sorted(tuple(t.dims) for t in fp8) == [(16, 48), (48, 32)]
-    for seed in range(3):
-        toy.buffers["x"].copy_(torch.randn(24, 32, generator=torch.Generator().manual_seed(seed)) * 2)
-        graph.replay()
-        got = toy.buffers["y"].clone()
-        toy.step()
-        assert (got - toy.buffers["y"]).abs().max() <= 1e-4 * toy.buffers["y"].abs().max()
+    toy.replays_match(graph)
