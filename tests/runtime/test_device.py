@@ -47,6 +47,9 @@ def test_cpu_arch_and_description():
     assert isinstance(info["name"], str) and info["name"]
     assert info["memory_bytes"] is None or info["memory_bytes"] > 0
     assert info["backends"] == ["eager", "trace", "onnxrt"]
+    assert info["isa"] == torch.backends.cpu.get_cpu_capability()
+    vnni_or_amx = info["int8"]["vnni"] or info["int8"]["amx"]
+    assert info["int8"]["activation_qmax"] == (127 if vnni_or_amx else 63)
 
 
 def test_available_backends_cpu_default_first():
