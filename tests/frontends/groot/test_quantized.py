@@ -81,3 +81,30 @@ def test_recorded_samples_calibrate(folders, tmp_path):
     q = flashrt.load_policy(path, precision="int8", **opts,
                             calibration={"data": data, "cache_dir": tmp_path, "progress": False})
     assert q.frontend.quantization["cache"] == "calibrated"
+
+
+@pytest.mark.slow
+def test_int8_on_onnxrt_within_the_gate_and_close_to_eager(folders, tmp_path, monkeypatch):
+    """GR00T's int8 step exported with Q/DQ at the calibrated scales (vision, LM, every DiT step) and run
+    by onnxruntime: within the gate of fp32, and closer to eager int8 than int8 is to fp32 (rounding ties
+    may move a value by one step under another runtime's float rounding)."""
+    import dataclasses
+    import functools
+
+    from flashrt.runtime import graphs, onnxrt
+    entry = graphs._REGISTRY["onnxrt"]
+    factory = functools.partial(onnxrt.OnnxRuntimeBackend, cache_dir=tmp_path / "onnx", threads=1)
+    monkeypatch.setitem(graphs._REGISTRY, "onnxrt", dataclasses.replace(entry, factory=factory))
+    path, opts = folders["n17"]
+    one = {**opts, "buckets": (88,)}
+    cal = {"cache_dir": tmp_path / "cal", "progress": False}
+    eager = flashrt.load_policy(path, precision="int8", calibration=cal, **one)
+    ort = flashrt.load_policy(path, precision="int8", calibration=cal, backend="onnxrt", **one)
+    ref = flashrt.load_policy(path, **one)
+    assert ort.frontend.quantization["cache"] == "hit"
+    for obs in synthetic_observations(eager.frontend, 2, 5):
+        noise = obs.pop("noise")
+        a, b = ort.infer(obs, noise=noise)["actions"], eager.infer(obs, noise=noise)["actions"]
+        f = ref.infer(obs, noise=noise)["actions"]
+        assert _cosine(a, f) >= 0.995
+        assert np.abs(a - b).max() < 0.75 * np.abs(f - b).max()
