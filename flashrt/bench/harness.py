@@ -272,7 +272,7 @@ class _Run:
         self.golden = golden_outputs(reference, self.trace)
         self.cold["reference_build"] = _ms_since(start)
         start = time.perf_counter()
-        atol, rtol = vs_tolerances(self.adapter, q.reference, q.atol, q.rtol)
+        self.gate_tol = atol, rtol = vs_tolerances(self.adapter, q.reference, q.atol, q.rtol)
         gate = gate_check(self.adapter, self.trace, self.golden, atol, rtol)
         self.cold["first_call"] = _ms_since(start) / len(self.trace)
         self.result.gate = {"reference": q.reference, "atol": atol, "rtol": rtol, **gate, "vs": None}
@@ -317,9 +317,8 @@ class _Run:
 
     def measure(self, vs_impl: Any) -> list[Side]:
         """Step 5: warm-up, then timed attempts (interleaved when comparing)."""
-        q, b = self.profile.quality, self.profile.bench
-        sides = [Side("A", self.adapter, self.device, *vs_tolerances(self.adapter, q.reference, q.atol,
-                                                                      q.rtol))]
+        b = self.profile.bench
+        sides = [Side("A", self.adapter, self.device, *self.gate_tol)]
         if vs_impl is not None:
             sides.append(Side("B", vs_impl, self.device, *self.vs_tol))
         interleave(sides, self.trace, self.golden, b.warmup)

@@ -182,6 +182,37 @@ def quantize_model(model: nn.Module, job: QuantJob) -> dict[str, Any]:
             "report": str(report_path(found.path))}
 
 
+def quantize_family(model: nn.Module, kind: str, calibration: Any, *, default_recipe: str,
+                    synthetic: Callable[[int, int], Sequence[Any]], run: Callable[[Any], torch.Tensor],
+                    key_fields: Mapping[str, Any], name: str, device: torch.device,
+                    checkpoint: str | os.PathLike | None = None, weights_digest: str | None = None,
+                    on_install: Callable[[nn.Module], None] | None = None) -> dict[str, Any]:
+    """What every family's quantized load does around `quantize_model`: the recipe and samples of a
+    ``calibration=`` value (its recorded data, else ``synthetic(count, seed)`` over the recipe's count
+    and seed), the cache, the key (the family's ``key_fields`` plus the weights' digest: the
+    ``checkpoint`` folder's, or ``weights_digest`` for weights with no file) and the job."""
+    cal = as_calibration(calibration)
+    recipe = cal.load_recipe(default_recipe)
+    need = recipe.samples + recipe.holdout
+    samples = list(cal.data)[:need] if cal.data is not None else list(synthetic(need, recipe.seed))
+    cache = CalibrationCache(cal.cache_dir)
+    digest = weights_digest if weights_digest is not None else cache.data_digest(checkpoint)
+    job = QuantJob(kind, recipe, run, samples, {"data_digest": digest, **key_fields}, cache, cal.progress,
+                   name, device.type, on_install=on_install)
+    return quantize_model(model, job)
+
+
+def vs_bound(info: Mapping[str, Any] | None, name: str, own_backend: str, recipe: str | None,
+             float_names: Sequence[str]) -> tuple[float, float] | None:
+    """The gate of a quantized run against ``name`` (a bench `--vs` or quality reference): the recipe's
+    max |delta| against a float precision in ``float_names`` or another backend of the same quantized
+    model (a value on a rounding tie moves one quantization step under another runtime's float
+    rounding); None (the profile's tolerance) for a float run or its own backend."""
+    if info is None or (name not in float_names and name == own_backend):
+        return None
+    return float(load_recipe(recipe or info["recipe"]).max_abs_delta), 0.0
+
+
 def gate_figures(info: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The quality gate's figures of a quantized load (``quantize_model``'s info), read from the report
     next to its cache entry: cache status, min cosine, max |delta|, max layer error, worst layer."""

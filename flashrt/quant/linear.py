@@ -52,13 +52,17 @@ W_QMAX = 127
 MODES = ("static", "per_token")
 
 
+def cpu_int8_dot() -> dict[str, bool]:
+    """Which int8 dot-product instructions this CPU has (torch's probes): VNNI, AMX tiles."""
+    return {"vnni": bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)()),
+            "amx": bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())}
+
+
 def activation_qmax(device: torch.device | str = "cpu") -> int:
     """The int8 activation range this machine's int8 GEMMs accumulate exactly (module docstring)."""
     if torch.device(device).type == "cuda":
         return 127
-    vnni = getattr(torch.cpu, "_is_vnni_supported", lambda: False)()
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    return 127 if (vnni or amx) else 63
+    return 127 if any(cpu_int8_dot().values()) else 63
 
 
 def onednn_int8_available() -> bool:
@@ -112,7 +116,6 @@ class QuantWeight(torch.Tensor):
     forms: dict
     audit: SiteStats | None
     reference: torch.Tensor | None  # the float weight while auditing
-    window: tuple  # (the stored tensor, r0, r1, c0, c1): the rows and columns of it this weight views
 
     @staticmethod
     def __new__(cls, q: torch.Tensor, w_scale: torch.Tensor, x_amax: torch.Tensor | None, *, kind: str,
@@ -128,7 +131,6 @@ class QuantWeight(torch.Tensor):
             w_scale_value = float(w_scale)
         self.w_scale_value = w_scale_value
         self.forms, self.audit, self.reference = {}, None, None
-        self.window = (q, 0, q.shape[0], 0, q.shape[1])  # (the stored tensor, rows, cols) this one views
         return self
 
     def __repr__(self) -> str:  # noqa: D105
@@ -179,7 +181,6 @@ class QuantWeight(torch.Tensor):
                           dtype=self.dtype, site=self.site, x_scale_value=self.x_scale_value,
                           w_scale_value=self.w_scale_value)
         out.audit = self.audit
-        out.window = _window(self.window, rows, cols, self.q.shape)
         out.reference = None if self.reference is None else self.reference[rows, cols]
         if cols == slice(None) and rows == slice(None):
             out.forms = self.forms
@@ -239,13 +240,16 @@ _METADATA = {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.stride, torch.Ten
              torch.Tensor.numel, torch.Tensor.element_size, torch.Tensor.__len__}
 
 
-def _window(parent: tuple, rows: slice, cols: slice, shape: torch.Size) -> tuple:
-    """The (stored tensor, r0, r1, c0, c1) a slice of a view over ``parent``'s window covers (step 1)."""
-    base, r0, _, c0, _ = parent
-    (a, b, rs), (c, d, cs) = rows.indices(shape[0]), cols.indices(shape[1])
-    if rs != 1 or cs != 1:
-        return (None, 0, 0, 0, 0)  # strided: no window (only the ONNX form needs one)
-    return (base, r0 + a, r0 + max(a, b), c0 + c, c0 + max(c, d))
+def _window(q: torch.Tensor) -> tuple[torch.Tensor, int, int, int, int] | None:
+    """(stored tensor, r0, r1, c0, c1) of a 2-D weight that is a row / column block of a dense stored one,
+    row- or column-major (derived from the view's offset and strides); None for any other layout."""
+    base = q if q._base is None else q._base
+    dense = base.dim() == 2 and (base.is_contiguous() or base.t().is_contiguous())
+    if not dense or q.stride() != base.stride():
+        return None
+    offset, (s0, s1) = q.storage_offset() - base.storage_offset(), base.stride()
+    r0, c0 = divmod(offset, s0) if s0 >= s1 else divmod(offset, s1)[::-1]
+    return base, r0, r0 + q.shape[0], c0, c0 + q.shape[1]
 
 
 def _slice_key(s: slice) -> tuple:
@@ -441,9 +445,10 @@ def _fp8_qdq(w: QuantWeight, x: torch.Tensor, bias, post=None):
     """The portable form of an fp8 GEMM (`portable`): the activation quantize -> dequantize and the weight
     dequantize as two ops the ONNX export writes as Q/DQ carrying the calibrated scales (TensorRT builds
     an FP8 engine from them), then a float GEMM; equal to ``emulate`` within float32 rounding."""
-    base, r0, r1, c0, c1 = w.window
-    if base is None:
+    window = _window(w.q)
+    if window is None:
         raise ValueError(f"{w.site or 'an fp8 GEMM'}: a strided slice of an fp8 weight has no ONNX form")
+    base, r0, r1, c0, c1 = window
     xd = fp8_qdq(x.float(), w.x_scale_value)
     return _post(F.linear(xd, fp8_dequant(base, w.w_scale_value, r0, r1, c0, c1), bias), post)
 

@@ -102,7 +102,7 @@ def _cpu_memory_bytes() -> int | None:
 
 
 def _describe_cpu(dev: torch.device) -> dict[str, Any]:
-    from flashrt.quant.linear import activation_qmax
+    from flashrt.quant.linear import activation_qmax, cpu_int8_dot
 
     probe = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)
     return {
@@ -113,9 +113,7 @@ def _describe_cpu(dev: torch.device) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "isa": probe(),  # the vector ISA torch's kernels run ("AVX2", "AVX512", ...)
         # what int8 gets here: VNNI / AMX int8 dot products take 8-bit activations (±127), AVX2's 7 bits
-        "int8": {"vnni": bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)()),
-                 "amx": bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
-                 "activation_qmax": activation_qmax("cpu")},
+        "int8": {**cpu_int8_dot(), "activation_qmax": activation_qmax("cpu")},
     }
 
 

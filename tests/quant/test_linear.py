@@ -103,6 +103,17 @@ def test_portable_fp8_form_equals_the_emulation():
     assert float((y - ref).abs().max() / ref.abs().max()) < 2e-6
 
 
+@pytest.mark.parametrize("column_major", [False, True])
+def test_window_of_a_sliced_weight_is_derived_from_the_view(column_major):
+    """The block of the stored weight a slice views (what fp8's ONNX form dequantizes then slices)."""
+    w = torch.randn(12, 8)
+    qw = L.quantize_weight(w.t().contiguous().t() if column_major else w, "fp8", torch.tensor(1.0))
+    base, *block = L._window(qw[2:7, 3:].q)
+    assert base.data_ptr() == qw.q.data_ptr() and block == [2, 7, 3, 8]
+    assert torch.equal(base[2:7, 3:].float(), qw[2:7, 3:].q.float())
+    assert L._window(qw.q)[1:] == (0, 12, 0, 8)
+
+
 def test_fp8_emulation_matches_float64_reference():
     torch.manual_seed(2)
     lin = nn.Linear(64, 48)

@@ -39,10 +39,10 @@ from flashrt.errors import ConfigError
 from flashrt.frontends.groot import synthetic
 from flashrt.frontends.groot.preprocess import PromptTokenizer
 from flashrt.profile.timers import StageTimer
-from flashrt.quant.precision import QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
+from flashrt.quant.precision import COMPUTE_PRECISIONS, QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
 
 _MODEL_KEYS = ("seed", "variant", "recipe")
-FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")  # `--vs fp32`: the same random weights in that precision
+FLOAT_PRECISIONS = COMPUTE_PRECISIONS  # `--vs fp32`: the same random weights in that precision
 
 
 class GrootImplementation:
@@ -193,13 +193,12 @@ class GrootBenchmark(RandomGrootBenchmark):
         return super().reference(name)
 
     def vs_tolerance(self, name: str) -> tuple[float, float] | None:
-        """A float `--vs` of a quantized run, or another backend of it (rounding ties), is gated by the
-        recipe's bound (normalized actions are un-normalized here: a loose but honest bound)."""
-        if self.quantization is None or name == self.profile.runtime.backend:
-            return None
-        from flashrt.quant.calibrate import load_recipe
+        """A quantized run's gate against a float precision or another backend: the recipe's bound
+        (`flashrt.quant.flow.vs_bound`)."""
+        from flashrt.quant.flow import vs_bound
 
-        return float(load_recipe(self.profile.model.get("recipe") or "groot").max_abs_delta), 0.0
+        p = self.profile
+        return vs_bound(self.quantization, name, p.runtime.backend, p.model.get("recipe"), FLOAT_PRECISIONS)
 
     def quality(self) -> dict[str, Any] | None:
         """The calibration gate's figures of a quantized run (from the report next to its cache entry)."""

@@ -63,6 +63,7 @@ from flashrt.frontends.pi0.frontend import Pi0Frontend
 from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step, mlp_kernels
 from flashrt.frontends.pi0.synthetic import TINY, SyntheticSizes, SyntheticSpec, write_checkpoint
 from flashrt.profile.timers import StageTimer
+from flashrt.quant.precision import COMPUTE_PRECISIONS
 
 VARIANTS = ("pi0", "pi05")
 CAMERAS = ("top", "wrist", "side")
@@ -70,7 +71,7 @@ PROMPTS = ("pick up the red cube", "put the block in the box", "open the drawer"
 OBS_KEYS = ("images", "state", "prompt")
 TOKENIZER_MAX = {"pi0": 48, "pi05": 200}  # lerobot 0.6.1 defaults (tokenizer_max_length)
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "int8", "fp8": "fp8"}
-FLOAT_PRECISIONS = ("fp32", "bf16", "fp16")  # `--vs fp32`: the same checkpoint loaded in that precision
+FLOAT_PRECISIONS = COMPUTE_PRECISIONS  # `--vs fp32`: the same checkpoint loaded in that precision
 # recipe: the calibration recipe of an int8 / fp8 run (calibration/); tokenizer: PaliGemma's tokenizer.model
 # for a --checkpoint that lacks it (`flashrt bench --tokenizer PATH` sets it)
 _MODEL_KEYS = ("seed", "recipe", "tokenizer")
@@ -386,17 +387,13 @@ class Pi0Benchmark:
                                    f"lerobot and the graph backends {backend_names()}")
 
     def vs_tolerance(self, name: str) -> tuple[float, float] | None:
-        """A float `--vs` of a quantized run is gated by the recipe's bound: max |Δ| <= max_abs_delta
-        (the cosine and per-layer bounds were checked when the scales were calibrated). So is another
-        backend of the same quantized run (`quality.reference` "eager" behind onnxrt, say): the other
-        runtime's float rounding moves activations that sit on a rounding tie by one int8 step, and the
-        denoising loop carries those steps to the actions (Pi0.5 small, onnxrt vs eager int8: 0.02)."""
-        q = self.loaded.frontend.quantization
-        if q is None or (name not in FLOAT_PRECISIONS and name == self.profile.runtime.backend):
-            return None
-        from flashrt.quant.calibrate import load_recipe
+        """A quantized run's gate against a float precision or another backend: the recipe's bound
+        (`flashrt.quant.flow.vs_bound`; the cosine and per-layer bounds were checked when the scales were
+        calibrated)."""
+        from flashrt.quant.flow import vs_bound
 
-        return float(load_recipe(self.profile.model.get("recipe") or q["recipe"]).max_abs_delta), 0.0
+        return vs_bound(self.loaded.frontend.quantization, name, self.profile.runtime.backend,
+                        self.profile.model.get("recipe"), FLOAT_PRECISIONS)
 
     def quality(self) -> dict[str, Any] | None:
         """The calibration gate's figures of a quantized run (from the report next to its cache entry)."""

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashrt.quant.cache import CalibrationCache
-from flashrt.quant.flow import Calibration, QuantJob, as_calibration, quantize_model
+from flashrt.quant.flow import quantize_family
 from flashrt.quant.samples import smooth_frame
 from flashrt.runtime.device import device_arch
 
@@ -64,18 +63,13 @@ def quantize(fe: Any, kind: str, calibration: Any, folder: str | Path | None,
     """Quantize the model behind ``fe`` in place; returns the flow's info (`Pi0`'s counterpart). The
     cache key digests the checkpoint ``folder``, or takes ``weights_digest`` (weights with no file:
     the random-weight benchmarks)."""
-    cal: Calibration = as_calibration(calibration)
-    recipe = cal.load_recipe(DEFAULT_RECIPE)
-    need = recipe.samples + recipe.holdout
-    samples = list(cal.data)[:need] if cal.data is not None else synthetic_observations(fe, need, recipe.seed)
-    cache = CalibrationCache(cal.cache_dir)
     describe = fe.describe()
-    digest = weights_digest if weights_digest is not None else cache.data_digest(folder)
-    key_fields = {"data_digest": digest, "config": fe.config,
+    key_fields = {"config": fe.config,
                   "shapes": {"cameras": list(fe.cameras), "buckets": list(fe.buckets),
                              "image_size": list(fe.image_size), "embodiment": describe.get("embodiment"),
                              "chunk": fe.chunk_size},
                   "arch": device_arch(fe.device)}
-    job = QuantJob(kind, recipe, runner(fe), samples, key_fields, cache, cal.progress,
-                   f"groot-{describe.get('version', '')}-{kind}", fe.device.type)
-    return quantize_model(fe.model, job)
+    return quantize_family(fe.model, kind, calibration, default_recipe=DEFAULT_RECIPE,
+                           synthetic=lambda n, seed: synthetic_observations(fe, n, seed), run=runner(fe),
+                           key_fields=key_fields, name=f"groot-{describe.get('version', '')}-{kind}",
+                           device=fe.device, checkpoint=folder, weights_digest=weights_digest)

@@ -21,8 +21,7 @@ import torch
 
 from flashrt.frontends.pi0.frontend import Pi0Frontend
 from flashrt.frontends.pi0.model import select_mlp_kernels
-from flashrt.quant.cache import CalibrationCache
-from flashrt.quant.flow import Calibration, QuantJob, as_calibration, quantize_model
+from flashrt.quant.flow import quantize_family
 from flashrt.quant.samples import smooth_frame
 from flashrt.runtime.device import device_arch
 
@@ -68,19 +67,14 @@ def _numpy(value: Any) -> Any:
 def quantize(pf: Any, kind: str, calibration: Any, checkpoint_dir: str | Path) -> dict[str, Any]:
     """Quantize the model behind ``pf`` (an eager `Pi0PolicyFrontend`) in place; returns the flow's
     info. ``calibration``: see `flashrt.quant.flow.Calibration`."""
-    cal: Calibration = as_calibration(calibration)
-    recipe = cal.load_recipe(DEFAULT_RECIPE)
-    need = recipe.samples + recipe.holdout
-    samples = list(cal.data)[:need] if cal.data is not None else synthetic_observations(pf, need, recipe.seed)
-    cache = CalibrationCache(cal.cache_dir)
     c = pf.config
-    key_fields = {"data_digest": cache.data_digest(checkpoint_dir), "config": c,
-                  "shapes": {"cameras": list(pf.cameras), "buckets": list(pf.buckets), "chunk": c.chunk_size,
-                             "steps": c.num_steps},
+    key_fields = {"config": c, "shapes": {"cameras": list(pf.cameras), "buckets": list(pf.buckets),
+                                          "chunk": c.chunk_size, "steps": c.num_steps},
                   "arch": device_arch(pf.device)}
-    job = QuantJob(kind, recipe, runner(pf), samples, key_fields, cache, cal.progress, f"{c.variant}-{kind}",
-                   pf.device.type, on_install=select_mlp_kernels)
-    return quantize_model(pf.frontend.model, job)
+    return quantize_family(pf.frontend.model, kind, calibration, default_recipe=DEFAULT_RECIPE,
+                           synthetic=lambda n, seed: synthetic_observations(pf, n, seed), run=runner(pf),
+                           key_fields=key_fields, name=f"{c.variant}-{kind}", device=pf.device,
+                           checkpoint=checkpoint_dir, on_install=select_mlp_kernels)
 
 
 def calibration_frontend(model: Any, n_cams: int, buckets: tuple[int, ...]) -> Pi0Frontend:
