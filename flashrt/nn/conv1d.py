@@ -6,12 +6,21 @@ HiFi-GAN/BigVGAN shapes, transposed and depthwise convs included). Conv weights 
 the state dict; `reset_derived` stores them channels-last once (no second copy). Weight norm is never a
 module parametrization: `conv_rules` maps the three stored forms and folds g, v once at load.
 
+Forms recorded for export (`plain_forms`): the ``invariant`` conv policy's phase-split dilated convs and
+polyphase upsamplers are oneDNN workarounds (its dilated and transposed kernels add in an order that
+depends on where a sequence starts). A program recorded for another runtime (`flashrt.runtime.onnx_export`
+enters `plain_forms`) records every conv as what it is, one dilated conv or one transposed conv (ONNX
+Conv / ConvTranspose), and leaves the summation order to that runtime's kernels; the phase-split and
+polyphase forms there were a dozen reshapes and transposes each. Eager runs are unchanged.
+
 Shape legend: B batch, C channels, T time steps at the conv's own rate, K kernel taps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +33,23 @@ from flashrt.nn.spectral_conv import SpectralPlan
 from flashrt.nn.valid import EXACT
 
 __all__ = ["ROWS", "to_rows", "from_rows", "Conv1d", "ConvTranspose1d", "polyphase_weight", "conv1d",
-           "conv_transpose1d", "conv_rules", "WEIGHT_NORM_SOURCES"]
+           "conv_transpose1d", "conv_rules", "WEIGHT_NORM_SOURCES", "plain_forms"]
+
+# ------------------------------------------------------------------------------------------ forms
+
+_PLAIN = [False]   # inside `plain_forms`
+
+
+@contextlib.contextmanager
+def plain_forms() -> Iterator[None]:
+    """Inside the block every conv runs its plain form whatever its policy chose: a phase-split dilated
+    conv as one dilated conv, a polyphase upsampler as one transposed conv (see the module docstring;
+    spectral convs are not affected). Entered while a program is recorded for export."""
+    before, _PLAIN[0] = _PLAIN[0], True
+    try:
+        yield
+    finally:
+        _PLAIN[0] = before
 
 # ------------------------------------------------------------------------------------------ rows
 
@@ -188,7 +213,7 @@ class Conv1d(nn.Conv1d):
         if self.spectral is not None and rows_cpu and x.dtype == torch.float32:
             y = self.spectral(x.contiguous(memory_format=ROWS), self.bias)
             return _epilogue(y, slope, residual, into)
-        if self.phase_split and rows_cpu:
+        if self.phase_split and rows_cpu and not _PLAIN[0]:
             return self._phases(x.contiguous(memory_format=ROWS), slope, residual, into)
         geometry = self._geometry()
         if _fusable(x) and (slope is None or residual is None):
@@ -293,7 +318,7 @@ class ConvTranspose1d(nn.ConvTranspose1d):
         x = valid.zero(x, self.halo)
         if x.dim() == 3:
             return super().forward(x)
-        if self.polyphase and x.device.type == "cpu":
+        if self.polyphase and x.device.type == "cpu" and not _PLAIN[0]:
             return self._polyphase(x)
         return F.conv_transpose2d(x, self.weight_rows, self.bias, (1, self.stride[0]), (0, self.padding[0]))
 

@@ -6,7 +6,9 @@ How a step that reads and writes static buffers becomes a function of its inputs
    data-dependent shapes, RNG), giving the aten program and every static tensor it touched. Quantized
    GEMMs (`flashrt.quant.linear.QuantWeight`) run their portable form meanwhile (`portable`): int8 is
    recorded as quantize -> dequantize around a float GEMM and written as QuantizeLinear /
-   DequantizeLinear nodes carrying flashrt's calibrated scales (part of the program digest).
+   DequantizeLinear nodes carrying flashrt's calibrated scales (part of the program digest). Convs run
+   their plain form (`flashrt.nn.conv1d.plain_forms`): the `invariant` conv policy's phase-split and
+   polyphase rewrites are oneDNN workarounds and record as one dilated Conv / one ConvTranspose.
 2. `plan(...)` sorts those statics: a named buffer, or a view inside one (found by address range, so the
    frontend's slices `bufs["audio"][:, :n]` map to the buffer `audio`), is a graph input; a buffer the
    program writes into is also a graph output; anything else is a constant (weights, tables) that goes
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from flashrt.errors import CaptureError
@@ -45,7 +48,7 @@ from flashrt.runtime.graphs import named_tensors
 from flashrt.runtime.trace import Recorder, Step, _bound, _DispatchRecorder, _FunctionChecker
 
 OPSET = 19  # the first with float8 QuantizeLinear / DequantizeLinear (flashrt's fp8 GEMMs)
-SCHEME_VERSION = 3  # bump when what an exported file means changes (naming, plan rules, lowerings)
+SCHEME_VERSION = 4  # bump when what an exported file means changes (naming, plan rules, lowerings)
 
 # --------------------------------------------------------------------------------------- recording
 
@@ -89,6 +92,7 @@ def record(fn: Callable[[], Any], buffers: Any = None, math_attention: bool = Fa
     so a CUDA step records no fused attention kernel the exporter cannot write (TensorRT fuses its own)."""
     if not callable(fn):
         raise CaptureError(f"capture needs a no-argument callable, got {type(fn).__name__}")
+    from flashrt.nn.conv1d import plain_forms  # convs record their plain form (no invariant rewrites)
     from flashrt.quant.linear import portable  # quantized GEMMs record their Q/DQ form
     names = {id(t): f"buffer {n!r}" for n, t in named_tensors(buffers).items()}
     recorder = Recorder(names)
@@ -97,7 +101,7 @@ def record(fn: Callable[[], Any], buffers: Any = None, math_attention: bool = Fa
     if math_attention:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         attention = sdpa_kernel([SDPBackend.MATH])
-    with torch.no_grad(), portable(), _FunctionChecker(), attention, mode:
+    with torch.no_grad(), portable(), plain_forms(), _FunctionChecker(), attention, mode:
         fn()
     return Recording(recorder.program(), recorder.nslots, list(recorder.statics.values()), mode.written)
 
@@ -319,6 +323,47 @@ def _conv(x, w, b, padding, stride, dilation, groups) -> torch.Tensor:
                                               groups)
 
 
+def _convolution(x, w, b, stride, padding, dilation, transposed, output_padding, groups) -> torch.Tensor:
+    """aten.convolution; a depthwise transposed conv strided along the last axis only (one input and one
+    output channel per group: BigVGAN's 2x anti-alias upsamplers) as its phases (`_depthwise_phases`)."""
+    if transposed and groups > 1 and x.shape[1] == groups == w.shape[0] and w.shape[1] == 1 and \
+            not any(output_padding) and all(d == 1 for d in dilation) and all(k == 1 for k in w.shape[2:-1]) \
+            and all(st == 1 for st in stride[:-1]) and not any(padding[:-1]):
+        return _depthwise_phases(x, w, b, stride[-1], padding[-1])
+    return torch.ops.aten.convolution.default(x, w, b, stride, padding, dilation, transposed, output_padding,
+                                              groups)
+
+
+def _depthwise_phases(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, s: int,
+                      pad: int) -> torch.Tensor:
+    """A depthwise transposed conv (weight (C, 1, ..., K), stride s and padding pad on the last axis) as s
+    depthwise stride-1 convs over x, one per output phase, interleaved. Output n = t s + p takes
+    x[i] w[k] for k = n + pad - i s: with (q, r) = divmod(p + pad, s), x[t + q - j] w[j s + r] for every
+    j with j s + r < K, a correlation of x with the phase's taps reversed. onnxruntime runs a depthwise
+    ConvTranspose as one tiny GEMM per channel (BigVGAN: 24 % of its time, 2x this form's); its depthwise
+    Conv has a vectorized kernel. The same products, summed in the conv kernel's order."""
+    steps, taps, conv = x.shape[-1], w.shape[-1], F.conv2d if x.dim() == 4 else F.conv1d
+    length = (steps - 1) * s - 2 * pad + taps
+    frames = -(-length // s)
+    phases = []
+    for p in range(s):
+        q, r = divmod(p + pad, s)
+        n = len(range(r, taps, s))                          # this phase's taps: offsets q - n + 1 .. q
+        if n == 0:
+            zero = x.new_zeros(*x.shape[:-1], frames)
+            phases.append(zero if b is None else zero + b.view(-1, *[1] * (x.dim() - 2)))
+            continue
+        xp = _shift(x, n - 1 - q, frames + q - steps)         # output t reads x[t + q - n + 1 ...]
+        phases.append(conv(xp, w[..., r::s].flip(-1), b, groups=x.shape[1]))
+    return torch.stack(phases, -1).flatten(-2)[..., :length]
+
+
+def _shift(x: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """x with ``left`` / ``right`` zeros added on the last axis (a negative count cuts that many steps)."""
+    x = x[..., max(0, -left):x.shape[-1] - max(0, -right)]
+    return torch.nn.functional.pad(x, (max(0, left), max(0, right))) if left > 0 or right > 0 else x
+
+
 def _conv_pointwise(x, w, b, padding, stride, dilation, groups, attr, scalars, algorithm):
     return _unary(_conv(x, w, b, padding, stride, dilation, groups), attr, scalars, algorithm)
 
@@ -341,14 +386,49 @@ def _linear_pointwise_binary(x, other, w, b, attr):
     return _binary(torch.nn.functional.linear(x, w, b), other, attr)
 
 
+def _along(index: torch.Tensor, dim: int, source: torch.Tensor) -> torch.Tensor:
+    """The 1-D ``index`` of an index_copy / index_add along ``dim`` as the element-wise index of a scatter:
+    broadcast over every other axis of ``source``."""
+    shape = [1] * source.dim()
+    shape[dim] = index.numel()
+    return index.reshape(shape).expand(source.shape)
+
+
 def _index_copy_(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """index_copy_ as index_put_ (torch's decomposition of index_copy_ fails on channels-last strides)."""
+    """index_copy_ as scatter_ along ``dim`` (ONNX ScatterElements on that axis). torch's decomposition of
+    index_copy_ fails on channels-last strides, and an index_put_ on an inner axis is written as a
+    Transpose of the whole tensor to put the axis first, a ScatterND, and a Transpose back: two full
+    copies for a write of a few steps (BigVGAN's padding fix-ups on the time axis: 16 % of its
+    onnxruntime time). Same values: a copy."""
     dim = dim % x.dim()
-    return torch.ops.aten.index_put_.default(x, [None] * dim + [index], source)
+    return x.scatter_(dim, _along(index, dim, source), source)
 
 
 def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     return _index_copy_(x.clone(), dim, index, source)
+
+
+def _index_add_(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
+                alpha: Any = 1) -> torch.Tensor:
+    """index_add_ as scatter_add_ along ``dim`` (ScatterElements, reduction add): no transposes, the same
+    single add per element (alpha folded into the source as index_add does)."""
+    dim = dim % x.dim()
+    return x.scatter_add_(dim, _along(index, dim, source), source if alpha == 1 else source * alpha)
+
+
+def _index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
+               alpha: Any = 1) -> torch.Tensor:
+    return _index_add_(x.clone(), dim, index, source, alpha=alpha)
+
+
+def _pow_(x: torch.Tensor, exponent: Any) -> torch.Tensor:
+    """x ** 2 as x * x (ATen's own CPU kernel for exponent 2, so the same rounding); onnxruntime's Pow
+    runs the generic power per element, 45 % of BigVGAN's onnxruntime time (its snakes' sin(ax)^2)."""
+    return x.mul_(x) if exponent == 2 else torch.ops.aten.pow_.Scalar(x, exponent)
+
+
+def _pow(x: torch.Tensor, exponent: Any) -> torch.Tensor:
+    return x * x if exponent == 2 else torch.ops.aten.pow.Tensor_Scalar(x, exponent)
 
 
 def _unbind(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, ...]:
@@ -401,8 +481,9 @@ def _sdpa_flash_cpu(q, k, v, dropout_p: float = 0.0, is_causal: bool = False, *,
 
 
 def _portable_ops() -> dict[Any, Callable[..., Any]]:
-    """Ops the exporter cannot take, and their aten compositions: CPU-only fused ops (oneDNN, as
-    flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding), index_copy,
+    """Ops the exporter cannot take or writes slowly, and their aten compositions: CPU-only fused ops
+    (oneDNN, as flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding),
+    index_copy / index_add as scatters along their axis (no whole-tensor transposes), x ** 2 as x * x,
     unbind / split / chunk as selects and slices (no ONNX sequence ops: TensorRT cannot parse them and
     ONNX has none for bfloat16), the CPU flash attention with grouped-query heads and flashrt's own
     ``flashrt::`` custom ops (their references: the CUDA kernel table picks them on a GPU)."""
@@ -414,6 +495,9 @@ def _portable_ops() -> dict[Any, Callable[..., Any]]:
              ("_linear_pointwise", "binary", _linear_pointwise_binary)]
     table: dict[Any, Callable[..., Any]] = {
         torch.ops.aten.index_copy_.default: _index_copy_, torch.ops.aten.index_copy.default: _index_copy,
+        torch.ops.aten.index_add_.default: _index_add_, torch.ops.aten.index_add.default: _index_add,
+        torch.ops.aten.pow_.Scalar: _pow_, torch.ops.aten.pow.Tensor_Scalar: _pow,
+        torch.ops.aten.convolution.default: _convolution,
         torch.ops.aten.unbind.int: _unbind, torch.ops.aten.chunk.default: _chunk,
         torch.ops.aten.split.Tensor: _split, torch.ops.aten.split_with_sizes.default: _split_with_sizes,
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa_flash_cpu}
@@ -511,9 +595,13 @@ def export_onnx(p: ExportPlan) -> bytes:
 
 
 def _translations() -> dict[Any, Callable[..., Any]]:
-    """ONNX forms of flashrt's own ops that the exporter writes as they are: the fp8 Q/DQ of a quantized
-    GEMM's portable form (`flashrt.quant.linear.fp8_qdq`, `fp8_dequant`) as float8e4m3fn QuantizeLinear /
-    DequantizeLinear with the calibrated scale (zero point 0, saturating)."""
+    """ONNX forms the exporter is given: the fp8 Q/DQ of a quantized GEMM's portable form
+    (`flashrt.quant.linear.fp8_qdq`, `fp8_dequant`) as float8e4m3fn QuantizeLinear / DequantizeLinear with
+    the calibrated scale (zero point 0, saturating); and a write into a slice (aten slice_scatter, what an
+    in-place op on ``y[..., a:b]`` becomes) as a Concat of the kept parts of the tensor around the new
+    block along that axis (a ScatterElements at a step other than 1). torch's own form transposes the
+    axis to the front and back around a ScatterND, two copies of the whole tensor for a write of a few
+    steps (BigVGAN's resampler edges: 44 % of its onnxruntime time). Same values: copies."""
     import onnx
     from onnxscript import opset19 as op
 
@@ -530,7 +618,25 @@ def _translations() -> dict[Any, Callable[..., Any]]:
         return op.Slice(full, op.Constant(value_ints=[r0, c0]), op.Constant(value_ints=[r1, c1]),
                         op.Constant(value_ints=[0, 1]))
 
-    return {linear.fp8_qdq._opoverload: qdq, linear.fp8_dequant._opoverload: dequant}
+    def slice_scatter(x, src, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1):
+        rank, axis = len(x.shape), op.Constant(value_ints=[dim % len(x.shape)])
+        dim, size = dim % rank, x.shape[dim % rank]
+        lo, hi = (max(0, min(size, v + size if v < 0 else v))
+                  for v in (start or 0, size if end is None else end))
+        ints = lambda *v: op.Constant(value_ints=list(v))      # noqa: E731
+        if step != 1:
+            shape = [1] * rank
+            shape[dim] = len(range(lo, hi, step))
+            index = op.Reshape(ints(*range(lo, hi, step)), ints(*shape))
+            return op.ScatterElements(x, op.Expand(index, op.Shape(src)), src, axis=dim)
+        parts = [op.Slice(x, ints(0), ints(lo), axis)] if lo > 0 else []
+        parts.append(src)
+        if hi < size:
+            parts.append(op.Slice(x, ints(hi), ints(size), axis))
+        return op.Concat(*parts, axis=dim) if len(parts) > 1 else op.Identity(src)
+
+    return {linear.fp8_qdq._opoverload: qdq, linear.fp8_dequant._opoverload: dequant,
+            torch.ops.aten.slice_scatter.default: slice_scatter}
 
 
 def castlike_to_cast(model: Any) -> Any:

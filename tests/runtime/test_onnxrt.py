@@ -397,3 +397,78 @@ def test_fp8_exports_float8_qdq_and_matches_eager(backend):
     fp8 = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN]
     assert sorted(tuple(t.dims) for t in fp8) == [(16, 48), (48, 32)]
     toy.replays_match(graph)
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+def test_depthwise_transposed_conv_as_phases_equals_the_transposed_conv(rank):
+    """The exporter's form of a depthwise transposed conv (one stride-1 depthwise conv per output phase),
+    replayed by torch in float64 over strides, paddings, kernels and lengths (short inputs included)."""
+    g, F = torch.Generator().manual_seed(3), torch.nn.functional
+    for steps, taps, stride, pad, bias in [(5, 12, 2, 5, False), (17, 12, 2, 0, True), (1, 12, 2, 5, True),
+                                           (4, 1, 3, 0, True), (6, 16, 8, 4, True), (9, 7, 3, 2, False),
+                                           (3, 4, 4, 3, True), (8, 3, 1, 1, False)]:
+        x = torch.randn(2, 3, *[1] * (rank - 3), steps, generator=g, dtype=torch.float64)
+        w = torch.randn(3, 1, *[1] * (rank - 3), taps, generator=g, dtype=torch.float64)
+        b = torch.randn(3, generator=g, dtype=torch.float64) if bias else None
+        one = [1] * (rank - 3)
+        args = ([*one, stride], [0] * (rank - 3) + [pad], [1] * (rank - 2), True, [0] * (rank - 2), 3)
+        want = (F.conv_transpose2d if rank == 4 else F.conv_transpose1d)(x, w, b, args[0], args[1], groups=3)
+        got = onnx_export._convolution(x, w, b, *args)
+        assert got.shape == want.shape and (got - want).abs().max() <= 1e-12, (steps, taps, stride, pad)
+
+
+def test_inner_axis_writes_squares_and_depthwise_upsampling_export_as_cheap_ops(backend):
+    """Writes into a slice or an index of the last axis (padding fix-ups), x ** 2 and a depthwise
+    transposed conv: no whole-tensor Transpose around a ScatterND, no Pow, no depthwise ConvTranspose
+    in the file (each measured slow in onnxruntime; flashrt/runtime/onnx_export.py), same values."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 4, 1, 24, generator=g).contiguous(memory_format=torch.channels_last)
+    filt = torch.randn(4, 1, 1, 12, generator=g)
+    bufs = {"x": x, "n": torch.tensor([20]), "y": torch.zeros(1, 4, 1, 48)}
+
+    def step():
+        n = bufs["n"]
+        up = torch.nn.functional.conv_transpose2d(bufs["x"], filt, stride=(1, 2), padding=(0, 5), groups=4)
+        up[..., :3].add_(bufs["x"][..., :1] * 0.5)                               # slice write
+        up[..., 40::3].mul_(2.0)                                                  # strided slice write
+        fill = (2 * n + torch.arange(5)).clamp_max(47)
+        up.index_copy_(-1, fill, up.index_select(-1, fill).masked_fill_(fill >= 2 * n, 0.0))
+        edge = bufs["x"][..., :1] * torch.tensor([0.25, 0.5])
+        up.index_add_(-1, (2 * n - 2 + torch.arange(2)).clamp_min(0), edge)
+        bufs["y"].copy_(up.sin_().square_())
+    graph = backend().capture(step, bufs)
+    ops = {n.op_type for n in onnx.load_model_from_string(graph.model_bytes).graph.node}
+    assert not {"Transpose", "ScatterND", "Pow", "ConvTranspose"} & ops, ops
+    graph.replay()
+    got = bufs["y"].clone()
+    step()
+    assert (got - bufs["y"]).abs().max() <= TOL
+
+
+def test_invariant_conv_forms_record_as_plain_convs(backend):
+    """A phase-split dilated conv and a polyphase upsampler (the `invariant` policy's oneDNN forms) are
+    recorded for export as one dilated Conv and one ConvTranspose; eager keeps the invariant forms."""
+    from flashrt.nn.conv1d import ConvTranspose1d, conv1d, plain_forms, to_rows
+    torch.manual_seed(0)
+    conv, up = conv1d(8, 8, 3, 3), ConvTranspose1d(8, 4, 8, 4)
+    for m in (conv, up):
+        m.reset_derived()
+    conv.phase_split = conv.can_phase_split()
+    conv.pack()
+    up.set_polyphase(True)
+    bufs = {"x": to_rows(torch.randn(1, 8, 30)), "y": torch.zeros(1, 4, 1, 120)}
+
+    def step():
+        bufs["y"].copy_(up(conv(bufs["x"])))
+    eager = (step(), bufs["y"].clone())[1]
+    with plain_forms():
+        step()
+    assert (bufs["y"] - eager).abs().max() <= TOL
+    model = onnx.load_model_from_string(backend().capture(step, bufs).model_bytes)
+    convs = [n for n in model.graph.node if n.op_type in ("Conv", "ConvTranspose")]
+    assert sorted(n.op_type for n in convs) == ["Conv", "ConvTranspose"]
+    dil = next(a.ints for n in convs if n.op_type == "Conv" for a in n.attribute if a.name == "dilations")
+    assert list(dil) == [1, 3]
+    assert not {"Transpose"} & {n.op_type for n in model.graph.node}
+    step()
+    assert torch.equal(bufs["y"], eager)                                     # eager: invariant forms still
