@@ -69,6 +69,8 @@ def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[s
         block = policy.spectral.block(taps, in_ch, out_ch, conv.dilation[0]) if spectral else None
         conv.phase_split = invariant and conv.can_phase_split()
         conv.set_spectral(block)                    # also packs the weight for the algorithm chosen
+        if conv.spectral is not None:
+            conv.spectral.min_blocks = policy.spectral.min_blocks
         for key, on in (("spectral", block is not None), ("phase_split", conv.phase_split)):
             if on:
                 chosen[key].append(name)

@@ -41,9 +41,18 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SpectralRule", "SpectralPolicy", "SpectralPlan", "MEASURED_RULES", "eligible", "spectral_bytes"]
+__all__ = ["SpectralRule", "SpectralPolicy", "SpectralPlan", "MEASURED_RULES", "MIN_BLOCKS", "eligible",
+           "fast_widths", "points", "spectral_bytes"]
+
+
+_CONV = getattr(torch.ops.mkldnn, "_convolution_pointwise", None) \
+    if torch.backends.mkldnn.is_available() else None
+_REORDER = getattr(torch.ops.mkldnn, "_reorder_convolution_weight", None) if _CONV is not None else None
+_GROUP_WIDTHS = (128, 256)  # group widths (in and out) where oneDNN's packed grouped 1x1 conv measured fast
+MIN_BLOCKS = 24             # fewer block rows R: the direct conv (the products' weight read is not paid back)
 
 
 @dataclass(frozen=True)
@@ -67,10 +76,12 @@ class SpectralPolicy:
     """Which convs run spectrally, and at what block size. ``None`` from `block` means direct.
 
     Default ``rules``: the measured break-even at 1 and 2 threads (module docstring): kernels >= 11 at
-    >= 64 channels, kernels >= 7 at >= 256, undilated kernels >= 7 at >= 128. N = 32 at >= 256 channels
-    (it halves the spectra's memory there at no loss of speed), else 64. ``every`` forces the spectral
-    path on every eligible conv (kernel >= 2), N being the smallest power of two >= 4 r, for tests and
-    for comparing the two paths.
+    >= 64 channels, kernels >= 7 at >= 256, undilated kernels >= 7 at >= 128; and only at channel
+    counts whose products' groups oneDNN runs well (`fast_widths`: 64, 128, 256 in and out). N = 32 at
+    >= 256 channels (it halves the spectra's memory there at no loss of speed), else 64. A plan runs
+    direct on calls of fewer than `min_blocks` blocks. ``every`` forces the spectral path on every
+    eligible conv (kernel >= 2) at every length, N being the smallest power of two >= 4 r, for tests
+    and for comparing the two paths.
     """
 
     rules: tuple[SpectralRule, ...] = MEASURED_RULES
@@ -80,23 +91,68 @@ class SpectralPolicy:
         channels = min(cin, cout)
         if self.every:
             return max(8, 1 << math.ceil(math.log2(4 * kernel))) if kernel >= 2 else None
+        if not fast_widths(cin, cout):
+            return None
         if not any(rule.matches(kernel, channels, dilation) for rule in self.rules):
             return None
         return 32 if channels >= 256 else 64
 
+    @property
+    def min_blocks(self) -> int:
+        """Block rows below which a plan's call runs the direct conv (`SpectralPlan.min_blocks`)."""
+        return 1 if self.every else MIN_BLOCKS
 
-def _dft_matrices(n: int, first: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward (2F, N), rows (f, re/im) interleaved; inverse (N - first, 2F), columns (re..., im...),
-    giving the real inverse DFT at steps [first, N)."""
+
+def _dft_matrices(n: int, first: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """float64 real and imaginary parts of the forward DFT, (F, N) each, and of the real inverse DFT at
+    steps [first, N), (N - first, F) each (DC and Nyquist weighted once, the other bins twice)."""
     f = torch.arange(n // 2 + 1, dtype=torch.float64)
     steps = torch.arange(n, dtype=torch.float64)
     angle = 2 * math.pi * torch.outer(f, steps) / n                          # (F, N)
-    forward = torch.stack([torch.cos(angle), -torch.sin(angle)], 1).reshape(-1, n)
     weight = torch.full_like(f, 2.0 / n)
-    weight[0] = weight[-1] = 1.0 / n                                         # DC and Nyquist counted once
+    weight[0] = weight[-1] = 1.0 / n
     back = angle.T[first:]                                                   # (H, F)
-    inverse = torch.cat([torch.cos(back) * weight, -torch.sin(back) * weight], 1)
-    return forward.float(), inverse.float()
+    return torch.cos(angle), -torch.sin(angle), torch.cos(back) * weight, -torch.sin(back) * weight
+
+
+def points(in_ch: int) -> int:
+    """Real products per frequency (m): 2, the stacked form, where its groups of 2 C channels are a
+    width oneDNN runs well (C <= 128); else 3, Gauss's form (groups of C channels)."""
+    return 2 if 2 * in_ch <= max(_GROUP_WIDTHS) else 3
+
+
+def _widths(in_ch: int, out_ch: int) -> tuple[int, int]:
+    """The channels of one group of the products' grouped conv, in and out (2 C, 2 O stacked; C, O Gauss)."""
+    wide = 2 if points(in_ch) == 2 else 1
+    return wide * in_ch, wide * out_ch
+
+
+def _forms(spectrum: torch.Tensor, m: int, dft: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward (G m, N) and inverse (H, G m) matrices and the products' grouped 1x1 conv weight
+    (G m O, m C, 1, 1), G groups, for kernel spectrum (F, C, O) complex and `_dft_matrices` ``dft``.
+
+    m = 2 (stacked; G = F): group f maps [re | im] of X_f to [re | im] of X_f W_f, one real
+    (2C, 2O) matrix [[Wr, Wi], [-Wi, Wr]] (4 F C O numbers, twice the spectrum's 2 F C O).
+    m = 3 (Gauss; G = 3F): points s = re + im, re, im times Wr, Wi - Wr, Wr + Wi; re = k0 - k2,
+    im = k0 + k1 (3 F C O numbers, 3/4 of the stacked form's FLOPs).
+    """
+    fre, fim, ire, iim = dft
+    wr, wi = spectrum.real.transpose(1, 2), spectrum.imag.transpose(1, 2)   # (F, O, C)
+    freqs, out_ch, in_ch = wr.shape
+    if m == 2:
+        forward, inverse = torch.stack([fre, fim], 1), torch.stack([ire, iim], 2)
+        kernel = torch.cat([torch.cat([wr, -wi], 2), torch.cat([wi, wr], 2)], 1)        # (F, 2O, 2C)
+    else:
+        forward, inverse = torch.stack([fre + fim, fre, fim], 1), torch.stack([ire + iim, iim, -ire], 2)
+        kernel = torch.stack([wr, wi - wr, wr + wi], 1)                                 # (F, 3, O, C)
+    return (forward.reshape(-1, fre.shape[1]).float(), inverse.reshape(ire.shape[0], -1).float(),
+            kernel.reshape(-1, _widths(in_ch, out_ch)[0], 1, 1).float().contiguous())
+
+
+def fast_widths(in_ch: int, out_ch: int) -> bool:
+    """Whether the products' grouped conv runs at widths oneDNN was measured fast at. At others (192 and
+    512 measured) its packed weight fits some lengths only; at the rest each call takes ~200 ms."""
+    return all(width in _GROUP_WIDTHS for width in _widths(in_ch, out_ch))
 
 
 class SpectralPlan(nn.Module):
@@ -115,29 +171,33 @@ class SpectralPlan(nn.Module):
                              f"the kernel ({taps} taps, dilation {dilation}, padding {padding})")
         self.taps, self.dilation, self.padding, self.block = taps, dilation, padding, block
         self.hop = block - taps + 1
-        self.freqs = block // 2 + 1
-        dft, idft = _dft_matrices(block, taps - 1)
-        self.register_buffer("dft", dft, persistent=False)                       # (2F, N)
-        self.register_buffer("idft", idft, persistent=False)                     # (H, 2F)
+        self.weight = weight.detach().unsqueeze(2)                               # (O, C, 1, r)
+        self.min_blocks = MIN_BLOCKS
+        self.out_ch, self.points = out_ch, points(in_ch)
         kernel = weight.detach().double().flip(-1).permute(2, 1, 0)              # (r, C, O), reversed taps
         spectrum = torch.fft.rfft(kernel, n=block, dim=0)                        # (F, C, O)
-        self.register_buffer("w_re", spectrum.real.float().contiguous(), persistent=False)
-        self.register_buffer("w_im", spectrum.imag.float().contiguous(), persistent=False)
-        self.out_ch = out_ch
+        dft, idft, products = _forms(spectrum, self.points, _dft_matrices(block, taps - 1))
+        self.groups = products.shape[0] // _widths(in_ch, out_ch)[1]            # F (stacked) or 3F (Gauss)
+        self.register_buffer("dft", dft, persistent=False)                       # (G m, N)
+        self.register_buffer("idft", idft, persistent=False)                     # (H, G m)
+        self.packed = _pack(products, self.groups)                               # oneDNN's blocked layout
+        self.register_buffer("kernel", products if self.packed is None else products.new_empty(0),
+                             persistent=False)                                   # (G m O, m C, 1, 1)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x rows (B, C, 1, T) channels-last -> rows (B, O, 1, T) channels-last (conv + bias); inference
-        only (its GEMMs write into preallocated outputs)."""
+        only. Below `min_blocks` block rows, oneDNN's direct conv (same function)."""
         b, c, _, t = x.shape
-        seq = x.permute(0, 2, 3, 1).reshape(b, t, c)                             # (B, T, C), no copy
         nb = math.ceil(math.ceil(t / self.dilation) / self.hop)
+        if b * self.dilation * (nb if b * self.dilation == 1 else nb + 1) < self.min_blocks:
+            return F.conv2d(x, self.weight, bias, 1, [0, self.padding], [1, self.dilation])
+        seq = x.permute(0, 2, 3, 1).reshape(b, t, c)                             # (B, T, C), no copy
         padded = self._padded(seq, (nb * self.hop + self.taps - 1) * self.dilation)
         windows, per = self._windows(padded, nb)                                 # (R, N, C)
-        spec = torch.matmul(self.dft, windows).view(-1, self.freqs, 2, c)       # (R, F, 2, C)
-        prod = self._products(spec[:, :, 0].transpose(0, 1), spec[:, :, 1].transpose(0, 1))
+        prod = self._products(torch.matmul(self.dft, windows))                  # (R, G m, O)
         if bias is not None:
-            prod[0, 0].add_(bias.detach(), alpha=float(self.block))             # DC term: + bias everywhere
+            prod[:, 0].add_(bias.detach(), alpha=float(self.block))             # DC term: + bias everywhere
         out = self._inverse(prod, b, nb, per)                                    # (B, >= T, O)
         rows = out[:, :t].permute(0, 2, 1).unsqueeze(2)
         return rows if b == 1 else rows.contiguous(memory_format=torch.channels_last)
@@ -168,24 +228,34 @@ class SpectralPlan(nn.Module):
         flat[b * d * per * hop:].zero_()
         return flat.as_strided((b * d * per, n, c), (hop * c, c, 1)), per
 
+    def _products(self, spec: torch.Tensor) -> torch.Tensor:
+        """(R, G m, C) spectra points -> (R, G m, O): per group, (R, m C) @ (m C, m O), as one grouped 1x1
+        conv over the R blocks (channels-last: the (R, G m C) rows are its pixels, no copies)."""
+        rows = spec.shape[0]
+        image = spec.view(1, rows, 1, -1).permute(0, 3, 1, 2)                    # (1, G m C, R, 1)
+        if self.packed is not None:
+            y = _CONV(image, self.packed, None, [0, 0], [1, 1], [1, 1], self.groups, "none", [], "")
+        else:
+            y = F.conv2d(image, self.kernel, groups=self.groups)
+        return y.permute(0, 2, 3, 1).reshape(rows, -1, self.out_ch)
+
     def _inverse(self, prod: torch.Tensor, b: int, nb: int, per: int) -> torch.Tensor:
-        """(2, F, R, O) spectra -> (B, >= nb * H * d, O) time steps (the valid end of each block)."""
+        """(R, G m, O) products -> (B, >= nb * H * d, O) time steps (the valid end of each block)."""
         d, hop, o = self.dilation, self.hop, self.out_ch
-        y = torch.matmul(self.idft, prod.view(2 * self.freqs, -1, o).transpose(0, 1))   # (R, H, O)
+        y = torch.matmul(self.idft, prod)                                        # (R, H, O)
         if d == 1:                                         # each row's blocks are contiguous in time
             return y.view(b, per * hop, o)
         out = prod.new_empty(b, nb, hop, d, o)
         out.copy_(y.view(b, d, per, hop, o)[:, :, :nb].permute(0, 2, 3, 1, 4))
         return out.view(b, nb * hop * d, o)
 
-    def _products(self, x_re: torch.Tensor, x_im: torch.Tensor) -> torch.Tensor:
-        """(F, R, C) real and imaginary parts times the kernel spectrum -> (2, F, R, O) (re, im)."""
-        prod = torch.empty(2, self.freqs, x_re.shape[1], self.out_ch, dtype=x_re.dtype)
-        torch.bmm(x_re, self.w_re, out=prod[0])
-        prod[0].baddbmm_(x_im, self.w_im, alpha=-1.0)
-        torch.bmm(x_re, self.w_im, out=prod[1])
-        prod[1].baddbmm_(x_im, self.w_re)
-        return prod
+
+def _pack(kernel: torch.Tensor, groups: int) -> torch.Tensor | None:
+    """The products' conv weight reordered once into oneDNN's blocked layout (None without oneDNN). A
+    plain weight is reordered on every call (twice the products' time at C = 256)."""
+    if _REORDER is None:
+        return None
+    return _REORDER(kernel, [0, 0], [1, 1], [1, 1], groups, [1, kernel.shape[1] * groups, 64, 1])
 
 
 def eligible(conv: nn.Module) -> bool:
@@ -196,6 +266,8 @@ def eligible(conv: nn.Module) -> bool:
 
 
 def spectral_bytes(module: nn.Module) -> int:
-    """Bytes held by the spectral plans in ``module`` (kernel spectra and DFT matrices)."""
-    return sum(buf.numel() * buf.element_size() for plan in module.modules() if isinstance(plan, SpectralPlan)
-               for buf in plan.buffers())
+    """Bytes held by the spectral plans in ``module`` (product weights, packed or plain, and DFT matrices)."""
+    plans = [plan for plan in module.modules() if isinstance(plan, SpectralPlan)]
+    held = [buf for plan in plans for buf in plan.buffers()]
+    held += [plan.packed for plan in plans if plan.packed is not None]
+    return sum(t.numel() * t.element_size() for t in held)

@@ -1,5 +1,6 @@
-"""Block-spectral conv: the same function as F.conv1d (checked against float64), the policy table, which
-convs `apply_conv_policy` makes spectral, the fused-epilogue paths, plan rebuilds, and trace capture."""
+"""Block-spectral conv: the same function as F.conv1d (checked against float64) in both product forms
+(stacked and Gauss), the direct conv below `min_blocks`, the policy table, which convs `apply_conv_policy`
+makes spectral, the fused-epilogue paths, plan rebuilds, and trace capture."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch import nn
 
 from flashrt.nn.audio import Conv1d, ConvTranspose1d, from_rows, to_rows
 from flashrt.nn.conv_policy import POLICIES, ConvPolicy, apply_conv_policy
-from flashrt.nn.spectral_conv import SpectralPlan, SpectralPolicy, spectral_bytes
+from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPlan, SpectralPolicy, points, spectral_bytes
 from flashrt.runtime.graphs import get_backend
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,6 +29,13 @@ def _conv(cin: int, cout: int, kernel: int, dilation: int = 1, bias: bool = True
     return conv
 
 
+def _spectral(conv: Conv1d, block: int) -> Conv1d:
+    """``conv`` made spectral at every length (the plan's direct fallback off)."""
+    conv.set_spectral(block)
+    conv.spectral.min_blocks = 1
+    return conv
+
+
 def _truth(conv: Conv1d, x: torch.Tensor) -> torch.Tensor:
     bias = None if conv.bias is None else conv.bias.double()
     return F.conv1d(x.double(), conv.weight.double(), bias, padding=conv.padding, dilation=conv.dilation)
@@ -40,6 +48,8 @@ def _truth(conv: Conv1d, x: torch.Tensor) -> torch.Tensor:
     (32, 32, 7, 3, 7, 1, 32),       # shorter than one block
     (4, 4, 5, 2, 9, 2, 8),
     (12, 6, 11, 1, 54, 1, 64),      # exactly one hop
+    (64, 64, 7, 3, 150, 2, 32),     # stacked products at a width oneDNN runs fast (2 C = 128)
+    (160, 96, 7, 1, 90, 1, 32),     # Gauss's three products (C > 128)
 ])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_float64_conv(cin, cout, kernel, dilation, steps, batch, block, bias):
@@ -47,8 +57,7 @@ def test_matches_float64_conv(cin, cout, kernel, dilation, steps, batch, block, 
     x = torch.randn(batch, cin, steps)
     want = _truth(conv, x)
     direct = from_rows(conv(to_rows(x)))
-    conv.set_spectral(block)
-    rows = conv(to_rows(x))
+    rows = _spectral(conv, block)(to_rows(x))
     assert rows.is_contiguous(memory_format=torch.channels_last)         # the layout the next conv wants
     got = from_rows(rows)
     assert got.shape == want.shape
@@ -58,8 +67,7 @@ def test_matches_float64_conv(cin, cout, kernel, dilation, steps, batch, block, 
 
 @pytest.mark.parametrize("into", [False, True])
 def test_epilogue_slope_and_residual(into):
-    conv = _conv(8, 8, 7, 3)
-    conv.set_spectral(32)
+    conv = _spectral(_conv(8, 8, 7, 3), 32)
     x, res = torch.randn(1, 8, 61), torch.randn(1, 8, 61)
     want = _truth(conv, x)
     act = from_rows(conv(to_rows(x), slope=0.1))
@@ -71,17 +79,39 @@ def test_epilogue_slope_and_residual(into):
 
 
 def test_plan_follows_the_weight():
-    conv = _conv(8, 8, 7)
-    conv.set_spectral(32)
+    conv = _spectral(_conv(8, 8, 7), 32)
     x = torch.randn(1, 8, 40)
     before = from_rows(conv(to_rows(x)))
     with torch.no_grad():
         conv.weight.mul_(-2.0)
     conv.reset_derived()                             # what load_module calls after assigning weights
+    conv.spectral.min_blocks = 1
     after = from_rows(conv(to_rows(x)))
     assert conv.spectral_block == 32 and conv.spectral is not None
     assert (after.double() - _truth(conv, x)).abs().max() <= 2e-6
     assert (after - before).abs().max() > 0.1
+
+
+def test_short_calls_run_direct():
+    conv = _conv(64, 64, 11, 3)
+    conv.set_spectral(64)
+    assert conv.spectral.min_blocks == MIN_BLOCKS
+    short, long = torch.randn(1, 64, 900), torch.randn(2, 64, 600)    # R = 3 x 7 blocks; 2 x 3 x 5
+    for x, direct in ((short, True), (long, False)):
+        got = from_rows(conv(to_rows(x), slope=0.2)).double()
+        assert (got - F.leaky_relu(_truth(conv, x), 0.2)).abs().max() <= 3e-6
+        conv.spectral.min_blocks = 10 ** 6                 # the same call forced direct
+        forced = from_rows(conv(to_rows(x), slope=0.2)).double()
+        conv.spectral.min_blocks = MIN_BLOCKS
+        assert torch.equal(got, forced) == direct
+
+
+def test_product_forms():
+    assert points(64) == points(128) == 2 and points(129) == points(256) == 3
+    stacked = SpectralPlan(torch.randn(6, 128, 7), 1, 3, 32)
+    gauss = SpectralPlan(torch.randn(6, 256, 7), 1, 3, 32)
+    assert (stacked.groups, stacked.dft.shape, stacked.idft.shape) == (17, (34, 32), (26, 34))
+    assert (gauss.groups, gauss.dft.shape, gauss.idft.shape) == (51, (51, 32), (26, 51))
 
 
 def test_non_rows_and_other_dtypes_run_direct():
@@ -100,6 +130,8 @@ def test_policy_table():
     assert auto.block(7, 128, 128) == 64 and auto.block(11, 128, 128, dilation=5) == 64
     assert auto.block(7, 128, 128, dilation=3) is None and auto.block(7, 256, 256, dilation=3) == 32
     assert auto.block(7, 64, 64) is None and auto.block(11, 64, 64) == 64 and auto.block(11, 32, 32) is None
+    assert auto.block(7, 192, 256) is None and auto.block(11, 512, 512) is None      # not fast_widths
+    assert auto.min_blocks == MIN_BLOCKS and POLICIES["spectral"].spectral.min_blocks == 1
     every = POLICIES["spectral"].spectral
     assert every.block(3, 4, 4) == 16 and every.block(11, 4, 4) == 64 and every.block(1, 4, 4) is None
     assert POLICIES["direct"] == ConvPolicy() and POLICIES["invariant"].spectral is None
@@ -126,9 +158,13 @@ def test_policy_picks_by_table_and_eligibility():
         if isinstance(conv, (Conv1d, ConvTranspose1d)):
             conv.reset_derived()
     assert _chosen(net, "auto") == (["wide"], [], [])
-    assert spectral_bytes(net) == sum(b.numel() * 4 for b in net.wide.spectral.buffers())
-    assert spectral_bytes(net) >= 8 * 33 * 128 * 128                          # the two kernel spectra
+    plan = net.wide.spectral
+    packed = 0 if plan.packed is None else plan.packed.numel() * 4
+    held = sum(b.numel() * 4 for b in plan.buffers()) + packed
+    assert spectral_bytes(net) == held and plan.min_blocks == MIN_BLOCKS
+    assert spectral_bytes(net) >= 16 * 33 * 128 * 128                         # the stacked products' weight
     assert _chosen(net, "spectral") == (["wide", "narrow", "small"], [], [])  # never grouped
+    assert net.wide.spectral.min_blocks == 1
     assert _chosen(net, "invariant") == ([], ["wide"], ["up"])
     assert spectral_bytes(net) == 0 and net.narrow.spectral is None          # the previous policy undone
     assert _chosen(net, "direct") == ([], [], [])
@@ -145,8 +181,7 @@ def test_plan_rejects_bad_geometry():
 
 
 def test_trace_capture_replays_like_eager():
-    conv = _conv(16, 16, 11, 5)
-    conv.set_spectral(64)
+    conv = _spectral(_conv(16, 16, 11, 5), 64)
     x = to_rows(torch.randn(1, 16, 90))
     out = torch.empty(1, 16, 1, 90).contiguous(memory_format=torch.channels_last)
 
