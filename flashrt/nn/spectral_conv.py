@@ -128,25 +128,31 @@ def _widths(in_ch: int, out_ch: int) -> tuple[int, int]:
 
 
 def _forms(spectrum: torch.Tensor, m: int, dft: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward (G m, N) and inverse (H, G m) matrices and the products' grouped 1x1 conv weight
-    (G m O, m C, 1, 1), G groups, for kernel spectrum (F, C, O) complex and `_dft_matrices` ``dft``.
+    """The forward (P, N) and inverse (H, P) matrices of the P spectra points, and the products' grouped
+    1x1 conv weight (G w O, w C, 1, 1) (G groups of width w C), for kernel spectrum (F, C, O) complex and
+    `_dft_matrices` ``dft``. The DC and Nyquist bins are real (N even): one real product each.
 
-    m = 2 (stacked; G = F): group f maps [re | im] of X_f to [re | im] of X_f W_f, one real
-    (2C, 2O) matrix [[Wr, Wi], [-Wi, Wr]] (4 F C O numbers, twice the spectrum's 2 F C O).
-    m = 3 (Gauss; G = 3F): points s = re + im, re, im times Wr, Wi - Wr, Wr + Wi; re = k0 - k2,
-    im = k0 + k1 (3 F C O numbers, 3/4 of the stacked form's FLOPs).
+    m = 2 (stacked, w = 2; G = F - 1): group f maps [re | im] of X_f to [re | im] of X_f W_f by one
+    real (2C, 2O) matrix [[Wr, Wi], [-Wi, Wr]]; DC and Nyquist share the first group, by
+    diag(W_0, W_N/2). 4 (F - 1) C O numbers, about twice the spectrum's.
+    m = 3 (Gauss, w = 1; G = 3 F - 4): points s = re + im, re, im times Wr, Wi - Wr, Wr + Wi, then
+    re = k0 - k2, im = k0 + k1; DC and Nyquist one group each. 3/4 of the stacked form's numbers and FLOPs.
     """
     fre, fim, ire, iim = dft
     wr, wi = spectrum.real.transpose(1, 2), spectrum.imag.transpose(1, 2)   # (F, O, C)
-    freqs, out_ch, in_ch = wr.shape
+    ends, inner = [0, -1], slice(1, -1)
     if m == 2:
         forward, inverse = torch.stack([fre, fim], 1), torch.stack([ire, iim], 2)
         kernel = torch.cat([torch.cat([wr, -wi], 2), torch.cat([wi, wr], 2)], 1)        # (F, 2O, 2C)
+        real = torch.block_diag(wr[0], wr[-1]).unsqueeze(0)                              # (1, 2O, 2C)
     else:
         forward, inverse = torch.stack([fre + fim, fre, fim], 1), torch.stack([ire + iim, iim, -ire], 2)
-        kernel = torch.stack([wr, wi - wr, wr + wi], 1)                                 # (F, 3, O, C)
-    return (forward.reshape(-1, fre.shape[1]).float(), inverse.reshape(ire.shape[0], -1).float(),
-            kernel.reshape(-1, _widths(in_ch, out_ch)[0], 1, 1).float().contiguous())
+        kernel = torch.stack([wr, wi - wr, wr + wi], 1).flatten(1, 2)                   # (F, 3O, C)
+        real = wr[ends]                                                                  # (2, O, C)
+    forward = torch.cat([fre[ends], forward[inner].flatten(0, 1)])
+    inverse = torch.cat([ire[:, ends], inverse[:, inner].flatten(1, 2)], 1)
+    kernel = torch.cat([real.flatten(0, 1), kernel[inner].flatten(0, 1)])
+    return forward.float(), inverse.float(), kernel.unsqueeze(2).unsqueeze(3).float().contiguous()
 
 
 def fast_widths(in_ch: int, out_ch: int) -> bool:
@@ -166,9 +172,9 @@ class SpectralPlan(nn.Module):
     def __init__(self, weight: torch.Tensor, dilation: int, padding: int, block: int) -> None:
         super().__init__()
         out_ch, in_ch, taps = weight.shape
-        if block < 2 * taps - 2 or 2 * padding != dilation * (taps - 1):
-            raise ValueError(f"spectral conv needs 'same' padding and a block ({block}) of at least twice "
-                             f"the kernel ({taps} taps, dilation {dilation}, padding {padding})")
+        if block < 2 * taps - 2 or block % 2 or 2 * padding != dilation * (taps - 1):
+            raise ValueError(f"spectral conv needs 'same' padding and an even block ({block}) of at least "
+                             f"twice the kernel ({taps} taps, dilation {dilation}, padding {padding})")
         self.taps, self.dilation, self.padding, self.block = taps, dilation, padding, block
         self.hop = block - taps + 1
         self.weight = weight.detach().unsqueeze(2)                               # (O, C, 1, r)
@@ -177,12 +183,12 @@ class SpectralPlan(nn.Module):
         kernel = weight.detach().double().flip(-1).permute(2, 1, 0)              # (r, C, O), reversed taps
         spectrum = torch.fft.rfft(kernel, n=block, dim=0)                        # (F, C, O)
         dft, idft, products = _forms(spectrum, self.points, _dft_matrices(block, taps - 1))
-        self.groups = products.shape[0] // _widths(in_ch, out_ch)[1]            # F (stacked) or 3F (Gauss)
-        self.register_buffer("dft", dft, persistent=False)                       # (G m, N)
-        self.register_buffer("idft", idft, persistent=False)                     # (H, G m)
+        self.groups = products.shape[0] // _widths(in_ch, out_ch)[1]    # F - 1 (stacked), 3 F - 4 (Gauss)
+        self.register_buffer("dft", dft, persistent=False)                       # (P, N)
+        self.register_buffer("idft", idft, persistent=False)                     # (H, P)
         self.packed = _pack(products, self.groups)                               # oneDNN's blocked layout
         self.register_buffer("kernel", products if self.packed is None else products.new_empty(0),
-                             persistent=False)                                   # (G m O, m C, 1, 1)
+                             persistent=False)                                   # (G w O, w C, 1, 1)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -195,7 +201,7 @@ class SpectralPlan(nn.Module):
         seq = x.permute(0, 2, 3, 1).reshape(b, t, c)                             # (B, T, C), no copy
         padded = self._padded(seq, (nb * self.hop + self.taps - 1) * self.dilation)
         windows, per = self._windows(padded, nb)                                 # (R, N, C)
-        prod = self._products(torch.matmul(self.dft, windows))                  # (R, G m, O)
+        prod = self._products(torch.matmul(self.dft, windows))                  # (R, P, O)
         if bias is not None:
             prod[:, 0].add_(bias.detach(), alpha=float(self.block))             # DC term: + bias everywhere
         out = self._inverse(prod, b, nb, per)                                    # (B, >= T, O)
@@ -229,10 +235,10 @@ class SpectralPlan(nn.Module):
         return flat.as_strided((b * d * per, n, c), (hop * c, c, 1)), per
 
     def _products(self, spec: torch.Tensor) -> torch.Tensor:
-        """(R, G m, C) spectra points -> (R, G m, O): per group, (R, m C) @ (m C, m O), as one grouped 1x1
-        conv over the R blocks (channels-last: the (R, G m C) rows are its pixels, no copies)."""
+        """(R, P, C) spectra points -> (R, P, O): per group, (R, w C) @ (w C, w O), as one grouped 1x1
+        conv over the R blocks (channels-last: the (R, P C) rows are its pixels, no copies)."""
         rows = spec.shape[0]
-        image = spec.view(1, rows, 1, -1).permute(0, 3, 1, 2)                    # (1, G m C, R, 1)
+        image = spec.view(1, rows, 1, -1).permute(0, 3, 1, 2)                    # (1, P C, R, 1)
         if self.packed is not None:
             y = _CONV(image, self.packed, None, [0, 0], [1, 1], [1, 1], self.groups, "none", [], "")
         else:
@@ -240,7 +246,7 @@ class SpectralPlan(nn.Module):
         return y.permute(0, 2, 3, 1).reshape(rows, -1, self.out_ch)
 
     def _inverse(self, prod: torch.Tensor, b: int, nb: int, per: int) -> torch.Tensor:
-        """(R, G m, O) products -> (B, >= nb * H * d, O) time steps (the valid end of each block)."""
+        """(R, P, O) products -> (B, >= nb * H * d, O) time steps (the valid end of each block)."""
         d, hop, o = self.dilation, self.hop, self.out_ch
         y = torch.matmul(self.idft, prod)                                        # (R, H, O)
         if d == 1:                                         # each row's blocks are contiguous in time
