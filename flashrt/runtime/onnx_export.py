@@ -48,7 +48,7 @@ from flashrt.runtime.graphs import named_tensors
 from flashrt.runtime.trace import Recorder, Step, _bound, _DispatchRecorder, _FunctionChecker
 
 OPSET = 19  # the first with float8 QuantizeLinear / DequantizeLinear (flashrt's fp8 GEMMs)
-SCHEME_VERSION = 4  # bump when what an exported file means changes (naming, plan rules, lowerings)
+SCHEME_VERSION = 5  # bump when what an exported file means changes (naming, plan rules, lowerings)
 
 # --------------------------------------------------------------------------------------- recording
 
@@ -598,10 +598,11 @@ def _translations() -> dict[Any, Callable[..., Any]]:
     """ONNX forms the exporter is given: the fp8 Q/DQ of a quantized GEMM's portable form
     (`flashrt.quant.linear.fp8_qdq`, `fp8_dequant`) as float8e4m3fn QuantizeLinear / DequantizeLinear with
     the calibrated scale (zero point 0, saturating); and a write into a slice (aten slice_scatter, what an
-    in-place op on ``y[..., a:b]`` becomes) as a Concat of the kept parts of the tensor around the new
-    block along that axis (a ScatterElements at a step other than 1). torch's own form transposes the
-    axis to the front and back around a ScatterND, two copies of the whole tensor for a write of a few
-    steps (BigVGAN's resampler edges: 44 % of its onnxruntime time). Same values: copies."""
+    in-place op on ``y[..., a:b]`` becomes) as a ScatterElements along that axis where the block is at
+    most half the axis (onnxruntime writes it in place when nothing else reads the old tensor), else as a
+    Concat of the kept parts around the new block. torch's own form transposes the axis to the front and
+    back around a ScatterND, two copies of the whole tensor for a write of a few steps (BigVGAN's
+    resampler edges: 44 % of its onnxruntime time; a Concat still cost 12 %). Same values: copies."""
     import onnx
     from onnxscript import opset19 as op
 
@@ -624,7 +625,7 @@ def _translations() -> dict[Any, Callable[..., Any]]:
         lo, hi = (max(0, min(size, v + size if v < 0 else v))
                   for v in (start or 0, size if end is None else end))
         ints = lambda *v: op.Constant(value_ints=list(v))      # noqa: E731
-        if step != 1:
+        if step != 1 or 2 * len(range(lo, hi, step)) <= size:
             shape = [1] * rank
             shape[dim] = len(range(lo, hi, step))
             index = op.Reshape(ints(*range(lo, hi, step)), ints(*shape))

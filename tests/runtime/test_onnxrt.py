@@ -431,6 +431,7 @@ def test_inner_axis_writes_squares_and_depthwise_upsampling_export_as_cheap_ops(
         up = torch.nn.functional.conv_transpose2d(bufs["x"], filt, stride=(1, 2), padding=(0, 5), groups=4)
         up[..., :3].add_(bufs["x"][..., :1] * 0.5)                               # slice write
         up[..., 40::3].mul_(2.0)                                                  # strided slice write
+        up[..., 4:40].sub_(up[..., 8:44] * 0.125)                                 # a wide one: Concat
         fill = (2 * n + torch.arange(5)).clamp_max(47)
         up.index_copy_(-1, fill, up.index_select(-1, fill).masked_fill_(fill >= 2 * n, 0.0))
         edge = bufs["x"][..., :1] * torch.tensor([0.25, 0.5])
