@@ -68,18 +68,18 @@ class SpectralRule:
         return kernel >= self.kernel and channels >= self.channels and (dilation == 1 or not self.undilated)
 
 
-MEASURED_RULES = (SpectralRule(11, 64), SpectralRule(7, 256), SpectralRule(7, 128, undilated=True))
+MEASURED_RULES = (SpectralRule(7, 64),)
 
 
 @dataclass(frozen=True)
 class SpectralPolicy:
     """Which convs run spectrally, and at what block size. ``None`` from `block` means direct.
 
-    Default ``rules``: the measured break-even at 1 and 2 threads (module docstring): kernels >= 11 at
-    >= 64 channels, kernels >= 7 at >= 256, undilated kernels >= 7 at >= 128; and only at channel
-    counts whose products' groups oneDNN runs well (`fast_widths`: 64, 128, 256 in and out). N = 32 at
-    >= 256 channels (it halves the spectra's memory there at no loss of speed), else 64. A plan runs
-    direct on calls of fewer than `min_blocks` blocks. ``every`` forces the spectral path on every
+    Default ``rules``: the measured break-even at 1 thread (module docstring): kernels >= 7 at >= 64
+    channels, at channel counts whose products' groups oneDNN runs well (`fast_widths`: 64, 128, 256 in
+    and out). N: the smallest power of two >= 2 (r - 1) at >= 256 channels, twice that below (the
+    products' weight is read once per call: the wide convs, few rows per call, want it small). A plan
+    runs direct on calls of fewer than `min_blocks` blocks. ``every`` forces the spectral path on every
     eligible conv (kernel >= 2) at every length, N being the smallest power of two >= 4 r, for tests
     and for comparing the two paths.
     """
@@ -95,7 +95,8 @@ class SpectralPolicy:
             return None
         if not any(rule.matches(kernel, channels, dilation) for rule in self.rules):
             return None
-        return 32 if channels >= 256 else 64
+        least = 1 << math.ceil(math.log2(2 * kernel - 2))
+        return least if channels >= 256 else 2 * least
 
     @property
     def min_blocks(self) -> int:
