@@ -1,34 +1,42 @@
-"""Block-spectral 1-D convolution on CPU: a stride-1 conv as three GEMMs (overlap-save, real DFT by matmul).
+"""Block-spectral 1-D convolution on CPU: a stride-1 conv as a DFT GEMM, one grouped 1x1 conv of the
+frequency products, and an inverse DFT GEMM (overlap-save, real DFT by matmul).
 
 Shape legend:
     B  batch
     C  input channels, O output channels
     T  time steps (input and output: 'same' padding)
     r  kernel taps, d dilation
-    N  block size (DFT length); H = N - r + 1 outputs per block; F = N // 2 + 1 frequencies
+    N  block size (DFT length, even); H = N - r + 1 outputs per block; F = N // 2 + 1 frequencies
     nb blocks per dilation phase; R = B * nb * d block rows
+    P  spectra points (real rows per block); G groups of the products (`_forms`)
 
 Why: a direct conv costs 2 r C O multiply-adds per output step. Cut the (dilation-phase) sequence into
 overlapping blocks of N steps, take each block's real DFT, multiply per frequency by the kernel's DFT (a
 complex C x O matrix) and transform back; the last H steps of each block are exact (overlap-save). Per
-output step that is 8 F C O / H for the per-frequency GEMMs plus two small DFT GEMMs, e.g. for r = 11,
-N = 64: about 3x fewer FLOPs than direct. Every stage is a GEMM (no FFT library, no transposes of
-complex data): the forward DFT is one matmul of the (2F, N) DFT matrix with overlapping windows viewed
-in place, the frequency products are four batched GEMMs over F (real and imaginary parts), the inverse
-DFT is one (H, 2F) matmul. The result is the same function as ``F.conv1d``, and in fp32 closer to the
-float64 result than oneDNN's direct conv (measured 2e-6 vs 6e-6 to 1e-5 max |err| on unit-variance
-inputs).
+output step that is about 8 F C O / H for the products plus two small DFT GEMMs, e.g. for r = 11,
+N = 64: about 3x fewer FLOPs than direct. Every stage is a GEMM on data in place (no FFT library, no
+transposes of complex data): the forward DFT is one matmul of a (P, N) matrix with the overlapping
+windows viewed in place, giving (R, P, C) spectra points; the products are one oneDNN grouped 1x1 conv
+over those R rows (a real GEMM per frequency, channels-last: its pixels are the rows, no copies); the
+inverse DFT is one (H, P) matmul. Two product forms (`points`): stacked, [re | im] (R, 2C) times the
+real (2C, 2O) form of the complex kernel, where 2C <= 256; Gauss's three real products per frequency
+(groups of C) at wider convs, where oneDNN's grouped kernels at 512 channels per group fall off a cliff.
+The result is the same function as ``F.conv1d``, and in fp32 closer to the float64 result than oneDNN's
+direct conv (measured 2e-6 to 3e-6 vs 6e-6 to 1e-5 max |err| on unit-variance inputs).
 
-Measured on the dev CPU (Xeon with AVX-512, 2026-11-29), ms per conv with its leaky-relu epilogue,
-oneDNN direct -> spectral at 1 thread (speedup at 2 threads in brackets): C = O = 256, T = 1600:
-r 7 d 3: 10.7 -> 5.7 (1.44x), r 11 d 5: 17.1 -> 5.7 (2.1x) (N 32); C = 128, T = 12800: r 7 d 1: 18.1
--> 11.6 (1.27x), r 7 d 3: 16.8 -> 15.2 (0.84x: slower), r 11 d 5: 30.0 -> 14.5 (1.75x) (N 64); C = 64,
-T = 25600: r 11 d 1: 13.5 -> 9.9 (1.26x), r 11 d 5: 16.9 -> 12.5 (1.24x), r 7: 7.8 -> 7.3 (slower at 2).
-Kernels 3 and 5, and anything at 32 channels, are slower spectral at every width tried (the transforms
-are not paid back). `SpectralPolicy`'s rules encode that table; `flashrt.nn.conv_policy` applies it.
-The price is memory: the kernel spectra take 8 F C O bytes per conv (8.9 MB at C = O = 256, N = 32;
-157 MB over HiFi-GAN V1's 28 spectral convs, whose own weights are 56 MB), reported by
-`spectral_bytes` and `Vocoder.describe()`.
+Measured on the dev CPU (AMD EPYC Zen 4, AVX-512, MKL BLAS, 2026-12-02), ms per conv with its
+leaky-relu, 1 thread, oneDNN direct -> four-bmm spectral (the previous form) -> this one, at HiFi-GAN
+V1's 200-frame lengths: C = O = 256, T = 1600: r 7 d 1: 14.6 -> 12.8 -> 8.5 (N 16), r 11 d 5: 22.3 ->
+15.7 -> 9.9 (N 32); C = 128, T = 12800: r 7 d 1: 27.0 -> 23.0 -> 17.0 (N 32), r 7 d 3: 26.7 -> 19.3,
+r 11 d 1: 41.4 -> 24.3 -> 18.7 (N 64); C = 64, T = 25600: r 7 d 1: 14.1 -> 12.1, r 11 d 1: 20.8 ->
+17.8 -> 13.9 (N 64). The four products as MKL bmm ran at ~70 GFLOP/s, as one grouped conv ~100
+(oneDNN's direct conv ~95); the DFT GEMMs run ~55. Kernels 3 and 5, and anything at 32 channels, are
+slower spectral (the transforms are not paid back); so are short calls (fewer than `MIN_BLOCKS` block
+rows, where reading the products' weight dominates: the plan runs the direct conv there).
+`SpectralPolicy`'s rules encode that; `flashrt.nn.conv_policy` applies it. The price is memory: the
+products' weights take 16 (F - 1) C O bytes per conv stacked, 4 (3 F - 4) C O Gauss (about twice and
+1.5x the kernel spectrum): 205 MB over HiFi-GAN V1's 36 spectral convs (whose own weights are 56 MB),
+reported by `spectral_bytes` and `Vocoder.describe()`.
 
 Layout: input and output are "rows" (B, C, 1, T) channels-last (`flashrt.nn.audio.to_rows`), i.e.
 (B, T, C) in memory, the layout the rest of the vocoder runs in. CPU float32 only; anything else uses
