@@ -210,9 +210,7 @@ class SpectralPlan(nn.Module):
         seq = x.permute(0, 2, 3, 1).reshape(b, t, c)                             # (B, T, C), no copy
         padded = self._padded(seq, (nb * self.hop + self.taps - 1) * self.dilation)
         windows, per = self._windows(padded, nb)                                 # (R, N, C)
-        prod = self._products(torch.matmul(self.dft, windows))                  # (R, P, O)
-        if bias is not None:
-            prod[:, 0].add_(bias.detach(), alpha=float(self.block))             # DC term: + bias everywhere
+        prod = self._products(torch.matmul(self.dft, windows), bias)            # (R, P, O)
         out = self._inverse(prod, b, nb, per)                                    # (B, >= T, O)
         rows = out[:, :t].permute(0, 2, 1).unsqueeze(2)
         return rows if b == 1 else rows.contiguous(memory_format=torch.channels_last)
@@ -243,15 +241,19 @@ class SpectralPlan(nn.Module):
         flat[b * d * per * hop:].zero_()
         return flat.as_strided((b * d * per, n, c), (hop * c, c, 1)), per
 
-    def _products(self, spec: torch.Tensor) -> torch.Tensor:
+    def _products(self, spec: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """(R, P, C) spectra points -> (R, P, O): per group, (R, w C) @ (w C, w O), as one grouped 1x1
-        conv over the R blocks (channels-last: the (R, P C) rows are its pixels, no copies)."""
+        conv over the R blocks (channels-last: the (R, P C) rows are its pixels, no copies). The conv's
+        ``bias`` enters as N x bias on the DC point (+ bias at every step after the inverse DFT)."""
         rows = spec.shape[0]
         image = spec.view(1, rows, 1, -1).permute(0, 3, 1, 2)                    # (1, P C, R, 1)
+        if bias is not None:
+            rest = bias.new_zeros((self.dft.shape[0] - 1) * self.out_ch)
+            bias = torch.cat([bias.detach() * float(self.block), rest])
         if self.packed is not None:
-            y = _CONV(image, self.packed, None, [0, 0], [1, 1], [1, 1], self.groups, "none", [], "")
+            y = _CONV(image, self.packed, bias, [0, 0], [1, 1], [1, 1], self.groups, "none", [], "")
         else:
-            y = F.conv2d(image, self.kernel, groups=self.groups)
+            y = F.conv2d(image, self.kernel, bias, groups=self.groups)
         return y.permute(0, 2, 3, 1).reshape(rows, -1, self.out_ch)
 
     def _inverse(self, prod: torch.Tensor, b: int, nb: int, per: int) -> torch.Tensor:
