@@ -361,7 +361,7 @@ def _depthwise_phases(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, 
 def _shift(x: torch.Tensor, left: int, right: int) -> torch.Tensor:
     """x with ``left`` / ``right`` zeros added on the last axis (a negative count cuts that many steps)."""
     x = x[..., max(0, -left):x.shape[-1] - max(0, -right)]
-    return torch.nn.functional.pad(x, (max(0, left), max(0, right))) if left > 0 or right > 0 else x
+    return F.pad(x, (max(0, left), max(0, right))) if left > 0 or right > 0 else x
 
 
 def _conv_pointwise(x, w, b, padding, stride, dilation, groups, attr, scalars, algorithm):
@@ -625,6 +625,8 @@ def _translations() -> dict[Any, Callable[..., Any]]:
         lo, hi = (max(0, min(size, v + size if v < 0 else v))
                   for v in (start or 0, size if end is None else end))
         ints = lambda *v: op.Constant(value_ints=list(v))      # noqa: E731
+        if not len(range(lo, hi, step)):
+            return op.Identity(x)
         if step != 1 or 2 * len(range(lo, hi, step)) <= size:
             shape = [1] * rank
             shape[dim] = len(range(lo, hi, step))
