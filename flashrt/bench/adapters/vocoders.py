@@ -60,7 +60,7 @@ import torch
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
-from flashrt.frontends.vocoders import checkpoint_config, get_family
+from flashrt.frontends.vocoders import checkpoint_config, get_family, prepare_module
 from flashrt.frontends.vocoders.frontend import VocoderFrontend
 from flashrt.frontends.vocoders.synthetic import WRITERS, random_module
 from flashrt.profile.timers import StageTimer
@@ -308,7 +308,8 @@ class VocoderBenchmark:
         if self.folder is None:
             cfg = bench_config(self.spec, self.profile)
             cfg = replace(cfg, noise=True, **self.noise) if self.noise else cfg   # with its noise blocks
-            module = random_module(family, cfg, self.seed, self.device, dtype)
+            module = prepare_module(family, random_module(family, cfg, self.seed, self.device, dtype),
+                                    self.device, dtype)                  # the family's conv policy, as loaded
         else:
             loaded = load_vocoder(self.folder, self.device, self.precision, family=self.spec.family,
                                   config=self._folder_config(family), capture=False, overrides=self.noise)

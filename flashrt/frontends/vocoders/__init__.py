@@ -81,8 +81,9 @@ from flashrt.nn.conv_policy import apply_conv_policy
 from flashrt.quant.precision import compute_dtype
 from flashrt.resources import list_data, read_data
 
-__all__ = ["load_vocoder_module", "load_vocoder_frontend", "LoadedVocoder", "register_vocoder", "get_family",
-           "families", "read_card", "checkpoint_config", "VocoderFamily", "VocoderFrontend"]
+__all__ = ["load_vocoder_module", "prepare_module", "load_vocoder_frontend", "LoadedVocoder",
+           "register_vocoder", "get_family", "families", "read_card", "checkpoint_config", "VocoderFamily",
+           "VocoderFrontend"]
 
 _FAMILY_MODULES = {
     "hifigan": "flashrt.frontends.vocoders.hifigan",
@@ -278,10 +279,19 @@ def load_vocoder_module(
     cfg = _pick_config(fam, config, card, ckpt_config)
     cfg = config_for(fam, cfg, overrides) if overrides else cfg
     module = load_module(lambda: fam.build(cfg), ckpt, fam.weight_map(cfg, ckpt), device=device, dtype=dtype)
+    prepare_module(fam, module, device, dtype, conv)
+    return LoadedVocoder(fam, cfg, module, dtype, card.get("runtime", {}))
+
+
+def prepare_module(fam: VocoderFamily, module: torch.nn.Module, device: str | torch.device,
+                   dtype: torch.dtype, conv: str | None = None) -> torch.nn.Module:
+    """The load-time choices every vocoder module gets, however its weights came (a checkpoint, or
+    `flashrt.frontends.vocoders.synthetic.random_module`): the conv policy (``conv``, else the family's
+    default) and, for CPU float32, the measured snake sine. Returns ``module``."""
     apply_conv_policy(module, CONV_POLICIES[conv or fam.conv])
     if torch.device(device).type == "cpu" and dtype == torch.float32 and use_sine(module, "aten"):
         use_sine(module, pick_sine())
-    return LoadedVocoder(fam, cfg, module, dtype, card.get("runtime", {}))
+    return module
 
 
 def load_vocoder_frontend(

@@ -69,6 +69,15 @@ def test_random_weights_are_seeded(name):
     assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
 
 
+def test_benched_modules_run_the_family_conv_policy(benches):
+    """Random weights (no package) or the package's checkpoint: the module benched is the one
+    `load_vocoder` would give, with the family's default conv policy (BigVGAN: invariant forms)."""
+    from flashrt.nn.audio import ConvTranspose1d
+
+    ups = [m for m in benches["bigvgan"].voc.module.modules() if isinstance(m, ConvTranspose1d)]
+    assert get_family("bigvgan").conv == "invariant" and ups and all(m.polyphase for m in ups)
+
+
 def test_hifigan_flops_match_a_hand_count(benches):
     """2 x multiply-adds of every convolution of the tiny HiFi-GAN at its frame count (biases excluded)."""
     bench = benches["hifigan"]
