@@ -29,7 +29,7 @@ from torch import nn
 from flashrt.io.transforms import weight_norm
 from flashrt.io.weightmap import Rule
 from flashrt.nn.reach import Reach, get_padding
-from flashrt.nn.spectral_conv import SpectralPlan
+from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPlan
 from flashrt.nn.valid import EXACT
 
 __all__ = ["ROWS", "to_rows", "from_rows", "Conv1d", "ConvTranspose1d", "polyphase_weight", "conv1d",
@@ -151,6 +151,7 @@ class Conv1d(nn.Conv1d):
         self.halo = dilation * (kernel - 1) - pad
         self.register_buffer("weight_rows", torch.empty(0), persistent=False)
         self.spectral_block: int | None = None
+        self.spectral_min_blocks = MIN_BLOCKS       # calls of fewer block rows run direct (`SpectralPlan`)
         self.spectral: SpectralPlan | None = None
         self.phase_split = False
         self.packed: torch.Tensor | None = None     # weight_rows (or its phase view) in oneDNN's layout
@@ -158,7 +159,7 @@ class Conv1d(nn.Conv1d):
 
     def reset_derived(self) -> None:
         _rows_weight(self)
-        self.set_spectral(self.spectral_block)
+        self.set_spectral(self.spectral_block, self.spectral_min_blocks)
 
     def _geometry(self) -> tuple:
         """(padding, stride, dilation, groups) of the 2-D conv on rows."""
@@ -189,12 +190,15 @@ class Conv1d(nn.Conv1d):
             return self.packed
         return self._phase_weight() if phase else self.weight_rows
 
-    def set_spectral(self, block: int | None) -> None:
-        """Run as a block-spectral conv of block size ``block`` on CPU float32 rows (None: direct). The
-        plan is derived from the current weight (`reset_derived` rebuilds it)."""
-        self.spectral_block = block
+    def set_spectral(self, block: int | None, min_blocks: int = MIN_BLOCKS) -> None:
+        """Run as a block-spectral conv of block size ``block`` on CPU float32 rows (None: direct), calls
+        of fewer than ``min_blocks`` block rows direct. The plan is derived from the current weight
+        (`reset_derived` rebuilds it with the same block and threshold)."""
+        self.spectral_block, self.spectral_min_blocks = block, min_blocks
         self.spectral = None if block is None else \
             SpectralPlan(self.weight, self.dilation[0], self.padding[0], block)
+        if self.spectral is not None:
+            self.spectral.min_blocks = min_blocks
         self.pack()
 
     def reach(self, rate: int = 1) -> Reach:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from flashrt.nn.spectral_conv import SpectralPolicy, eligible
+from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPolicy, eligible
 
 __all__ = ["ConvPolicy", "POLICIES", "apply_conv_policy"]
 
@@ -68,9 +68,8 @@ def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[s
         spectral = policy.spectral is not None and eligible(conv)
         block = policy.spectral.block(taps, in_ch, out_ch, conv.dilation[0]) if spectral else None
         conv.phase_split = invariant and conv.can_phase_split()
-        conv.set_spectral(block)                    # also packs the weight for the algorithm chosen
-        if conv.spectral is not None:
-            conv.spectral.min_blocks = policy.spectral.min_blocks
+        min_blocks = policy.spectral.min_blocks if policy.spectral is not None else MIN_BLOCKS
+        conv.set_spectral(block, min_blocks)        # also packs the weight for the algorithm chosen
         for key, on in (("spectral", block is not None), ("phase_split", conv.phase_split)):
             if on:
                 chosen[key].append(name)

@@ -164,6 +164,8 @@ def test_policy_picks_by_table_and_eligibility():
     assert spectral_bytes(net) >= 16 * 32 * 128 * 128                         # the stacked products' weight
     assert _chosen(net, "spectral") == (["wide", "narrow", "small"], [], [])  # never grouped
     assert net.wide.spectral.min_blocks == 1
+    net.wide.reset_derived()                                                  # a weight reload keeps it
+    assert net.wide.spectral.min_blocks == 1 and net.wide.spectral_block == 64
     assert _chosen(net, "invariant") == ([], ["wide"], ["up"])
     assert spectral_bytes(net) == 0 and net.narrow.spectral is None          # the previous policy undone
     assert _chosen(net, "direct") == ([], [], [])
