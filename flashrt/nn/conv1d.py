@@ -171,9 +171,9 @@ class Conv1d(nn.Conv1d):
     def pack(self) -> None:
         """Reorder the weight once for the algorithm this conv runs (`flashrt.nn.conv_policy` calls it
         after choosing; `reset_derived` after a load): the direct or the phase-split conv's weight in
-        oneDNN's layout; none for a spectral conv."""
+        oneDNN's layout (a spectral conv's too: its calls of too few block rows run the direct conv)."""
         self.packed_phases = self.phase_split
-        if self.spectral is not None or not self.weight_rows.numel():
+        if not self.weight_rows.numel():
             self.packed = None
         elif self.phase_split:
             self.packed = _packed(self._phase_weight(), self._phase_geometry())
@@ -214,7 +214,7 @@ class Conv1d(nn.Conv1d):
                 residual: torch.Tensor | None = None, into: bool = False) -> torch.Tensor:
         x = valid.zero(x, self.halo)
         rows_cpu = x.dim() == 4 and x.device.type == "cpu"
-        if self.spectral is not None and rows_cpu and x.dtype == torch.float32:
+        if self.spectral is not None and rows_cpu and x.dtype == torch.float32 and self.spectral.engages(x):
             y = self.spectral(x.contiguous(memory_format=ROWS), self.bias)
             return _epilogue(y, slope, residual, into)
         if self.phase_split and rows_cpu and not _PLAIN[0]:

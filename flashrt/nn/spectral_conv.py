@@ -203,10 +203,10 @@ class SpectralPlan(nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x rows (B, C, 1, T) channels-last -> rows (B, O, 1, T) channels-last (conv + bias); inference
         only. Below `min_blocks` block rows, oneDNN's direct conv (same function)."""
+        if not self.engages(x):
+            return F.conv2d(x, self.weight, bias, 1, [0, self.padding], [1, self.dilation])
         b, c, _, t = x.shape
         nb = math.ceil(math.ceil(t / self.dilation) / self.hop)
-        if b * self.dilation * (nb if b * self.dilation == 1 else nb + 1) < self.min_blocks:
-            return F.conv2d(x, self.weight, bias, 1, [0, self.padding], [1, self.dilation])
         seq = x.permute(0, 2, 3, 1).reshape(b, t, c)                             # (B, T, C), no copy
         padded = self._padded(seq, (nb * self.hop + self.taps - 1) * self.dilation)
         windows, per = self._windows(padded, nb)                                 # (R, N, C)
@@ -214,6 +214,12 @@ class SpectralPlan(nn.Module):
         out = self._inverse(prod, b, nb, per)                                    # (B, >= T, O)
         rows = out[:, :t].permute(0, 2, 1).unsqueeze(2)
         return rows if b == 1 else rows.contiguous(memory_format=torch.channels_last)
+
+    def engages(self, x: torch.Tensor) -> bool:
+        """Whether a call on rows x (B, C, 1, T) runs spectrally: at least `min_blocks` block rows."""
+        b, t = x.shape[0], x.shape[-1]
+        nb = math.ceil(math.ceil(t / self.dilation) / self.hop)
+        return b * self.dilation * (nb if b * self.dilation == 1 else nb + 1) >= self.min_blocks
 
     def _padded(self, seq: torch.Tensor, steps: int) -> torch.Tensor:
         """(B, T, C) -> (B, steps, C): `padding` zeros, the sequence, zeros (only the pads are zeroed)."""
