@@ -21,6 +21,10 @@ over those R rows (a real GEMM per frequency, channels-last: its pixels are the 
 inverse DFT is one (H, P) matmul. Two product forms (`points`): stacked, [re | im] (R, 2C) times the
 real (2C, 2O) form of the complex kernel, where 2C <= 256; Gauss's three real products per frequency
 (groups of C) at wider convs, where oneDNN's grouped kernels at 512 channels per group fall off a cliff.
+Where torch's CPU kernels are not AVX-512 the same products run as one BLAS batched GEMM over the groups
+(`grouped_products`): oneDNN's AVX2 grouped kernels fall off such cliffs at widths and lengths HiFi-GAN
+uses (measured with oneDNN and MKL capped at AVX2 on the Zen 4: whole V1 1.7x slower than the previous
+four-bmm form with the grouped conv, 1.05-1.18x faster with the batched GEMM).
 The result is the same function as ``F.conv1d``, and in fp32 closer to the float64 result than oneDNN's
 direct conv (measured 2e-6 to 3e-6 vs 6e-6 to 1e-5 max |err| on unit-variance inputs).
 
@@ -45,6 +49,7 @@ the direct conv.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -53,7 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["SpectralRule", "SpectralPolicy", "SpectralPlan", "MEASURED_RULES", "MIN_BLOCKS", "eligible",
-           "fast_widths", "points", "spectral_bytes"]
+           "fast_widths", "grouped_products", "points", "spectral_bytes"]
 
 
 _CONV = getattr(torch.ops.mkldnn, "_convolution_pointwise", None) \
@@ -164,6 +169,16 @@ def _forms(spectrum: torch.Tensor, m: int, dft: tuple) -> tuple[torch.Tensor, to
     return forward.float(), inverse.float(), kernel.unsqueeze(2).unsqueeze(3).float().contiguous()
 
 
+@functools.cache
+def grouped_products() -> bool:
+    """Whether the products run as oneDNN's grouped 1x1 conv (else one BLAS batched GEMM, `_batched`):
+    where torch's CPU kernels run AVX-512. Measured there (Zen 4): ~100 GFLOP/s against the batched
+    GEMM's ~80. With AVX2 kernels (oneDNN capped at AVX2 on the same CPU) the grouped conv falls off a
+    cliff at some (group width, rows) pairs, 3-5x slower than the direct conv (C 128 r 11 at T 12800:
+    546 vs 226 ms; C 256 r 7 d 3 at T 1600: 92 vs 19 ms), while the batched GEMM has none."""
+    return _REORDER is not None and torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 def fast_widths(in_ch: int, out_ch: int) -> bool:
     """Whether the products' grouped conv runs at widths oneDNN was measured fast at. At others (192 and
     512 measured) its packed weight fits some lengths only; at the rest each call takes ~200 ms."""
@@ -195,9 +210,10 @@ class SpectralPlan(nn.Module):
         self.groups = products.shape[0] // _widths(in_ch, out_ch)[1]    # F - 1 (stacked), 3 F - 4 (Gauss)
         self.register_buffer("dft", dft, persistent=False)                       # (P, N)
         self.register_buffer("idft", idft, persistent=False)                     # (H, P)
-        self.packed = _pack(products, self.groups)                               # oneDNN's blocked layout
-        self.register_buffer("kernel", products if self.packed is None else products.new_empty(0),
-                             persistent=False)                                   # (G w O, w C, 1, 1)
+        self.packed = _pack(products, self.groups) if grouped_products() else None  # oneDNN's layout
+        plain = products.view(self.groups, -1, products.shape[1]).transpose(1, 2).contiguous()
+        self.register_buffer("kernel", plain if self.packed is None else products.new_empty(0),
+                             persistent=False)                                   # else (G, w C, w O)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -252,15 +268,25 @@ class SpectralPlan(nn.Module):
         conv over the R blocks (channels-last: the (R, P C) rows are its pixels, no copies). The conv's
         ``bias`` enters as N x bias on the DC point (+ bias at every step after the inverse DFT)."""
         rows = spec.shape[0]
+        if self.packed is None:
+            return self._batched(spec, bias)
         image = spec.view(1, rows, 1, -1).permute(0, 3, 1, 2)                    # (1, P C, R, 1)
         if bias is not None:
             rest = bias.new_zeros((self.dft.shape[0] - 1) * self.out_ch)
             bias = torch.cat([bias.detach() * float(self.block), rest])
-        if self.packed is not None:
-            y = _CONV(image, self.packed, bias, [0, 0], [1, 1], [1, 1], self.groups, "none", [], "")
-        else:
-            y = F.conv2d(image, self.kernel, bias, groups=self.groups)
+        y = _CONV(image, self.packed, bias, [0, 0], [1, 1], [1, 1], self.groups, "none", [], "")
         return y.permute(0, 2, 3, 1).reshape(rows, -1, self.out_ch)
+
+    def _batched(self, spec: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The same products as one batched GEMM over the G groups (BLAS), read and written in place:
+        (G, R, w C) strided views of the spectra times (G, w C, w O) into the (R, P, O) rows."""
+        rows, groups = spec.shape[0], self.groups
+        out = spec.new_empty(rows, spec.shape[1], self.out_ch)
+        torch.bmm(spec.view(rows, groups, -1).transpose(0, 1), self.kernel,
+                  out=out.view(rows, groups, -1).transpose(0, 1))
+        if bias is not None:
+            out[:, 0].add_(bias.detach(), alpha=float(self.block))              # the DC point
+        return out
 
     def _inverse(self, prod: torch.Tensor, b: int, nb: int, per: int) -> torch.Tensor:
         """(R, P, O) products -> (B, >= nb * H * d, O) time steps (the valid end of each block)."""

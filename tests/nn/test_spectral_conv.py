@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flashrt.nn import spectral_conv
 from flashrt.nn.audio import Conv1d, ConvTranspose1d, from_rows, to_rows
 from flashrt.nn.conv_policy import POLICIES, ConvPolicy, apply_conv_policy
 from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPlan, SpectralPolicy, points, spectral_bytes
@@ -63,6 +64,26 @@ def test_matches_float64_conv(cin, cout, kernel, dilation, steps, batch, block, 
     assert got.shape == want.shape
     err, direct_err = (got.double() - want).abs().max(), (direct.double() - want).abs().max()
     assert err <= 3e-6 and err <= 3 * direct_err + 1e-7      # as exact as the direct fp32 conv
+
+
+@pytest.mark.parametrize("cin,cout,kernel,dilation,steps,batch,block", [
+    (64, 64, 7, 3, 150, 2, 32),     # stacked
+    (160, 96, 7, 1, 90, 1, 32),     # Gauss
+    (16, 24, 11, 1, 100, 1, 64),
+])
+def test_batched_products_equal_the_grouped_conv(monkeypatch, cin, cout, kernel, dilation, steps, batch,
+                                                 block):
+    """Where torch's CPU kernels are not AVX-512, the products run as one batched GEMM: the same
+    function (float64 bound) as the grouped conv's, to float32 rounding."""
+    conv = _conv(cin, cout, kernel, dilation)
+    x = to_rows(torch.randn(batch, cin, steps))
+    grouped = _spectral(conv, block)(x)
+    monkeypatch.setattr(spectral_conv, "grouped_products", lambda: False)
+    plan = _spectral(conv, block).spectral
+    assert plan.packed is None and plan.kernel.shape == (plan.groups, *plan.kernel.shape[1:])
+    batched = conv(x)
+    err = (from_rows(batched).double() - _truth(conv, from_rows(x))).abs().max()
+    assert err <= 3e-6 and (batched - grouped).abs().max() <= 2e-6
 
 
 @pytest.mark.parametrize("into", [False, True])
