@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from flashrt.nn import spectral_conv
 from flashrt.nn.audio import Conv1d, ConvTranspose1d, from_rows, to_rows
+from flashrt.nn.conv1d import plain_forms
 from flashrt.nn.conv_policy import POLICIES, ConvPolicy, apply_conv_policy
 from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPlan, SpectralPolicy, points, spectral_bytes
 from flashrt.runtime.graphs import get_backend
@@ -200,6 +202,30 @@ def test_plan_rejects_bad_geometry():
         SpectralPlan(torch.randn(4, 4, 7), dilation=1, padding=2, block=32)
     with pytest.raises(ValueError, match="block"):
         SpectralPlan(torch.randn(4, 4, 11), dilation=1, padding=5, block=8)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_recorded_for_export_as_the_plain_conv():
+    """Inside `plain_forms` (an export recording) a spectral conv runs as the conv it computes: no DFT
+    GEMMs reach the program another runtime gets; eager calls stay spectral."""
+    conv = _spectral(_conv(16, 16, 11, 3), 64)
+    x = to_rows(torch.randn(1, 16, 300))
+    with _Ops() as eager:
+        y = conv(x, slope=0.1)
+    with plain_forms(), _Ops() as recorded:
+        z = conv(x, slope=0.1)
+    assert "matmul" in eager.names or "bmm" in eager.names
+    assert not {"matmul", "bmm", "mm"} & recorded.names
+    assert (y - z).abs().max() <= 2e-6
 
 
 def test_trace_capture_replays_like_eager():
