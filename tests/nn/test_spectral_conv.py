@@ -153,6 +153,7 @@ def test_policy_table():
     assert auto.block(7, 128, 128, dilation=3) == 32 and auto.block(11, 128, 128) == 64  # twice that below
     assert auto.block(7, 64, 64) == 32 and auto.block(11, 64, 64) == 64 and auto.block(11, 32, 32) is None
     assert auto.block(7, 192, 256) is None and auto.block(11, 512, 512) is None      # not fast_widths
+    assert auto.block(7, 128, 128, dilation=5) == 32 and auto.block(7, 128, 128, dilation=12) is None
     assert auto.min_blocks == MIN_BLOCKS and POLICIES["spectral"].spectral.min_blocks == 1
     every = POLICIES["spectral"].spectral
     assert every.block(3, 4, 4) == 16 and every.block(11, 4, 4) == 64 and every.block(1, 4, 4) is None
