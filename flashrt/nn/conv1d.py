@@ -199,7 +199,7 @@ class Conv1d(nn.Conv1d):
         (`reset_derived` rebuilds it with the same block and threshold)."""
         self.spectral_block, self.spectral_min_blocks = block, min_blocks
         self.spectral = None if block is None else \
-            SpectralPlan(self.weight, self.dilation[0], self.padding[0], block)
+            SpectralPlan(self.weight, self.dilation[0], self.padding[0], block, self.bias)
         if self.spectral is not None:
             self.spectral.min_blocks = min_blocks
         self.pack()
@@ -219,7 +219,7 @@ class Conv1d(nn.Conv1d):
         rows_cpu = x.dim() == 4 and x.device.type == "cpu"
         spectral = self.spectral is not None and not _PLAIN[0]
         if spectral and rows_cpu and x.dtype == torch.float32 and self.spectral.engages(x):
-            y = self.spectral(x.contiguous(memory_format=ROWS), self.bias)
+            y = self.spectral(x.contiguous(memory_format=ROWS))
             return _epilogue(y, slope, residual, into)
         if self.phase_split and rows_cpu and not _PLAIN[0]:
             return self._phases(x.contiguous(memory_format=ROWS), slope, residual, into)

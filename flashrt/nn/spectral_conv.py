@@ -54,7 +54,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["SpectralRule", "SpectralPolicy", "SpectralPlan", "MEASURED_RULES", "MIN_BLOCKS", "eligible",
@@ -195,10 +194,14 @@ class SpectralPlan(nn.Module):
 
     weight (O, C, r) float32 on the CPU, ``dilation`` d, ``padding`` the left zero padding (right: the
     rest of the span, output length = input length), ``block`` N >= 2 r - 2 (so a hop H = N - r + 1
-    covers the r - 1 steps of overlap; `_windows` relies on it).
+    covers the r - 1 steps of overlap; `_windows` relies on it), ``bias`` (O,) or None: folded once into
+    the products' DC point (N x bias there is + bias at every step after the inverse DFT). Calls of
+    fewer than `min_blocks` block rows are the owner's to run direct (`engages`; `flashrt.nn.audio.Conv1d`
+    does, with its packed weight and fused epilogue).
     """
 
-    def __init__(self, weight: torch.Tensor, dilation: int, padding: int, block: int) -> None:
+    def __init__(self, weight: torch.Tensor, dilation: int, padding: int, block: int,
+                 bias: torch.Tensor | None = None) -> None:
         super().__init__()
         out_ch, in_ch, taps = weight.shape
         if block < 2 * taps - 2 or block % 2 or 2 * padding != dilation * (taps - 1):
@@ -206,7 +209,6 @@ class SpectralPlan(nn.Module):
                              f"twice the kernel ({taps} taps, dilation {dilation}, padding {padding})")
         self.taps, self.dilation, self.padding, self.block = taps, dilation, padding, block
         self.hop = block - taps + 1
-        self.weight = weight.detach().unsqueeze(2)                               # (O, C, 1, r)
         self.min_blocks = MIN_BLOCKS
         self.out_ch, self.points = out_ch, points(in_ch)
         kernel = weight.detach().double().flip(-1).permute(2, 1, 0)              # (r, C, O), reversed taps
@@ -219,19 +221,20 @@ class SpectralPlan(nn.Module):
         plain = products.view(self.groups, -1, products.shape[1]).transpose(1, 2).contiguous()
         self.register_buffer("kernel", plain if self.packed is None else products.new_empty(0),
                              persistent=False)                                   # else (G, w C, w O)
+        dc = None if bias is None else torch.cat([bias.detach().float() * float(block),
+                                                  bias.new_zeros((dft.shape[0] - 1) * out_ch)])
+        self.register_buffer("point_bias", dc, persistent=False)                # (P O,): N bias at DC
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x rows (B, C, 1, T) channels-last -> rows (B, O, 1, T) channels-last (conv + bias); inference
-        only. Below `min_blocks` block rows, oneDNN's direct conv (same function)."""
-        if not self.engages(x):
-            return F.conv2d(x, self.weight, bias, 1, [0, self.padding], [1, self.dilation])
+        only."""
         b, c, _, t = x.shape
         nb = math.ceil(math.ceil(t / self.dilation) / self.hop)
         seq = x.permute(0, 2, 3, 1).reshape(b, t, c)                             # (B, T, C), no copy
         padded = self._padded(seq, (nb * self.hop + self.taps - 1) * self.dilation)
         windows, per = self._windows(padded, nb)                                 # (R, N, C)
-        prod = self._products(torch.matmul(self.dft, windows), bias)            # (R, P, O)
+        prod = self._products(torch.matmul(self.dft, windows))                  # (R, P, O)
         out = self._inverse(prod, b, nb, per)                                    # (B, >= T, O)
         rows = out[:, :t].permute(0, 2, 1).unsqueeze(2)
         return rows if b == 1 else rows.contiguous(memory_format=torch.channels_last)
@@ -268,29 +271,25 @@ class SpectralPlan(nn.Module):
         flat[b * d * per * hop:].zero_()
         return flat.as_strided((b * d * per, n, c), (hop * c, c, 1)), per
 
-    def _products(self, spec: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """(R, P, C) spectra points -> (R, P, O): per group, (R, w C) @ (w C, w O), as one grouped 1x1
-        conv over the R blocks (channels-last: the (R, P C) rows are its pixels, no copies). The conv's
-        ``bias`` enters as N x bias on the DC point (+ bias at every step after the inverse DFT)."""
+    def _products(self, spec: torch.Tensor) -> torch.Tensor:
+        """(R, P, C) spectra points -> (R, P, O) (+ `point_bias`): per group, (R, w C) @ (w C, w O), as one
+        grouped 1x1 conv over the R blocks (channels-last: the (R, P C) rows are its pixels, no copies)."""
         rows = spec.shape[0]
         if self.packed is None:
-            return self._batched(spec, bias)
+            return self._batched(spec)
         image = spec.view(1, rows, 1, -1).permute(0, 3, 1, 2)                    # (1, P C, R, 1)
-        if bias is not None:
-            rest = bias.new_zeros((self.dft.shape[0] - 1) * self.out_ch)
-            bias = torch.cat([bias.detach() * float(self.block), rest])
-        y = _CONV(image, self.packed, bias, [0, 0], [1, 1], [1, 1], self.groups, "none", [], "")
+        y = _CONV(image, self.packed, self.point_bias, [0, 0], [1, 1], [1, 1], self.groups, "none", [], "")
         return y.permute(0, 2, 3, 1).reshape(rows, -1, self.out_ch)
 
-    def _batched(self, spec: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _batched(self, spec: torch.Tensor) -> torch.Tensor:
         """The same products as one batched GEMM over the G groups (BLAS), read and written in place:
         (G, R, w C) strided views of the spectra times (G, w C, w O) into the (R, P, O) rows."""
         rows, groups = spec.shape[0], self.groups
         out = spec.new_empty(rows, spec.shape[1], self.out_ch)
         torch.bmm(spec.view(rows, groups, -1).transpose(0, 1), self.kernel,
                   out=out.view(rows, groups, -1).transpose(0, 1))
-        if bias is not None:
-            out[:, 0].add_(bias.detach(), alpha=float(self.block))              # the DC point
+        if self.point_bias is not None:
+            out[:, 0].add_(self.point_bias[:self.out_ch])                        # the DC point
         return out
 
     def _inverse(self, prod: torch.Tensor, b: int, nb: int, per: int) -> torch.Tensor:
@@ -304,11 +303,9 @@ class SpectralPlan(nn.Module):
         return out.view(b, nb * hop * d, o)
 
 
-def _pack(kernel: torch.Tensor, groups: int) -> torch.Tensor | None:
-    """The products' conv weight reordered once into oneDNN's blocked layout (None without oneDNN). A
-    plain weight is reordered on every call (twice the products' time at C = 256)."""
-    if _REORDER is None:
-        return None
+def _pack(kernel: torch.Tensor, groups: int) -> torch.Tensor:
+    """The products' conv weight reordered once into oneDNN's blocked layout (a plain weight is
+    reordered on every call: twice the products' time at C = 256)."""
     return _REORDER(kernel, [0, 0], [1, 1], [1, 1], groups, [1, kernel.shape[1] * groups, 64, 1])
 
 
