@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -40,19 +41,24 @@ __all__ = ["ROWS", "to_rows", "from_rows", "Conv1d", "ConvTranspose1d", "polypha
 
 # ------------------------------------------------------------------------------------------ forms
 
-_PLAIN = [False]   # inside `plain_forms`
+_FORMS = threading.local()   # .plain: inside `plain_forms` on this thread (an export elsewhere leaves it)
+
+
+def _plain() -> bool:
+    return getattr(_FORMS, "plain", False)
 
 
 @contextlib.contextmanager
 def plain_forms() -> Iterator[None]:
     """Inside the block every conv runs its plain form whatever its policy chose: a phase-split dilated
     conv as one dilated conv, a polyphase upsampler as one transposed conv, a spectral conv as the conv
-    it computes (see the module docstring). Entered while a program is recorded for export."""
-    before, _PLAIN[0] = _PLAIN[0], True
+    it computes (see the module docstring). Entered while a program is recorded for export; per thread,
+    so a model serving eager calls while another thread exports keeps its own forms."""
+    before, _FORMS.plain = _plain(), True
     try:
         yield
     finally:
-        _PLAIN[0] = before
+        _FORMS.plain = before
 
 # ------------------------------------------------------------------------------------------ rows
 
@@ -199,9 +205,7 @@ class Conv1d(nn.Conv1d):
         (`reset_derived` rebuilds it with the same block and threshold)."""
         self.spectral_block, self.spectral_min_blocks = block, min_blocks
         self.spectral = None if block is None else \
-            SpectralPlan(self.weight, self.dilation[0], self.padding[0], block, self.bias)
-        if self.spectral is not None:
-            self.spectral.min_blocks = min_blocks
+            SpectralPlan(self.weight, self.dilation[0], self.padding[0], block, self.bias, min_blocks)
         self.pack()
 
     def reach(self, rate: int = 1) -> Reach:
@@ -217,11 +221,11 @@ class Conv1d(nn.Conv1d):
                 residual: torch.Tensor | None = None, into: bool = False) -> torch.Tensor:
         x = valid.zero(x, self.halo)
         rows_cpu = x.dim() == 4 and x.device.type == "cpu"
-        spectral = self.spectral is not None and not _PLAIN[0]
+        spectral = self.spectral is not None and not _plain()
         if spectral and rows_cpu and x.dtype == torch.float32 and self.spectral.engages(x):
             y = self.spectral(x.contiguous(memory_format=ROWS))
             return _epilogue(y, slope, residual, into)
-        if self.phase_split and rows_cpu and not _PLAIN[0]:
+        if self.phase_split and rows_cpu and not _plain():
             return self._phases(x.contiguous(memory_format=ROWS), slope, residual, into)
         geometry = self._geometry()
         if _fusable(x) and (slope is None or residual is None):
@@ -326,7 +330,7 @@ class ConvTranspose1d(nn.ConvTranspose1d):
         x = valid.zero(x, self.halo)
         if x.dim() == 3:
             return super().forward(x)
-        if self.polyphase and x.device.type == "cpu" and not _PLAIN[0]:
+        if self.polyphase and x.device.type == "cpu" and not _plain():
             return self._polyphase(x)
         return F.conv_transpose2d(x, self.weight_rows, self.bias, (1, self.stride[0]), (0, self.padding[0]))
 

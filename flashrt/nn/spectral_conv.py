@@ -201,7 +201,7 @@ class SpectralPlan(nn.Module):
     """
 
     def __init__(self, weight: torch.Tensor, dilation: int, padding: int, block: int,
-                 bias: torch.Tensor | None = None) -> None:
+                 bias: torch.Tensor | None = None, min_blocks: int = MIN_BLOCKS) -> None:
         super().__init__()
         out_ch, in_ch, taps = weight.shape
         if block < 2 * taps - 2 or block % 2 or 2 * padding != dilation * (taps - 1):
@@ -209,7 +209,7 @@ class SpectralPlan(nn.Module):
                              f"twice the kernel ({taps} taps, dilation {dilation}, padding {padding})")
         self.taps, self.dilation, self.padding, self.block = taps, dilation, padding, block
         self.hop = block - taps + 1
-        self.min_blocks = MIN_BLOCKS
+        self.min_blocks = min_blocks
         self.out_ch, self.points = out_ch, points(in_ch)
         kernel = weight.detach().double().flip(-1).permute(2, 1, 0)              # (r, C, O), reversed taps
         spectrum = torch.fft.rfft(kernel, n=block, dim=0)                        # (F, C, O)

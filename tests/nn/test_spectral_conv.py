@@ -5,6 +5,7 @@ makes spectral, the fused-epilogue paths, plan rebuilds, and trace capture."""
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -227,6 +228,24 @@ def test_recorded_for_export_as_the_plain_conv():
     assert "matmul" in eager.names or "bmm" in eager.names
     assert not {"matmul", "bmm", "mm"} & recorded.names
     assert (y - z).abs().max() <= 2e-6
+
+
+def test_plain_forms_are_per_thread():
+    """An export recording on one thread leaves another thread's eager calls spectral."""
+    conv = _spectral(_conv(16, 16, 11, 3), 64)
+    x = to_rows(torch.randn(1, 16, 300))
+    seen: list[set[str]] = []
+
+    def eager_call() -> None:
+        with _Ops() as ops:
+            conv(x)
+        seen.append(ops.names)
+
+    with plain_forms():
+        worker = threading.Thread(target=eager_call)
+        worker.start()
+        worker.join()
+    assert seen and ("matmul" in seen[0] or "bmm" in seen[0])
 
 
 def test_trace_capture_replays_like_eager():
