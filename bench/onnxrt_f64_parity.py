@@ -21,9 +21,8 @@ import sys
 
 import torch
 
-from flashrt.frontends.vocoders import get_family
+from flashrt.frontends.vocoders import get_family, prepare_module
 from flashrt.frontends.vocoders.synthetic import random_module
-from flashrt.nn.conv_policy import POLICIES, apply_conv_policy
 from flashrt.runner.vocoder import Vocoder
 
 
@@ -47,7 +46,7 @@ def main(argv: list[str]) -> int:
         exact = [m64(mel.double()) for mel in mels]
     got = {"onnxrt": [onnx(mel) for mel in mels]}
     for name in args.policies.split(","):
-        apply_conv_policy(m32, POLICIES[name])
+        prepare_module(fam, m32, "cpu", torch.float32, name)        # as load_vocoder(conv=name) gives it
         eager = Vocoder(fam, cfg, m32, backend="eager", buckets=(args.frames,)).capture()
         got[f"eager {name}"] = [eager(mel) for mel in mels]
     peak = max(float(y.abs().max()) for y in exact)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from flashrt.frontends.vocoders import get_family
+from flashrt.frontends.vocoders import get_family, prepare_module
 from flashrt.frontends.vocoders.synthetic import random_module
-from flashrt.nn.conv_policy import POLICIES, apply_conv_policy
+from flashrt.nn.conv_policy import POLICIES
 from flashrt.nn.valid import ValidLength
 from flashrt.runtime import onnxrt
 
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     fam, frames, threads = get_family(args.family), args.frames, torch.get_num_threads()
     cfg = fam.presets[args.preset]
     module = random_module(fam, cfg, 0, "cpu", torch.float32)
-    apply_conv_policy(module, POLICIES[args.conv])
+    prepare_module(fam, module, "cpu", torch.float32, args.conv)   # as load_vocoder(conv=...) gives it
     spec = fam.signature(cfg)
     mel = torch.randn(1, spec.inputs[0].channels, frames, generator=torch.Generator().manual_seed(1))
     bufs = {"mel": mel, "length": torch.tensor([frames]), "audio": torch.zeros(1, spec.samples(frames))}

@@ -103,15 +103,14 @@ def test_bigvgan_onnxrt_is_as_close_to_float64_as_eager():
     twice eager (measured at `tiny`, 64 frames: 4.9e-6 vs 5.7e-6; at `base` 200 frames see
     bench/onnxrt_f64_parity.py). And onnxruntime's convs sum in an order that does not depend on where a
     window starts: streamed equals one shot bit for bit."""
-    from flashrt.frontends.vocoders import get_family
+    from flashrt.frontends.vocoders import get_family, prepare_module
     from flashrt.frontends.vocoders.synthetic import random_module
-    from flashrt.nn.conv_policy import POLICIES, apply_conv_policy
     from flashrt.runner.vocoder import Vocoder
 
     fam, frames = get_family("bigvgan"), 64
     cfg = fam.presets["tiny"]
     m32, m64 = (random_module(fam, cfg, 0, "cpu", dtype) for dtype in (torch.float32, torch.float64))
-    apply_conv_policy(m32, POLICIES[fam.conv])
+    prepare_module(fam, m32, "cpu", torch.float32)                 # as load_vocoder gives it
     onnx = Vocoder(fam, cfg, m32, backend="onnxrt", buckets=(frames,)).capture()
     eager = Vocoder(fam, cfg, m32, backend="eager", buckets=(frames,)).capture()
     g = torch.Generator().manual_seed(0)
