@@ -37,6 +37,7 @@ calibrators) and its fp8 counterpart (`fp8_qdq` / `fp8_dequant`, exported as flo
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -476,14 +477,26 @@ class KernelTable:
     Inside `tuning()` (at load), the first call of each (device, kind, mode, M, K, N) times every
     applicable kernel and keeps the fastest (`measured` holds the microseconds). Outside, a known
     shape uses its choice; an unknown M takes the choice of the nearest measured M of the same
-    (K, N); a shape never measured is measured then (counted in `late`)."""
+    (K, N); a shape never measured is measured then (counted in `late`).
+
+    The modes (`tuning`, `portable`) are per thread: an ONNX export recording on one thread does not
+    switch the GEMMs another thread serves with the same table to their portable form."""
 
     choice: dict = field(default_factory=dict)
     measured: dict = field(default_factory=dict)
     late: int = 0
-    tuning: bool = False
-    portable: bool = False
     reps: int = 3
+    modes: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+
+    @property
+    def tuning(self) -> bool:
+        """Inside `tuning()` on this thread."""
+        return getattr(self.modes, "tuning", False)
+
+    @property
+    def portable(self) -> bool:
+        """Inside `portable()` on this thread."""
+        return getattr(self.modes, "portable", False)
 
     def choose(self, w: QuantWeight, x: torch.Tensor) -> str:
         if self.portable:
@@ -551,14 +564,14 @@ TABLE = KernelTable()
 
 @contextlib.contextmanager
 def _flag(table: KernelTable | None, name: str) -> Iterator[KernelTable]:
-    """Set the table's boolean ``name`` inside the block (restored after, nesting included)."""
+    """Set the table's mode ``name`` on this thread inside the block (restored after, nesting included)."""
     table = table or TABLE
-    before = getattr(table, name)
-    setattr(table, name, True)
+    before = getattr(table.modes, name, False)
+    setattr(table.modes, name, True)
     try:
         yield table
     finally:
-        setattr(table, name, before)
+        setattr(table.modes, name, before)
 
 
 def tuning(table: KernelTable | None = None) -> contextlib.AbstractContextManager[KernelTable]:

@@ -89,6 +89,34 @@ def test_portable_qdq_form_matches_float64_reference_and_is_never_measured(mode)
         assert qw[:8].x_scale_value == qw.x_scale_value
 
 
+def test_modes_are_per_thread():
+    """An export recording (`portable`) or a load measuring (`tuning`) on one thread leaves another
+    thread's GEMMs on the same table as they were."""
+    import threading
+
+    torch.manual_seed(5)
+    lin = nn.Linear(64, 48)
+    x = torch.randn(20, 64)
+    qw = L.quantize_weight(lin.weight, "int8", x.abs().amax())
+    table, entered, leave, seen = L.KernelTable(), threading.Event(), threading.Event(), {}
+
+    def export() -> None:
+        with L.portable(table), L.tuning(table):
+            seen["inside"] = (table.portable, table.tuning, table.choose(qw, x))
+            entered.set()
+            leave.wait(10)
+
+    worker = threading.Thread(target=export)
+    worker.start()
+    assert entered.wait(10)
+    seen["other"] = (table.portable, table.tuning, table.choose(qw, x))
+    leave.set()
+    worker.join()
+    assert seen["inside"] == (True, True, "qdq")
+    assert seen["other"][:2] == (False, False) and seen["other"][2] != "qdq"
+    assert not table.portable and not table.tuning
+
+
 def test_portable_fp8_form_equals_the_emulation():
     """fp8's portable form (two ops the export writes as float8 Q/DQ) against the exact emulation."""
     torch.manual_seed(4)
