@@ -3,7 +3,8 @@
 `models/`, `profiles/` and `calibration/` live at the repository root (they are data, edited by people)
 and are installed as `flashrt._models`, `flashrt._profiles` and `flashrt._calibration`, so
 `flashrt.resources` finds them the same way in a wheel and in an editable checkout. `csrc/` (CUDA
-sources, compiled on first use where a toolkit is: `flashrt.runtime.csrc`) ships as `flashrt._csrc`;
+sources, compiled on first use where a toolkit is: `flashrt.runtime.csrc`; C sources of CPU kernels,
+compiled on first use where a C compiler is: `flashrt.runtime.csrc_cpu`) ships as `flashrt._csrc`;
 nothing is compiled at install time.
 """
 

@@ -114,6 +114,8 @@ class Vocoder(StreamRunner):
             if d["spectral_convs"] else ""
         if d["phase_split_convs"]:
             convs += f", {d['phase_split_convs']} phase-split dilated convs (position-invariant)"
+        if d.get("native_activations"):
+            convs += f", {d['native_activations']} anti-aliased activations in the native CPU kernel"
         notes = "".join(f"; {note}" for note in d["notes"])
         warnings = "".join(f"; WARNING: {w}" for w in d["warnings"])
         return (f"{d['family']} vocoder: {d['sample_rate']} Hz, hop {d['hop_length']}, context "

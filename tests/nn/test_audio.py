@@ -460,3 +460,105 @@ def test_polyphase_upsampler_is_position_invariant():
         part = from_rows(up(x[..., start:stop].contiguous(memory_format=torch.channels_last)))
         lo, hi = (start + 2) * 8, (stop - 2) * 8
         assert torch.equal(full[..., lo:hi], part[..., lo - start * 8:hi - start * 8])
+
+
+# ------------------------------------------------------------------ native anti-aliased activation
+
+def _native_or_skip():
+    from flashrt.runtime import csrc_cpu
+
+    if csrc_cpu.load() is None:
+        pytest.skip("the CPU kernels cannot be built here (no C compiler)")
+
+
+def _definition64(act: Activation1d, x: torch.Tensor) -> torch.Tensor:
+    """The anti-aliased snake in float64 from its definition: replicate pad, transposed conv, trim;
+    snake; replicate pad, strided low-pass (rows in, rows out)."""
+    up, down, snake = act.upsample, act.downsample, act.act
+    x = from_rows(x).double()
+    c = x.shape[1]
+    f_up = up.filter.double()
+    y = F.conv_transpose1d(F.pad(x, (up.pad, up.pad), mode="replicate"), f_up, stride=2, groups=c)
+    y = y[..., up.trim_left:y.shape[-1] - up.trim_right]
+    z = y + snake.inv.double() * torch.sin(snake.freq.double() * y) ** 2
+    z = F.pad(z, (down.pad_left, down.pad_right), mode="replicate")
+    return to_rows(F.conv1d(z, down.filter.double(), stride=2, groups=c))
+
+
+@pytest.mark.parametrize("channels,steps,batch", [(16, 1, 1), (16, 5, 2), (48, 13, 1), (64, 64, 1),
+                                                  (96, 200, 2), (128, 301, 1)])
+@pytest.mark.parametrize("snake", [Snake, SnakeBeta])
+def test_native_activation_matches_the_definition(channels, steps, batch, snake):
+    """The C kernel against the float64 definition, as close as the torch form is (it also runs
+    replicate padding at both ends, short sequences included); large snake arguments included."""
+    _native_or_skip()
+    from flashrt.nn.alias_free import use_activation_kernel
+
+    act = _ready(Activation1d(channels, snake(channels)), seed=channels + steps)
+    x = to_rows(torch.randn(batch, channels, steps, generator=torch.Generator().manual_seed(1)) * 3)
+    ref = _definition64(act, x)
+    with torch.no_grad():
+        torch_form = act(x)
+        assert use_activation_kernel(act, "native") == 1
+        native = act(x)
+    assert native.shape == x.shape and native.is_contiguous(memory_format=torch.channels_last)
+    scale = ref.abs().max()
+    err_torch = float((torch_form.double() - ref).abs().max() / scale)
+    err_native = float((native.double() - ref).abs().max() / scale)
+    assert err_native <= max(2 * err_torch, 1e-6), (err_native, err_torch)
+    assert not torch.equal(native, torch_form) or steps == 1   # the kernel really ran
+
+
+def test_native_activation_is_position_invariant():
+    """A window computes each sample away from its ends exactly as the whole sequence does (the tiles,
+    channel blocks and batch rows add in one order): what keeps a stream equal to the one-shot call."""
+    _native_or_skip()
+    from flashrt.nn.alias_free import use_activation_kernel
+
+    act = _ready(Activation1d(80, SnakeBeta(80)))
+    use_activation_kernel(act, "native")
+    x = to_rows(torch.randn(1, 80, 700) * 2)
+    with torch.no_grad():
+        whole = act(x)
+        for start, n in [(0, 50), (3, 64), (77, 129), (250, 300), (640, 60)]:
+            part = act(x[..., start:start + n].contiguous(memory_format=torch.channels_last))
+            assert torch.equal(part[..., 6:n - 6], whole[..., start + 6:start + n - 6]), (start, n)
+        two = act(torch.cat([x[..., :300], x[..., 300:600]]).contiguous(memory_format=torch.channels_last))
+        assert torch.equal(two[1:, ..., 6:294], whole[..., 306:594])
+
+
+def test_native_activation_leaves_other_calls_to_torch():
+    """Padded graphs (ValidLength), recording modes, channels not a multiple of 16 and (B, C, T) inputs
+    run the torch form, bit for bit the same as with the kernel off."""
+    _native_or_skip()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from flashrt.nn.alias_free import use_activation_kernel
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def both(act, *args):
+        with torch.no_grad():
+            use_activation_kernel(act, "torch")
+            off = act(*args)
+            use_activation_kernel(act, "native")
+            return off, act(*args)
+
+    act = _ready(Activation1d(32, SnakeBeta(32)))
+    x = to_rows(torch.randn(1, 32, 40))
+    padded = to_rows(torch.randn(1, 32, 48))
+    for args in [(padded, ValidLength(torch.tensor([40]), 48)), (from_rows(x),)]:
+        off, on = both(act, *args)
+        assert torch.equal(off, on)
+    off, on = both(_ready(Activation1d(24, SnakeBeta(24))), to_rows(torch.randn(1, 24, 40)))
+    assert torch.equal(off, on)
+    use_activation_kernel(act, "native")
+    with torch.no_grad(), Ops():
+        recorded = act(x)
+    use_activation_kernel(act, "torch")
+    with torch.no_grad():
+        assert torch.equal(recorded, act(x))
+    with pytest.raises(ValueError, match="activation kernel"):
+        use_activation_kernel(act, "fast")

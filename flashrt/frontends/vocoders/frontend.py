@@ -46,6 +46,7 @@ from torch import nn
 
 from flashrt.errors import ConfigError, InputError
 from flashrt.frontends.vocoders.base import VocoderFamily, check_inputs
+from flashrt.nn.alias_free import Activation1d
 from flashrt.nn.audio import EXACT, ValidLength
 from flashrt.nn.spectral_conv import SpectralPlan, spectral_bytes
 from flashrt.runtime.buckets import GraphSet
@@ -271,11 +272,12 @@ class VocoderFrontend:
         sig = self.signature
         spectral = sum(1 for m in self.module.modules() if isinstance(m, SpectralPlan))
         split = sum(1 for m in self.module.modules() if getattr(m, "phase_split", False))
+        native = sum(1 for m in self.module.modules() if isinstance(m, Activation1d) and m.kernel == "native")
         return {"family": self.family.name, "sample_rate": sig.sample_rate, "hop_length": sig.hop_length,
                 "context": sig.context, "buckets": list(self.buckets), "backend": self.backend_name,
                 "exact_length": self.exact_length, "batch": self.batch, "dtype": str(self.dtype),
                 "buffer_bytes": self.buffers.nbytes() if self.buffers else 0, "spectral_convs": spectral,
                 "spectral_bytes": spectral_bytes(self.module) if spectral else 0,
-                "phase_split_convs": split, "notes": list(self.family.notes(self.config)),
-                "padding": self.padding.as_dict(),
+                "phase_split_convs": split, "native_activations": native,
+                "notes": list(self.family.notes(self.config)), "padding": self.padding.as_dict(),
                 "warnings": self.padding.warnings(), "kernels_per_replay": self._kernel_count}

@@ -182,3 +182,32 @@ def test_invariant_policy_makes_a_wider_stream_exact():
         delta[policy] = float((torch.cat(parts, -1) - voc(mel)).abs().max())
     # the negative control is CPU-dependent (oneDNN picks its kernels per ISA): 4e-6 on the dev CPU
     assert delta["invariant"] == 0.0, delta
+
+
+def test_native_activations_stream_bit_for_bit_and_match_the_torch_form():
+    """A float32 CPU load runs the anti-aliased activations in the native kernel (where this machine
+    builds it): the stream stays the one-shot output exactly, and the output stays within fp32 noise of
+    the torch form's."""
+    from flashrt.frontends.vocoders import get_family, prepare_module
+    from flashrt.frontends.vocoders.synthetic import random_module
+    from flashrt.nn.alias_free import use_activation_kernel
+    from flashrt.runner.vocoder import Vocoder
+    from flashrt.runtime import csrc_cpu
+
+    if csrc_cpu.load() is None:
+        pytest.skip("the CPU kernels cannot be built here (no C compiler)")
+    fam = get_family("bigvgan")
+    cfg = BigVGANConfig(num_mels=20, upsample_initial_channel=128, upsample_rates=(8, 4),
+                        upsample_kernel_sizes=(16, 8), resblock_kernel_sizes=(3, 11),
+                        resblock_dilation_sizes=((1, 3, 5), (1, 3, 5)))
+    module = prepare_module(fam, random_module(fam, cfg, 0, "cpu", torch.float32), "cpu", torch.float32)
+    voc = Vocoder(fam, cfg, module, buckets=(60,), stream_chunk=8).capture()
+    # 2 stages x 2 blocks x 6, and the last one
+    assert "25 anti-aliased activations in the native CPU kernel" in voc.describe()
+    mel = torch.randn(1, 20, 60, generator=torch.Generator().manual_seed(0))
+    one_shot = voc(mel)
+    parts = list(voc.stream(mel[..., i:i + 7] for i in range(0, 60, 7)))
+    assert torch.equal(torch.cat(parts, -1), one_shot)
+    use_activation_kernel(module, "torch")
+    torch_form = voc(mel)
+    assert 0 < float((one_shot - torch_form).abs().max()) <= 5e-5      # 8e-6 on the dev CPU
