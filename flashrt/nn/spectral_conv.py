@@ -36,10 +36,14 @@ r 11 d 1: 41.4 -> 24.3 -> 18.7 (N 64); C = 64, T = 25600: r 7 d 1: 14.1 -> 12.1,
 17.8 -> 13.9 (N 64). The four products as MKL bmm ran at ~70 GFLOP/s, as one grouped conv ~100
 (oneDNN's direct conv ~95); the DFT GEMMs run ~55. Kernels 3 and 5, and anything at 32 channels, are
 slower spectral (the transforms are not paid back); so are short calls (fewer than `MIN_BLOCKS` block
-rows, where reading the products' weight dominates: the plan runs the direct conv there).
+rows, where reading the products' weight dominates: the plan runs the direct conv there). At V1's
+50-frame lengths (cold caches, as inside the model) r 11 below 256 channels runs faster at N 32 than at
+N 64 (C 128, T 3200: 11.2 direct, 6.9 N 64, 5.3 N 32; C 64, T 6400: 5.8, 3.6, 3.5), level from 83
+frames up (N 64 1-5% faster at 333-512 frames): N 32 there since 2026-12-02 (whole V1 at 50 frames
+1.04-1.07x, interleaved CPU time; 512 frames level within noise).
 `SpectralPolicy`'s rules encode that; `flashrt.nn.conv_policy` applies it. The price is memory: the
 products' weights take 16 (F - 1) C O bytes per conv stacked, 4 (3 F - 4) C O Gauss (about twice and
-1.5x the kernel spectrum): 205 MB over HiFi-GAN V1's 36 spectral convs (whose own weights are 56 MB),
+1.5x the kernel spectrum): 174 MB over HiFi-GAN V1's 36 spectral convs (whose own weights are 56 MB),
 reported by `spectral_bytes` and `Vocoder.describe()`.
 
 Layout: input and output are "rows" (B, C, 1, T) channels-last (`flashrt.nn.audio.to_rows`), i.e.
@@ -73,19 +77,24 @@ class SpectralRule:
     ``undilated``, only when their dilation is 1 (the phase copies of a dilated one are not paid back);
     never above ``max_dilation`` (each dilation phase is a sequence of its own, padded to whole blocks:
     at Piper's d = 12, C 64-128, r 7, 0.45-1.04x the direct conv at 50-250 frames, measured 2026-12-02;
-    the rules were measured at HiFi-GAN V1's d <= 5)."""
+    the rules were measured at HiFi-GAN V1's d <= 5). ``min_rows``: calls of fewer block rows run the
+    direct conv (`SpectralPolicy.min_rows`; the first matching rule's)."""
 
     kernel: int
     channels: int
     undilated: bool = False
     max_dilation: int = 5
+    min_rows: int = MIN_BLOCKS
 
     def matches(self, kernel: int, channels: int, dilation: int) -> bool:
         dilated_ok = dilation == 1 or (not self.undilated and dilation <= self.max_dilation)
         return kernel >= self.kernel and channels >= self.channels and dilated_ok
 
 
-MEASURED_RULES = (SpectralRule(7, 64),)
+# C256 r 11 (N 32, hop 22) beats the direct conv from ~12-20 block rows (d 1 / d 3-5: V1's 50-frame call has
+# 19 rows at d 1, 5.9 ms direct, 4.2 spectral); the others need 24 and more (C256 r 7 ~30-45, C128 and
+# C64 more; measured 2026-12-02, cold caches, at 6-40 rows).
+MEASURED_RULES = (SpectralRule(11, 256, min_rows=16), SpectralRule(7, 64))
 
 
 @dataclass(frozen=True)
@@ -94,11 +103,14 @@ class SpectralPolicy:
 
     Default ``rules``: the measured break-even at 1 thread (module docstring): kernels >= 7 at >= 64
     channels, at channel counts whose products' groups oneDNN runs well (`fast_widths`: 64, 128, 256 in
-    and out). N: the smallest power of two >= 2 (r - 1) at >= 256 channels, twice that below (the
-    products' weight is read once per call: the wide convs, few rows per call, want it small). A plan
-    runs direct on calls of fewer than `min_blocks` blocks. ``every`` forces the spectral path on every
-    eligible conv (kernel >= 2) at every length, N being the smallest power of two >= 4 r, for tests
-    and for comparing the two paths.
+    and out). N: the smallest power of two >= 2 (r - 1), at least 32 below 256 channels (the products'
+    weight is read once per call: the wide convs, few rows per call, want it small; r 7 at C 64-128
+    runs N 32 (N 16 is 1.1-1.2x slower), r 11 there too: N 64 took 1.3x N 32's time at V1's 50-frame
+    lengths (C128 T3200: 6.9 vs 5.3 ms), level from 83 frames up, 1-5% less at 333-512 frames, for
+    twice the products' weight). A plan runs direct on calls of fewer than `min_rows` block rows (per
+    rule; `min_blocks` is the common threshold). ``every`` forces the spectral path on every eligible
+    conv (kernel >= 2) at every length, N being the smallest power of two >= 4 r, for tests and for
+    comparing the two paths.
     """
 
     rules: tuple[SpectralRule, ...] = MEASURED_RULES
@@ -113,12 +125,20 @@ class SpectralPolicy:
         if not any(rule.matches(kernel, channels, dilation) for rule in self.rules):
             return None
         least = 1 << math.ceil(math.log2(2 * kernel - 2))
-        return least if channels >= 256 else 2 * least
+        return least if channels >= 256 else max(least, 32)
 
     @property
     def min_blocks(self) -> int:
         """Block rows below which a plan's call runs the direct conv (`SpectralPlan.min_blocks`)."""
         return 1 if self.every else MIN_BLOCKS
+
+    def min_rows(self, kernel: int, cin: int, cout: int, dilation: int = 1) -> int:
+        """`min_blocks` for this conv's form: the first matching rule's ``min_rows`` (1 with ``every``)."""
+        if self.every:
+            return 1
+        channels = min(cin, cout)
+        return next((rule.min_rows for rule in self.rules if rule.matches(kernel, channels, dilation)),
+                    MIN_BLOCKS)
 
 
 def _dft_matrices(n: int, first: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -151,14 +151,32 @@ def test_policy_table():
     auto = SpectralPolicy()
     assert auto.block(3, 512, 512) is None and auto.block(5, 256, 256) is None
     assert auto.block(7, 256, 256) == 16 and auto.block(11, 256, 256, dilation=3) == 32  # least N >= 2 r - 2
-    assert auto.block(7, 128, 128, dilation=3) == 32 and auto.block(11, 128, 128) == 64  # twice that below
-    assert auto.block(7, 64, 64) == 32 and auto.block(11, 64, 64) == 64 and auto.block(11, 32, 32) is None
+    assert auto.block(7, 128, 128, dilation=3) == 32 and auto.block(11, 128, 128) == 32  # >= 32 below
+    assert auto.block(7, 64, 64) == 32 and auto.block(11, 64, 64) == 32 and auto.block(11, 32, 32) is None
+    assert auto.block(19, 128, 128) == 64 and auto.block(19, 256, 256) == 64             # least N >= 2 r - 2
     assert auto.block(7, 192, 256) is None and auto.block(11, 512, 512) is None      # not fast_widths
     assert auto.block(7, 128, 128, dilation=5) == 32 and auto.block(7, 128, 128, dilation=12) is None
     assert auto.min_blocks == MIN_BLOCKS and POLICIES["spectral"].spectral.min_blocks == 1
+    assert POLICIES["spectral"].spectral.min_rows(11, 256, 256) == 1
     every = POLICIES["spectral"].spectral
     assert every.block(3, 4, 4) == 16 and every.block(11, 4, 4) == 64 and every.block(1, 4, 4) is None
     assert POLICIES["direct"] == ConvPolicy() and POLICIES["invariant"].spectral is None
+
+
+def test_min_rows_per_form():
+    """The call threshold follows the first matching rule: r >= 11 at 256 channels engages from 16 block
+    rows (V1's 50-frame stage-0 call, 19 rows at N 32, runs spectral), every other form from `MIN_BLOCKS`."""
+    auto = SpectralPolicy()
+    assert MIN_BLOCKS > 16
+    assert [auto.min_rows(11, 256, 256, d) for d in (1, 3, 5)] == [16, 16, 16]
+    assert auto.min_rows(7, 256, 256) == auto.min_rows(11, 128, 128) == auto.min_rows(7, 64, 64) == MIN_BLOCKS
+    assert auto.min_rows(11, 256, 128) == MIN_BLOCKS                   # min(cin, cout) < 256
+    assert auto.min_rows(3, 256, 256) == MIN_BLOCKS                    # no rule: direct anyway
+    rows = to_rows(torch.randn(1, 256, 400))                           # ceil(400 / 22) = 19 blocks
+    weight = torch.randn(256, 256, 11)
+    low = SpectralPlan(weight, 1, 5, auto.block(11, 256, 256), min_blocks=auto.min_rows(11, 256, 256))
+    common = SpectralPlan(weight, 1, 5, auto.block(11, 256, 256), min_blocks=auto.min_blocks)
+    assert low.engages(rows) and not common.engages(rows)
 
 
 class _Net(nn.Module):
@@ -186,7 +204,7 @@ def test_policy_picks_by_table_and_eligibility():
     packed = 0 if plan.packed is None else plan.packed.numel() * 4
     held = sum(b.numel() * 4 for b in plan.buffers()) + packed
     assert spectral_bytes(net) == held and plan.min_blocks == MIN_BLOCKS
-    assert spectral_bytes(net) >= 16 * 32 * 128 * 128                         # the stacked products' weight
+    assert spectral_bytes(net) >= 16 * 16 * 128 * 128              # the stacked products' weight at N 32
     assert _chosen(net, "spectral") == (["wide", "narrow", "small"], [], [])  # never grouped
     assert net.wide.spectral.min_blocks == 1
     net.wide.reset_derived()                                                  # a weight reload keeps it
