@@ -60,8 +60,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["SpectralRule", "SpectralPolicy", "SpectralPlan", "MEASURED_RULES", "MIN_BLOCKS", "eligible",
-           "fast_widths", "grouped_products", "points", "spectral_bytes"]
+__all__ = ["SpectralRule", "SpectralPolicy", "SpectralPlan", "MEASURED_RULES", "MIN_BLOCKS", "SHORT_BELOW",
+           "SHORT_ROWS", "eligible", "fast_widths", "grouped_products", "points", "spectral_bytes"]
 
 
 _CONV = getattr(torch.ops.mkldnn, "_convolution_pointwise", None) \
@@ -77,24 +77,21 @@ class SpectralRule:
     ``undilated``, only when their dilation is 1 (the phase copies of a dilated one are not paid back);
     never above ``max_dilation`` (each dilation phase is a sequence of its own, padded to whole blocks:
     at Piper's d = 12, C 64-128, r 7, 0.45-1.04x the direct conv at 50-250 frames, measured 2026-12-02;
-    the rules were measured at HiFi-GAN V1's d <= 5). ``min_rows``: calls of fewer block rows run the
-    direct conv (`SpectralPolicy.min_rows`; the first matching rule's)."""
+    the rules were measured at HiFi-GAN V1's d <= 5)."""
 
     kernel: int
     channels: int
     undilated: bool = False
     max_dilation: int = 5
-    min_rows: int = MIN_BLOCKS
 
     def matches(self, kernel: int, channels: int, dilation: int) -> bool:
         dilated_ok = dilation == 1 or (not self.undilated and dilation <= self.max_dilation)
         return kernel >= self.kernel and channels >= self.channels and dilated_ok
 
 
-# C256 r 11 (N 32, hop 22) beats the direct conv from ~12-20 block rows (d 1 / d 3-5: V1's 50-frame call has
-# 19 rows at d 1, 5.9 ms direct, 4.2 spectral); the others need 24 and more (C256 r 7 ~30-45, C128 and
-# C64 more; measured 2026-12-02, cold caches, at 6-40 rows).
-MEASURED_RULES = (SpectralRule(11, 256, min_rows=16), SpectralRule(7, 64))
+MEASURED_RULES = (SpectralRule(7, 64),)
+SHORT_BELOW = 64   # at >= 256 channels, calls of fewer block rows at the policy's N run at N = 2 (r - 1) ...
+SHORT_ROWS = 40    # ... when they have at least this many rows there (`SpectralPolicy.blocks`)
 
 
 @dataclass(frozen=True)
@@ -107,10 +104,10 @@ class SpectralPolicy:
     weight is read once per call: the wide convs, few rows per call, want it small; r 7 at C 64-128
     runs N 32 (N 16 is 1.1-1.2x slower), r 11 there too: N 64 took 1.3x N 32's time at V1's 50-frame
     lengths (C128 T3200: 6.9 vs 5.3 ms), level from 83 frames up, 1-5% less at 333-512 frames, for
-    twice the products' weight). A plan runs direct on calls of fewer than `min_rows` block rows (per
-    rule; `min_blocks` is the common threshold). ``every`` forces the spectral path on every eligible
-    conv (kernel >= 2) at every length, N being the smallest power of two >= 4 r, for tests and for
-    comparing the two paths.
+    twice the products' weight). A plan runs direct on calls of fewer than `min_blocks` blocks.
+    `blocks` adds a second, smaller N for the short calls of the 256-channel convs. ``every`` forces the
+    spectral path on every eligible conv (kernel >= 2) at every length, N being the smallest power of two
+    >= 4 r, for tests and for comparing the two paths.
     """
 
     rules: tuple[SpectralRule, ...] = MEASURED_RULES
@@ -132,13 +129,28 @@ class SpectralPolicy:
         """Block rows below which a plan's call runs the direct conv (`SpectralPlan.min_blocks`)."""
         return 1 if self.every else MIN_BLOCKS
 
-    def min_rows(self, kernel: int, cin: int, cout: int, dilation: int = 1) -> int:
-        """`min_blocks` for this conv's form: the first matching rule's ``min_rows`` (1 with ``every``)."""
-        if self.every:
-            return 1
-        channels = min(cin, cout)
-        return next((rule.min_rows for rule in self.rules if rule.matches(kernel, channels, dilation)),
-                    MIN_BLOCKS)
+    def blocks(self, kernel: int, cin: int, cout: int, dilation: int = 1) -> tuple[tuple[int, int], ...]:
+        """The plans a conv holds, as (N, min rows) pairs in order of preference: a call runs the first
+        whose block rows reach its min rows, else the direct conv; () for a direct conv.
+
+        One plan, (`block`, `min_blocks`), except at >= 256 channels: there (`block`, `SHORT_BELOW`) and
+        (2 (r - 1), `SHORT_ROWS`). Those convs have few rows per call, and at few rows the products'
+        weight read, not their FLOPs, sets the time: the least N (about 2/3 of the weight, ~1.4x the
+        products' FLOPs per step) is faster up to ~60 rows at the larger N. Measured per conv at V1's
+        C256 lengths (cold caches, 2026-12-02): r 11 N 20 / N 32 0.72-0.96x at 40-128 frames (T 320-1024),
+        1.1-1.3x at 200-512; r 7 N 12 / N 16 0.78-0.88x at 50-66 frames, 1.07-1.15x from 83; in the
+        model the C256 r 11 convs 1.25x / 1.27x / 1.15x at 50 / 83 / 128 frames, r 7 1.15x at 50.
+        `SHORT_ROWS` keeps the short plan from calls shorter than the policy's N engages today (r 7: T
+        240) but lets r 11 run it from T 400 (V1's 50-frame call, 19 rows at N 32). Memory: the short
+        plans' weights, 4 (3 F - 4) C O bytes each (4.5 MB at r 7, 7.6 MB at r 11; V1 +73 MB).
+        """
+        block = self.block(kernel, cin, cout, dilation)
+        if block is None:
+            return ()
+        short = 2 * (kernel - 1)
+        if self.every or min(cin, cout) < 256 or short >= block:
+            return ((block, self.min_blocks),)
+        return ((block, SHORT_BELOW), (short, SHORT_ROWS))
 
 
 def _dft_matrices(n: int, first: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

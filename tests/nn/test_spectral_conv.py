@@ -17,7 +17,15 @@ from flashrt.nn import spectral_conv
 from flashrt.nn.audio import Conv1d, ConvTranspose1d, from_rows, to_rows
 from flashrt.nn.conv1d import plain_forms
 from flashrt.nn.conv_policy import POLICIES, ConvPolicy, apply_conv_policy
-from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPlan, SpectralPolicy, points, spectral_bytes
+from flashrt.nn.spectral_conv import (
+    MIN_BLOCKS,
+    SHORT_BELOW,
+    SHORT_ROWS,
+    SpectralPlan,
+    SpectralPolicy,
+    points,
+    spectral_bytes,
+)
 from flashrt.runtime.graphs import get_backend
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -157,26 +165,34 @@ def test_policy_table():
     assert auto.block(7, 192, 256) is None and auto.block(11, 512, 512) is None      # not fast_widths
     assert auto.block(7, 128, 128, dilation=5) == 32 and auto.block(7, 128, 128, dilation=12) is None
     assert auto.min_blocks == MIN_BLOCKS and POLICIES["spectral"].spectral.min_blocks == 1
-    assert POLICIES["spectral"].spectral.min_rows(11, 256, 256) == 1
     every = POLICIES["spectral"].spectral
     assert every.block(3, 4, 4) == 16 and every.block(11, 4, 4) == 64 and every.block(1, 4, 4) is None
     assert POLICIES["direct"] == ConvPolicy() and POLICIES["invariant"].spectral is None
 
 
-def test_min_rows_per_form():
-    """The call threshold follows the first matching rule: r >= 11 at 256 channels engages from 16 block
-    rows (V1's 50-frame stage-0 call, 19 rows at N 32, runs spectral), every other form from `MIN_BLOCKS`."""
-    auto = SpectralPolicy()
-    assert MIN_BLOCKS > 16
-    assert [auto.min_rows(11, 256, 256, d) for d in (1, 3, 5)] == [16, 16, 16]
-    assert auto.min_rows(7, 256, 256) == auto.min_rows(11, 128, 128) == auto.min_rows(7, 64, 64) == MIN_BLOCKS
-    assert auto.min_rows(11, 256, 128) == MIN_BLOCKS                   # min(cin, cout) < 256
-    assert auto.min_rows(3, 256, 256) == MIN_BLOCKS                    # no rule: direct anyway
-    rows = to_rows(torch.randn(1, 256, 400))                           # ceil(400 / 22) = 19 blocks
+def test_blocks_add_a_short_plan_at_256_channels():
+    """At >= 256 channels a conv holds two plans: the policy's N from `SHORT_BELOW` block rows, the least
+    N (2 (r - 1)) from `SHORT_ROWS`; below 256 channels one plan from `MIN_BLOCKS` rows; none for a
+    direct conv. Every N is a valid plan block (even, >= 2 r - 2)."""
+    auto, every = SpectralPolicy(), POLICIES["spectral"].spectral
+    assert auto.blocks(7, 256, 256) == ((16, SHORT_BELOW), (12, SHORT_ROWS))
+    assert auto.blocks(11, 256, 256, 5) == ((32, SHORT_BELOW), (20, SHORT_ROWS))
+    assert auto.blocks(11, 128, 128, 3) == auto.blocks(7, 64, 64) == ((32, MIN_BLOCKS),)
+    assert auto.blocks(9, 256, 256) == ((16, MIN_BLOCKS),)              # 2 (r - 1) is the policy's N already
+    assert auto.blocks(3, 256, 256) == auto.blocks(11, 32, 32) == auto.blocks(11, 512, 512) == ()
+    assert every.blocks(11, 256, 256) == ((64, 1),)
+    assert SHORT_ROWS >= MIN_BLOCKS and SHORT_BELOW > SHORT_ROWS
+    for kernel in (7, 11):
+        (_, below), (short, _) = auto.blocks(kernel, 256, 256)
+        assert auto.blocks(kernel, 256, 256)[0][0] == auto.block(kernel, 256, 256)
+        plan = SpectralPlan(torch.randn(4, 4, kernel), 1, kernel // 2, short)      # a valid block
+        assert plan.hop == kernel - 1
+    # V1's 50-frame stage-0 call (T 400): too few rows for r 11's N 32 plan, enough for its short one
+    x = torch.zeros(1, 256, 1, 400)
     weight = torch.randn(256, 256, 11)
-    low = SpectralPlan(weight, 1, 5, auto.block(11, 256, 256), min_blocks=auto.min_rows(11, 256, 256))
-    common = SpectralPlan(weight, 1, 5, auto.block(11, 256, 256), min_blocks=auto.min_blocks)
-    assert low.engages(rows) and not common.engages(rows)
+    (long_n, long_rows), (short_n, short_rows) = auto.blocks(11, 256, 256)
+    assert not SpectralPlan(weight, 1, 5, long_n, min_blocks=long_rows).engages(x)
+    assert SpectralPlan(weight, 1, 5, short_n, min_blocks=short_rows).engages(x)
 
 
 class _Net(nn.Module):
