@@ -162,13 +162,15 @@ class Conv1d(nn.Conv1d):
         self.spectral_block: int | None = None
         self.spectral_min_blocks = MIN_BLOCKS       # calls of fewer block rows run direct (`SpectralPlan`)
         self.spectral: SpectralPlan | None = None
+        self.spectral_short_block: tuple[int, int] | None = None   # (N, min rows) of the short-call plan
+        self.spectral_short: SpectralPlan | None = None             # tried when `spectral` does not engage
         self.phase_split = False
         self.packed: torch.Tensor | None = None     # weight_rows (or its phase view) in oneDNN's layout
         self.packed_phases = False                  # which of the two `packed` holds
 
     def reset_derived(self) -> None:
         _rows_weight(self)
-        self.set_spectral(self.spectral_block, self.spectral_min_blocks)
+        self.set_spectral(self.spectral_block, self.spectral_min_blocks, self.spectral_short_block)
 
     def _geometry(self) -> tuple:
         """(padding, stride, dilation, groups) of the 2-D conv on rows."""
@@ -199,14 +201,27 @@ class Conv1d(nn.Conv1d):
             return self.packed
         return self._phase_weight() if phase else self.weight_rows
 
-    def set_spectral(self, block: int | None, min_blocks: int = MIN_BLOCKS) -> None:
+    def set_spectral(self, block: int | None, min_blocks: int = MIN_BLOCKS,
+                     short: tuple[int, int] | None = None) -> None:
         """Run as a block-spectral conv of block size ``block`` on CPU float32 rows (None: direct), calls
-        of fewer than ``min_blocks`` block rows direct. The plan is derived from the current weight
-        (`reset_derived` rebuilds it with the same block and threshold)."""
+        of fewer than ``min_blocks`` block rows at the plan of ``short`` = (N, min rows) if given and they
+        have that many rows there, else direct (`SpectralPolicy.blocks`). The plans are derived from the
+        current weight (`reset_derived` rebuilds them with the same blocks and thresholds)."""
         self.spectral_block, self.spectral_min_blocks = block, min_blocks
+        self.spectral_short_block = short if block is not None else None
+        geometry = self.dilation[0], self.padding[0]
         self.spectral = None if block is None else \
-            SpectralPlan(self.weight, self.dilation[0], self.padding[0], block, self.bias, min_blocks)
+            SpectralPlan(self.weight, *geometry, block, self.bias, min_blocks)
+        self.spectral_short = None if self.spectral_short_block is None else \
+            SpectralPlan(self.weight, *geometry, short[0], self.bias, short[1])
         self.pack()
+
+    def _spectral_plan(self, x: torch.Tensor) -> SpectralPlan | None:
+        """The plan this call runs (the first of `spectral`, `spectral_short` that engages), or None."""
+        for plan in (self.spectral, self.spectral_short):
+            if plan is not None and plan.engages(x):
+                return plan
+        return None
 
     def reach(self, rate: int = 1) -> Reach:
         """Frames an output reaches at `rate` samples per frame (its kernel, dilation and padding)."""
@@ -222,8 +237,9 @@ class Conv1d(nn.Conv1d):
         x = valid.zero(x, self.halo)
         rows_cpu = x.dim() == 4 and x.device.type == "cpu"
         spectral = self.spectral is not None and not _plain()
-        if spectral and rows_cpu and x.dtype == torch.float32 and self.spectral.engages(x):
-            y = self.spectral(x.contiguous(memory_format=ROWS))
+        plan = self._spectral_plan(x) if spectral and rows_cpu and x.dtype == torch.float32 else None
+        if plan is not None:
+            y = plan(x.contiguous(memory_format=ROWS))
             return _epilogue(y, slope, residual, into)
         if self.phase_split and rows_cpu and not _plain():
             return self._phases(x.contiguous(memory_format=ROWS), slope, residual, into)

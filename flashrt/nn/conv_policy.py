@@ -66,10 +66,10 @@ def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[s
             continue
         out_ch, in_ch, taps = conv.weight.shape
         spectral = policy.spectral is not None and eligible(conv)
-        block = policy.spectral.block(taps, in_ch, out_ch, conv.dilation[0]) if spectral else None
+        plans = policy.spectral.blocks(taps, in_ch, out_ch, conv.dilation[0]) if spectral else ()
+        block, min_blocks = plans[0] if plans else (None, MIN_BLOCKS)
         conv.phase_split = invariant and conv.can_phase_split()
-        min_blocks = policy.spectral.min_blocks if policy.spectral is not None else MIN_BLOCKS
-        conv.set_spectral(block, min_blocks)        # also packs the weight for the algorithm chosen
+        conv.set_spectral(block, min_blocks, plans[1] if len(plans) > 1 else None)  # also packs the weight
         for key, on in (("spectral", block is not None), ("phase_split", conv.phase_split)):
             if on:
                 chosen[key].append(name)

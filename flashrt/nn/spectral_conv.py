@@ -44,6 +44,7 @@ frames up (N 64 1-5% faster at 333-512 frames): N 32 there since 2026-12-02 (who
 `SpectralPolicy`'s rules encode that; `flashrt.nn.conv_policy` applies it. The price is memory: the
 products' weights take 16 (F - 1) C O bytes per conv stacked, 4 (3 F - 4) C O Gauss (about twice and
 1.5x the kernel spectrum): 174 MB over HiFi-GAN V1's 36 spectral convs (whose own weights are 56 MB),
+73 MB more for the 12 short-call plans of its 256-channel convs (`SpectralPolicy.blocks`): 247 MB,
 reported by `spectral_bytes` and `Vocoder.describe()`.
 
 Layout: input and output are "rows" (B, C, 1, T) channels-last (`flashrt.nn.audio.to_rows`), i.e.

@@ -138,6 +138,43 @@ def test_short_calls_run_direct():
         assert torch.equal(got, forced) == direct
 
 
+def test_short_calls_run_the_short_plan():
+    """A conv with a short-call plan (`SpectralPolicy.blocks`): calls with enough block rows at the main
+    N run it, shorter ones the short plan when it engages, else the direct conv; all three the conv."""
+    conv = _conv(16, 16, 11, 1)
+    conv.set_spectral(32, 20, (20, 12))                       # main N 32 from 20 rows, N 20 from 12
+    assert conv.spectral_short.block == 20 and conv.spectral_short.min_blocks == 12
+    ran = []
+    for plan in (conv.spectral, conv.spectral_short):
+        plan.register_forward_hook(lambda mod, i, o: ran.append(mod.block))
+    for steps, want in ((22 * 20, [32]), (22 * 19, [20]), (10 * 11, [])):   # 20 / 19 rows at N 32; 11 at N 20
+        x = torch.randn(1, 16, steps)
+        ran.clear()
+        got = from_rows(conv(to_rows(x), slope=0.1)).double()
+        assert ran == want
+        assert (got - F.leaky_relu(_truth(conv, x), 0.1)).abs().max() <= 3e-6
+    conv.reset_derived()                                      # a reload keeps both plans and thresholds
+    assert conv.spectral_short_block == (20, 12) and conv.spectral.min_blocks == 20
+    conv.set_spectral(None, MIN_BLOCKS, (20, 12))             # direct: no short plan either
+    assert conv.spectral is None and conv.spectral_short is None
+
+
+def test_policy_gives_256_channel_convs_a_short_plan():
+    net = nn.Sequential(Conv1d(256, 256, 11, 3), Conv1d(128, 128, 11))
+    for conv in net:
+        conv.reset_derived()
+    apply_conv_policy(net, POLICIES["auto"])
+    wide, narrow = net
+    assert (wide.spectral.block, wide.spectral.min_blocks) == (32, SHORT_BELOW)
+    assert (wide.spectral_short.block, wide.spectral_short.min_blocks) == (20, SHORT_ROWS)
+    assert narrow.spectral.block == 32 and narrow.spectral_short is None
+    plans = (wide.spectral, wide.spectral_short, narrow.spectral)
+    held = [b for p in plans for b in (*p.buffers(), *([p.packed] if p.packed is not None else []))]
+    assert spectral_bytes(net) == sum(b.numel() * 4 for b in held)
+    apply_conv_policy(net, POLICIES["direct"])
+    assert wide.spectral_short is None and spectral_bytes(net) == 0
+
+
 def test_product_forms():
     assert points(64) == points(128) == 2 and points(129) == points(256) == 3
     stacked = SpectralPlan(torch.randn(6, 128, 7), 1, 3, 32)

@@ -29,7 +29,8 @@ The user-facing loader is `flashrt.load_vocoder` (runner/vocoder.py: this packag
 * conv: how the convolutions run on the CPU, a `flashrt.nn.conv_policy` name; None takes the family's
   default (``VocoderFamily.conv``). ``"auto"`` (HiFi-GAN, Vocos, SNAC) runs the wide float32 convs as
   block-spectral convs where that measured faster (`flashrt.nn.spectral_conv.MEASURED_RULES`: kernels
-  >= 7 at 64, 128 or 256 channels, calls of at least 24 block rows; up to 2.2x per conv; the kernel
+  >= 7 at 64, 128 or 256 channels, calls of at least 24 block rows, a second short-call plan at 256
+  channels; up to 2.2x per conv; the kernel
   spectra cost memory, ``describe()`` says how much); ``"invariant"`` (BigVGAN) computes every
   sample in an order independent of the sequence's length and start, so ``stream()`` equals the
   one-shot call bit for bit; ``"direct"`` keeps oneDNN everywhere; ``"spectral"`` forces every
