@@ -332,3 +332,34 @@ def test_trace_capture_replays_like_eager():
         x.copy_(to_rows(torch.randn(1, 16, 90, generator=torch.Generator().manual_seed(seed))))
         graph.replay()
         assert torch.equal(out, conv(x, slope=0.1))
+
+
+def test_plain_eager_calls_reuse_per_thread_scratch_with_the_same_result():
+    """A plan's temporaries (padded sequence, dilation phases, spectra) live in per-thread buffers that
+    plain eager calls reuse (no page faults per call); the outputs are the same bits as with fresh
+    temporaries, calls of other lengths in between included, and never a view of those buffers; a
+    recording mode gets fresh tensors; another thread has its own."""
+    import threading
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    for d in (1, 3):
+        plan = SpectralPlan(torch.randn(32, 32, 7) / 15, d, 3 * d, 32, torch.randn(32), 1)
+        xs = [to_rows(torch.randn(1, 32, t)) for t in (600, 200, 900, 600)]
+        with Ops():
+            fresh = [plan(x) for x in xs]
+        kept = [plan(x) for x in xs]
+        assert all(torch.equal(a, b) for a, b in zip(kept, fresh))
+        buffers = {b.untyped_storage().data_ptr() for b in spectral_conv._Scratch._local.buffers.values()}
+        assert not any(k.untyped_storage().data_ptr() in buffers for k in kept)
+    assert spectral_conv.scratch_bytes() >= 4 * (3 * 900 + 2 * 32 + 32) * 32      # the phases of d 3
+    seen = {}
+    worker = threading.Thread(target=lambda: seen.update(bytes=spectral_conv.scratch_bytes()))
+    worker.start()
+    worker.join()
+    assert seen["bytes"] == 0
