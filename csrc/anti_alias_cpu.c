@@ -21,25 +21,32 @@
  * for |t| < 2^22 (snake arguments are freq * y, a few hundred at most).
  *
  * Built by `flashrt.runtime.csrc_cpu` with the machine's C compiler (-O3 -march=native; OpenMP where
- * the compiler has it). GCC/Clang vector extensions: the vectors are 16 floats, lowered to whatever the
- * target has (one AVX-512 register, two AVX2 ones, ...). No torch header: a C ABI of raw pointers.
+ * the compiler has it). GCC/Clang vector extensions: a vector is one register of the target (16 floats
+ * with AVX-512, else 8: AVX2 or two SSE/NEON registers), a channel block up to MAXV of them. No torch
+ * header: a C ABI of raw pointers.
  */
 #include <stdint.h>
 
 #define FLASHRT_CPU_ABI 1
 #define TILE 64                     /* output steps per tile */
 #define ZROWS (2 * TILE + 12)       /* upsampled steps a tile reads */
-#define MAXV 4                      /* vectors of 16 channels per block */
+#define MAXV 4                      /* vectors per channel block */
+#ifdef __AVX512F__
+#define VW 16                       /* floats per vector */
+#else
+#define VW 8
+#endif
+#define BLOCK (MAXV * VW)           /* channels per block */
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef float vfu __attribute__((vector_size(64), aligned(4)));
+typedef float vf __attribute__((vector_size(4 * VW)));
+typedef int32_t vi __attribute__((vector_size(4 * VW)));
+typedef float vfu __attribute__((vector_size(4 * VW), aligned(4)));
 
 int flashrt_cpu_abi(void) { return FLASHRT_CPU_ABI; }
 
 static inline vf ld(const float *p) { return *(const vfu *)p; }
 static inline void st(float *p, vf v) { *(vfu *)p = v; }
-static inline vf splat(float a) { return (vf){a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a}; }
+static inline vf splat(float a) { return (vf){0} + a; }
 static inline int64_t clampi(int64_t i, int64_t n) { return i < 0 ? 0 : (i >= n ? n - 1 : i); }
 
 static inline vf sin2(vf t) {
@@ -58,13 +65,13 @@ static inline vf sin2(vf t) {
     return v * v;
 }
 
-/* One channel block of nv vectors (16 nv channels) of one sequence. */
+/* One channel block of nv vectors (VW nv channels) of one sequence. */
 static inline __attribute__((always_inline)) void block(
         const float *restrict x, float *restrict out, int64_t T, int64_t C, const int nv,
         const int *restrict up_at, const float *restrict up_w, const float *restrict down,
         const float *restrict freq, const float *restrict inv, float *restrict zbuf) {
     vf fq[MAXV], iv[MAXV];
-    for (int n = 0; n < nv; n++) { fq[n] = ld(freq + 16 * n); iv[n] = ld(inv + 16 * n); }
+    for (int n = 0; n < nv; n++) { fq[n] = ld(freq + VW * n); iv[n] = ld(inv + VW * n); }
     for (int64_t t0 = 0; t0 < T; t0 += TILE) {
         const int64_t t1 = t0 + TILE < T ? t0 + TILE : T, zs = 2 * t0 - 5, ze = 2 * t1 + 6;
         for (int64_t j = zs; j < ze; j++) {                     /* upsampled step j = 2 m + p */
@@ -74,20 +81,20 @@ static inline __attribute__((always_inline)) void block(
             for (int a = 0; a < 6; a++) {
                 const float *row = x + clampi(m + up_at[6 * p + a], T) * C;
                 const vf w = splat(up_w[6 * p + a]);
-                for (int n = 0; n < nv; n++) acc[n] += w * ld(row + 16 * n);
+                for (int n = 0; n < nv; n++) acc[n] += w * ld(row + VW * n);
             }
-            float *zr = zbuf + (j - zs) * 16 * nv;
-            for (int n = 0; n < nv; n++) st(zr + 16 * n, acc[n] + iv[n] * sin2(fq[n] * acc[n]));
+            float *zr = zbuf + (j - zs) * VW * nv;
+            for (int n = 0; n < nv; n++) st(zr + VW * n, acc[n] + iv[n] * sin2(fq[n] * acc[n]));
         }
         for (int64_t t = t0; t < t1; t++) {
             vf acc[MAXV];
             for (int n = 0; n < nv; n++) acc[n] = splat(0.0f);
             for (int k = 0; k < 12; k++) {
-                const float *zr = zbuf + (2 * t + k - 5 - zs) * 16 * nv;
+                const float *zr = zbuf + (2 * t + k - 5 - zs) * VW * nv;
                 const vf w = splat(down[k]);
-                for (int n = 0; n < nv; n++) acc[n] += w * ld(zr + 16 * n);
+                for (int n = 0; n < nv; n++) acc[n] += w * ld(zr + VW * n);
             }
-            for (int n = 0; n < nv; n++) st(out + t * C + 16 * n, acc[n]);
+            for (int n = 0; n < nv; n++) st(out + t * C + VW * n, acc[n]);
         }
     }
 }
@@ -107,18 +114,18 @@ int flashrt_aa_snake(const float *x, float *out, int64_t B, int64_t T, int64_t C
             n++;
         }
     }
-    const int64_t blocks = (C + 63) / 64;
+    const int64_t blocks = (C + BLOCK - 1) / BLOCK;
     (void)threads;
     #pragma omp parallel for collapse(2) num_threads(threads) schedule(static)
     for (int64_t b = 0; b < B; b++) {
         for (int64_t cb = 0; cb < blocks; cb++) {
-            float zbuf[ZROWS * 64];
-            const int64_t c0 = 64 * cb, width = C - c0 < 64 ? C - c0 : 64;
+            float zbuf[ZROWS * BLOCK];
+            const int64_t c0 = BLOCK * cb, nv = (C - c0 < BLOCK ? C - c0 : BLOCK) / VW;
             const float *xb = x + b * T * C + c0;
             float *ob = out + b * T * C + c0;
-            if (width == 64) block(xb, ob, T, C, 4, up_at, up_w, down, freq + c0, inv + c0, zbuf);
-            else if (width == 48) block(xb, ob, T, C, 3, up_at, up_w, down, freq + c0, inv + c0, zbuf);
-            else if (width == 32) block(xb, ob, T, C, 2, up_at, up_w, down, freq + c0, inv + c0, zbuf);
+            if (nv == 4) block(xb, ob, T, C, 4, up_at, up_w, down, freq + c0, inv + c0, zbuf);
+            else if (nv == 3) block(xb, ob, T, C, 3, up_at, up_w, down, freq + c0, inv + c0, zbuf);
+            else if (nv == 2) block(xb, ob, T, C, 2, up_at, up_w, down, freq + c0, inv + c0, zbuf);
             else block(xb, ob, T, C, 1, up_at, up_w, down, freq + c0, inv + c0, zbuf);
         }
     }

@@ -11,8 +11,9 @@ side checks every argument and falls back to the torch form for anything the ker
 
 Flags: ``-O3 -march=native`` (the library is built on the machine that runs it: the vector code uses
 the widest registers it has), ``-fopenmp`` where the compiler takes it (a compiler without OpenMP
-builds a one-thread library). Nothing is built at install or import time: `load` runs when a CPU
-float32 model picks the native kernels at load (`flashrt.frontends.vocoders.prepare_module`).
+builds a one-thread library; one without ``-march=native`` the baseline ISA). Nothing is built at
+install or import time: `load` runs when a CPU float32 model picks the native kernels at load
+(`flashrt.frontends.vocoders.prepare_module`).
 
 Cache: ``<user cache dir>/flashrt/csrc/flashrt_cpu-<key>.so``; the key digests the sources, the
 compiler's version and this CPU (its model and flags, as ``-march=native`` reads them), so a cache
@@ -94,8 +95,9 @@ def build(out_dir: str | Path, cc: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     done = None
-    for extra in (OPENMP, ()):
-        cmd = [cc, *FLAGS, *extra, "-o", tmp, *(str(p) for p in sources())]
+    portable = tuple(f for f in FLAGS if f != "-march=native")     # compilers without -march=native
+    for flags in ((*FLAGS, *OPENMP), FLAGS, portable):
+        cmd = [cc, *flags, "-o", tmp, *(str(p) for p in sources())]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode == 0:
             break
