@@ -34,7 +34,8 @@ V1's 200-frame lengths: C = O = 256, T = 1600: r 7 d 1: 14.6 -> 12.8 -> 8.5 (N 1
 15.7 -> 9.9 (N 32); C = 128, T = 12800: r 7 d 1: 27.0 -> 23.0 -> 17.0 (N 32), r 7 d 3: 26.7 -> 19.3,
 r 11 d 1: 41.4 -> 24.3 -> 18.7 (N 64); C = 64, T = 25600: r 7 d 1: 14.1 -> 12.1, r 11 d 1: 20.8 ->
 17.8 -> 13.9 (N 64). The four products as MKL bmm ran at ~70 GFLOP/s, as one grouped conv ~100
-(oneDNN's direct conv ~95); the DFT GEMMs run ~55. Kernels 3 and 5, and anything at 32 channels, are
+(oneDNN's direct conv ~95); the DFT GEMMs ran ~55 as torch's batched matmul, 1.5-2.3x faster in the
+native batched GEMM of csrc/spectral_cpu.c (`_gemm`; where the CPU library builds: same sums). Kernels 3 and 5, and anything at 32 channels, are
 slower spectral (the transforms are not paid back); so are short calls (fewer than `MIN_BLOCKS` block
 rows, where reading the products' weight dominates: the plan runs the direct conv there). At V1's
 50-frame lengths (cold caches, as inside the model) r 11 below 256 channels runs faster at N 32 than at
@@ -256,6 +257,7 @@ class SpectralPlan(nn.Module):
         plain = products.view(self.groups, -1, products.shape[1]).transpose(1, 2).contiguous()
         self.register_buffer("kernel", plain if self.packed is None else products.new_empty(0),
                              persistent=False)                                   # else (G, w C, w O)
+        _native_gemm()                                     # build the CPU library now (load), not at a call
         dc = None if bias is None else torch.cat([bias.detach().float() * float(block),
                                                   bias.new_zeros((dft.shape[0] - 1) * out_ch)])
         self.register_buffer("point_bias", dc, persistent=False)                # (P O,): N bias at DC
@@ -271,7 +273,7 @@ class SpectralPlan(nn.Module):
         padded = self._padded(seq, (nb * self.hop + self.taps - 1) * self.dilation, scratch)
         windows, per = self._windows(padded, nb, scratch)                        # (R, N, C)
         spectra = scratch.take("spectra", (windows.shape[0], self.dft.shape[0], c), x)
-        prod = self._products(torch.matmul(self.dft, windows, out=spectra))     # (R, P, O)
+        prod = self._products(_gemm(self.dft, windows, spectra, scratch.keep))  # (R, P, O)
         out = self._inverse(prod, b, nb, per)                                    # (B, >= T, O)
         rows = out[:, :t].permute(0, 2, 1).unsqueeze(2)
         return rows if b == 1 else rows.contiguous(memory_format=torch.channels_last)
@@ -332,12 +334,38 @@ class SpectralPlan(nn.Module):
     def _inverse(self, prod: torch.Tensor, b: int, nb: int, per: int) -> torch.Tensor:
         """(R, P, O) products -> (B, >= nb * H * d, O) time steps (the valid end of each block)."""
         d, hop, o = self.dilation, self.hop, self.out_ch
-        y = torch.matmul(self.idft, prod)                                        # (R, H, O)
+        y = prod.new_empty(prod.shape[0], hop, o)                               # (R, H, O)
+        _gemm(self.idft, prod, y, _Scratch.active(prod).keep)
         if d == 1:                                         # each row's blocks are contiguous in time
             return y.view(b, per * hop, o)
         out = prod.new_empty(b, nb, hop, d, o)
         out.copy_(y.view(b, d, per, hop, o)[:, :, :nb].permute(0, 2, 3, 1, 4))
         return out.view(b, nb * hop * d, o)
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, native: bool) -> torch.Tensor:
+    """out (R, M, N) = a (M, K) @ b (R, K, N), b a strided view with unit stride along N: with ``native``
+    (a plain eager call) by csrc/spectral_cpu.c's batched GEMM where the CPU library loads (1.5-2.3x
+    torch's batched matmul at the DFTs' shapes on the dev CPU; the same sums in the same k order,
+    bit-identical there), else ``torch.matmul(a, b, out=out)``."""
+    fn = _native_gemm() if native else None
+    if fn is None or b.stride(2) != 1 or b.shape[2] % 16 or not a.is_contiguous() or not out.is_contiguous():
+        return torch.matmul(a, b, out=out)
+    rows, k, n = b.shape
+    status = fn(a.data_ptr(), a.shape[0], k, b.data_ptr(), b.stride(0), b.stride(1), rows, n, out.data_ptr(),
+                torch.get_num_threads())
+    if status:
+        raise RuntimeError(f"flashrt_bgemm refused {tuple(a.shape)} x {tuple(b.shape)} (status {status})")
+    return out
+
+
+def _native_gemm():
+    """csrc/spectral_cpu.c's batched GEMM, or None where the CPU library does not load (built on the
+    first call, at the first plan's construction: load time)."""
+    from flashrt.runtime import csrc_cpu
+
+    lib = csrc_cpu.load()
+    return None if lib is None else lib.handle.flashrt_bgemm
 
 
 class _Scratch:

@@ -4,7 +4,9 @@
     build(out_dir)        # what `load` runs on a miss
 
 Kernels: ``flashrt_aa_snake`` (csrc/anti_alias_cpu.c), BigVGAN's anti-aliased snake activation in one
-pass (`flashrt.nn.alias_free.Activation1d` with ``kernel="native"``). Like the CUDA library
+pass (`flashrt.nn.alias_free.Activation1d` with ``kernel="native"``); ``flashrt_bgemm``
+(csrc/spectral_cpu.c), the small batched GEMM of the block-spectral convs' DFTs
+(`flashrt.nn.spectral_conv.SpectralPlan`). Like the CUDA library
 (`flashrt.runtime.csrc`) the sources include no torch header and export a small C ABI of raw pointers,
 so one ``cc -shared`` call builds them in about a second, independent of torch's C++ ABI; the Python
 side checks every argument and falls back to the torch form for anything the kernel does not take.
@@ -48,6 +50,8 @@ _POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {  # symbol -> (argument types), each returning int (0: done)
     "flashrt_aa_snake": (_POINTER, _POINTER, _INT64, _INT64, _INT64, _POINTER, _POINTER, _POINTER, _POINTER,
                          ctypes.c_int),
+    "flashrt_bgemm": (_POINTER, _INT64, _INT64, _POINTER, _INT64, _INT64, _INT64, _INT64, _POINTER,
+                      ctypes.c_int),
 }
 _LOADED: dict[str, Library | None] = {}
 

@@ -363,3 +363,42 @@ def test_plain_eager_calls_reuse_per_thread_scratch_with_the_same_result():
     worker.start()
     worker.join()
     assert seen["bytes"] == 0
+
+
+def test_native_dft_gemm_matches_torch_and_leaves_recordings_to_aten(monkeypatch):
+    """The DFTs' batched GEMM in csrc/spectral_cpu.c (plain eager calls where the CPU library loads):
+    the same sums as torch's batched matmul, on the windows read in place and on contiguous spectra;
+    a plan's output matches its torch-GEMM form; a recording mode records ATen's matmul."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if spectral_conv._native_gemm() is None:
+        pytest.skip("the CPU kernels cannot be built here (no C compiler)")
+
+    class Ops(TorchDispatchMode):
+        seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    a = torch.randn(29, 20)
+    seq = torch.randn(1000, 48)
+    windows = seq.as_strided((40, 20, 48), (22 * 48, 48, 1))                 # overlapping, in place
+    for b in (windows, torch.randn(7, 20, 144)):
+        got = spectral_conv._gemm(a, b, torch.empty(b.shape[0], 29, b.shape[2]), True)
+        assert (got - torch.matmul(a, b)).abs().max() <= 1e-5
+    plan = SpectralPlan(torch.randn(64, 64, 11) / 26, 3, 15, 32, torch.randn(64), 1)
+    x = to_rows(torch.randn(1, 64, 777))
+    calls = []
+    native = spectral_conv._native_gemm
+    monkeypatch.setattr(spectral_conv, "_native_gemm", lambda: calls.append(1) or native())
+    got = plan(x)
+    assert len(calls) == 2                                          # forward and inverse DFT
+    monkeypatch.setattr(spectral_conv, "_native_gemm", lambda: None)
+    assert (got - plan(x)).abs().max() <= 1e-5
+    monkeypatch.setattr(spectral_conv, "_native_gemm", lambda: calls.append(1) or native())
+    with Ops() as mode:
+        recorded = plan(x)
+    assert len(calls) == 2 and any("bmm" in op or "mm" in op for op in mode.seen)
+    assert (recorded - got).abs().max() <= 1e-5
