@@ -36,8 +36,9 @@ r 11 d 1: 41.4 -> 24.3 -> 18.7 (N 64); C = 64, T = 25600: r 7 d 1: 14.1 -> 12.1,
 17.8 -> 13.9 (N 64). The four products as MKL bmm ran at ~70 GFLOP/s, as one grouped conv ~100
 (oneDNN's direct conv ~95); the DFT GEMMs ran ~55 as torch's batched matmul, 1.5-2.3x faster in the
 native batched GEMM of csrc/spectral_cpu.c (`_gemm`; where the CPU library builds: same sums).
-Kernels 3 and 5, and anything at 32 channels, are slower spectral (the transforms are not paid back); so are short calls (fewer than `MIN_BLOCKS` block
-rows, where reading the products' weight dominates: the plan runs the direct conv there). At V1's
+Kernels 3 and 5, and anything at 32 channels, are slower spectral (the transforms are not paid back);
+so are short calls (fewer than `MIN_BLOCKS` block rows, where reading the products' weight dominates:
+the plan runs the direct conv there). At V1's
 50-frame lengths (cold caches, as inside the model) r 11 below 256 channels runs faster at N 32 than at
 N 64 (C 128, T 3200: 11.2 direct, 6.9 N 64, 5.3 N 32; C 64, T 6400: 5.8, 3.6, 3.5), level from 83
 frames up (N 64 1-5% faster at 333-512 frames): N 32 there since 2026-12-02 (whole V1 at 50 frames
