@@ -35,6 +35,7 @@ from flashrt.io.weightmap import Rule
 from flashrt.nn.reach import Reach, get_padding
 from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPlan
 from flashrt.nn.valid import EXACT
+from flashrt.nn.winograd_conv import WinogradPlan
 
 __all__ = ["ROWS", "to_rows", "from_rows", "Conv1d", "ConvTranspose1d", "polyphase_weight", "conv1d",
            "conv_transpose1d", "conv_rules", "WEIGHT_NORM_SOURCES", "plain_forms"]
@@ -164,6 +165,7 @@ class Conv1d(nn.Conv1d):
         self.spectral: SpectralPlan | None = None
         self.spectral_short_block: tuple[int, int] | None = None   # (N, min rows) of the short-call plan
         self.spectral_short: SpectralPlan | None = None             # tried when `spectral` does not engage
+        self.winograd: WinogradPlan | None = None   # the 3-tap F(4, 3) form (`set_winograd`)
         self.phase_split = False
         self.packed: torch.Tensor | None = None     # weight_rows (or its phase view) in oneDNN's layout
         self.packed_phases = False                  # which of the two `packed` holds
@@ -171,6 +173,7 @@ class Conv1d(nn.Conv1d):
     def reset_derived(self) -> None:
         _rows_weight(self)
         self.set_spectral(self.spectral_block, self.spectral_min_blocks, self.spectral_short_block)
+        self.set_winograd(self.winograd is not None)
 
     def _geometry(self) -> tuple:
         """(padding, stride, dilation, groups) of the 2-D conv on rows."""
@@ -216,6 +219,11 @@ class Conv1d(nn.Conv1d):
             SpectralPlan(self.weight, *geometry, short[0], self.bias, short[1])
         self.pack()
 
+    def set_winograd(self, on: bool) -> None:
+        """Run this 3-tap conv as Winograd F(4, 3) on plain eager CPU float32 rows (`WinogradPlan`),
+        derived from the current weight (`reset_derived` rebuilds it)."""
+        self.winograd = WinogradPlan(self.weight, self.dilation[0], self.bias) if on else None
+
     def _spectral_plan(self, x: torch.Tensor) -> SpectralPlan | None:
         """The plan this call runs (the first of `spectral`, `spectral_short` that engages), or None."""
         for plan in (self.spectral, self.spectral_short):
@@ -241,6 +249,8 @@ class Conv1d(nn.Conv1d):
         if plan is not None:
             y = plan(x.contiguous(memory_format=ROWS))
             return _epilogue(y, slope, residual, into)
+        if self.winograd is not None and not _plain() and self.winograd.engages(x):
+            return _epilogue(self.winograd(x.contiguous(memory_format=ROWS)), slope, residual, into)
         if self.phase_split and rows_cpu and not _plain():
             return self._phases(x.contiguous(memory_format=ROWS), slope, residual, into)
         geometry = self._geometry()

@@ -5,9 +5,10 @@ Policies (`POLICIES`):
 
 * ``direct``: oneDNN's direct convolution everywhere.
 * ``auto``: block-spectral GEMMs for the wide convs where they measured faster (`SpectralPolicy`,
-  `flashrt.nn.spectral_conv`), oneDNN for the rest. Fastest; the result of a sample may depend (at the
-  1e-7 level) on the length of the sequence and where it starts, because both the spectral blocks and
-  oneDNN's dilated kernels are laid out from the start of the sequence.
+  `flashrt.nn.spectral_conv`), Winograd F(4, 3) for the 3-tap convs at 128-256 channels
+  (`flashrt.nn.winograd_conv`), oneDNN for the rest. Fastest; the result of a sample may depend (at the
+  1e-7 level) on the length of the sequence and where it starts, because the spectral blocks, the
+  Winograd tiles and oneDNN's dilated kernels are laid out from the start of the sequence.
 * ``invariant``: every conv adds in an order that does not depend on the sequence's length or start:
   oneDNN's undilated direct conv (measured position-invariant); dilated convs as undilated convs over
   the (T/d, d) view (`Conv1d.phase_split`); transposed convs as one stride-1 conv over all output
@@ -30,21 +31,24 @@ from dataclasses import dataclass
 from torch import nn
 
 from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPolicy, eligible
+from flashrt.nn.winograd_conv import winograd_eligible
 
 __all__ = ["ConvPolicy", "POLICIES", "apply_conv_policy"]
 
 
 @dataclass(frozen=True)
 class ConvPolicy:
-    """``spectral``: which convs go block-spectral (None: none); ``invariant``: dilated convs phase-split."""
+    """``spectral``: which convs go block-spectral (None: none); ``invariant``: dilated convs phase-split;
+    ``winograd``: 3-tap convs at `WIDTHS` channels as Winograd F(4, 3) (`flashrt.nn.winograd_conv`)."""
 
     spectral: SpectralPolicy | None = None
     invariant: bool = False
+    winograd: bool = False
 
 
 POLICIES: dict[str, ConvPolicy] = {
     "direct": ConvPolicy(),
-    "auto": ConvPolicy(spectral=SpectralPolicy()),
+    "auto": ConvPolicy(spectral=SpectralPolicy(), winograd=True),
     "invariant": ConvPolicy(invariant=True),
     "spectral": ConvPolicy(spectral=SpectralPolicy(every=True)),
 }
@@ -52,10 +56,11 @@ POLICIES: dict[str, ConvPolicy] = {
 
 def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[str]]:
     """Set every Conv1d of ``module`` per ``policy`` (re-applying another policy undoes the previous
-    one). Returns the names of the convs made spectral, phase-split, and polyphase (upsamplers)."""
+    one). Returns the names of the convs made spectral, phase-split, polyphase (upsamplers) and
+    Winograd."""
     from flashrt.nn.audio import Conv1d, ConvTranspose1d
 
-    chosen: dict[str, list[str]] = {"spectral": [], "phase_split": [], "polyphase": []}
+    chosen: dict[str, list[str]] = {"spectral": [], "phase_split": [], "polyphase": [], "winograd": []}
     for name, conv in module.named_modules():
         if not isinstance(conv, (Conv1d, ConvTranspose1d)):
             continue
@@ -70,7 +75,10 @@ def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[s
         block, min_blocks = plans[0] if plans else (None, MIN_BLOCKS)
         conv.phase_split = invariant and conv.can_phase_split()
         conv.set_spectral(block, min_blocks, plans[1] if len(plans) > 1 else None)  # also packs the weight
-        for key, on in (("spectral", block is not None), ("phase_split", conv.phase_split)):
+        conv.set_winograd(policy.winograd and not invariant and block is None and winograd_eligible(conv))
+        chosen_forms = (("spectral", block is not None), ("phase_split", conv.phase_split),
+                        ("winograd", conv.winograd is not None))
+        for key, on in chosen_forms:
             if on:
                 chosen[key].append(name)
     return chosen

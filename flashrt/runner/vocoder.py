@@ -114,6 +114,8 @@ class Vocoder(StreamRunner):
             if d["spectral_convs"] else ""
         if d["phase_split_convs"]:
             convs += f", {d['phase_split_convs']} phase-split dilated convs (position-invariant)"
+        if d.get("winograd_convs"):
+            convs += f", {d['winograd_convs']} Winograd 3-tap convs"
         if d.get("native_activations"):
             convs += f", {d['native_activations']} anti-aliased activations in the native CPU kernel"
         notes = "".join(f"; {note}" for note in d["notes"])

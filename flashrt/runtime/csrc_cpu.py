@@ -6,7 +6,8 @@
 Kernels: ``flashrt_aa_snake`` (csrc/anti_alias_cpu.c), BigVGAN's anti-aliased snake activation in one
 pass (`flashrt.nn.alias_free.Activation1d` with ``kernel="native"``); ``flashrt_bgemm``
 (csrc/spectral_cpu.c), the small batched GEMM of the block-spectral convs' DFTs
-(`flashrt.nn.spectral_conv.SpectralPlan`). Like the CUDA library
+(`flashrt.nn.spectral_conv.SpectralPlan`); ``flashrt_wino43_in`` / ``_out`` (csrc/winograd_cpu.c), the
+transforms of the 3-tap convs' Winograd form (`flashrt.nn.winograd_conv.WinogradPlan`). Like the CUDA library
 (`flashrt.runtime.csrc`) the sources include no torch header and export a small C ABI of raw pointers,
 so one ``cc -shared`` call builds them in about a second, independent of torch's C++ ABI; the Python
 side checks every argument and falls back to the torch form for anything the kernel does not take.
@@ -52,6 +53,8 @@ SIGNATURES = {  # symbol -> (argument types), each returning int (0: done)
                          ctypes.c_int),
     "flashrt_bgemm": (_POINTER, _INT64, _INT64, _POINTER, _INT64, _INT64, _INT64, _INT64, _POINTER,
                       ctypes.c_int),
+    "flashrt_wino43_in": (_POINTER, _POINTER, _INT64, _INT64, _INT64),
+    "flashrt_wino43_out": (_POINTER, _POINTER, _INT64, _INT64, _INT64, _POINTER),
 }
 _LOADED: dict[str, Library | None] = {}
 

@@ -11,7 +11,7 @@ needs_cc = pytest.mark.skipif(csrc_cpu.compiler() is None, reason="no C compiler
 
 
 def test_sources_are_found():
-    assert {p.name for p in csrc_cpu.sources()} == {"anti_alias_cpu.c", "spectral_cpu.c"}
+    assert {p.name for p in csrc_cpu.sources()} == {"anti_alias_cpu.c", "spectral_cpu.c", "winograd_cpu.c"}
 
 
 @needs_cc

@@ -273,11 +273,12 @@ class VocoderFrontend:
         spectral = sum(1 for m in self.module.modules() if isinstance(m, SpectralPlan))
         split = sum(1 for m in self.module.modules() if getattr(m, "phase_split", False))
         native = sum(1 for m in self.module.modules() if isinstance(m, Activation1d) and m.kernel == "native")
+        winograd = sum(1 for m in self.module.modules() if getattr(m, "winograd", None) is not None)
         return {"family": self.family.name, "sample_rate": sig.sample_rate, "hop_length": sig.hop_length,
                 "context": sig.context, "buckets": list(self.buckets), "backend": self.backend_name,
                 "exact_length": self.exact_length, "batch": self.batch, "dtype": str(self.dtype),
                 "buffer_bytes": self.buffers.nbytes() if self.buffers else 0, "spectral_convs": spectral,
                 "spectral_bytes": spectral_bytes(self.module) if spectral else 0,
-                "phase_split_convs": split, "native_activations": native,
+                "phase_split_convs": split, "winograd_convs": winograd, "native_activations": native,
                 "notes": list(self.family.notes(self.config)), "padding": self.padding.as_dict(),
                 "warnings": self.padding.warnings(), "kernels_per_replay": self._kernel_count}
