@@ -353,8 +353,9 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, native: bool) -> 
     if fn is None or b.stride(2) != 1 or b.shape[2] % 16 or not a.is_contiguous() or not out.is_contiguous():
         return torch.matmul(a, b, out=out)
     rows, k, n = b.shape
-    status = fn(a.data_ptr(), a.shape[0], k, b.data_ptr(), b.stride(0), b.stride(1), rows, n, out.data_ptr(),
-                torch.get_num_threads())
+    m = a.shape[0]
+    status = fn(a.data_ptr(), 0, k, m, k, b.data_ptr(), b.stride(0), b.stride(1), rows, n, out.data_ptr(),
+                m * n, n, torch.get_num_threads())
     if status:
         raise RuntimeError(f"flashrt_bgemm refused {tuple(a.shape)} x {tuple(b.shape)} (status {status})")
     return out

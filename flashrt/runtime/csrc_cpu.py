@@ -51,8 +51,8 @@ _POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {  # symbol -> (argument types), each returning int (0: done)
     "flashrt_aa_snake": (_POINTER, _POINTER, _INT64, _INT64, _INT64, _POINTER, _POINTER, _POINTER, _POINTER,
                          ctypes.c_int),
-    "flashrt_bgemm": (_POINTER, _INT64, _INT64, _POINTER, _INT64, _INT64, _INT64, _INT64, _POINTER,
-                      ctypes.c_int),
+    "flashrt_bgemm": (_POINTER, _INT64, _INT64, _INT64, _INT64, _POINTER, _INT64, _INT64, _INT64, _INT64,
+                      _POINTER, _INT64, _INT64, ctypes.c_int),
     "flashrt_wino43_in": (_POINTER, _POINTER, _INT64, _INT64, _INT64),
     "flashrt_wino43_out": (_POINTER, _POINTER, _INT64, _INT64, _INT64, _POINTER),
 }
