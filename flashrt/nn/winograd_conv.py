@@ -17,8 +17,9 @@ caches: the products' weight is twice the conv's, the transformed rows 1.5x its 
 3-tap convs per stage, old -> new ms: 50 frames C 256 10.5 -> 7.7, C 128 21.5 -> 17.2, C 64 10.8 ->
 10.9; 83 frames 18.5 -> 13.3, 35.8 -> 30.1, 21.4 -> 23.6; 512 frames 102 -> 75, 204 -> 185, 114 -> 147.
 So `WIDTHS` is 128 and 256 channels.
-Error: 3x the direct conv's against float64 (6e-6 vs 2e-6 on unit-scale inputs; A's and B's entries
-reach 8 and 5), far inside the vocoders' 1e-4 gates.
+Error: 2-8x the direct conv's against float64 (~6e-6 vs ~2e-6 on unit-scale inputs; A's and B's
+entries reach 8 and 5), far inside the vocoders' 1e-4 gates. Memory: the packed products, 6 C O floats
+per conv (HiFi-GAN V1's 12: ~12 MB).
 
 Runs only in plain eager calls on CPU float32 rows where the CPU library loads and oneDNN's packed
 grouped conv is the AVX-512 one (`flashrt.nn.spectral_conv.grouped_products`); anything else (a
