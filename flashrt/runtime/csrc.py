@@ -38,7 +38,7 @@ from flashrt.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ABI", "Library", "build", "csrc_dir", "load", "nvcc_path", "sources"]
+__all__ = ["ABI", "OUT", "Library", "build", "compile_atomically", "csrc_dir", "load", "nvcc_path", "sources"]
 
 ABI = 1  # FLASHRT_CSRC_ABI of csrc/flashrt_csrc.h
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -96,19 +96,32 @@ def build(out_dir: str | Path, arch: str = "sm_90", nvcc: str | None = None) -> 
     target = out_dir / f"flashrt_csrc-{_key(nvcc, arch)}.so"
     if target.is_file():
         return target
-    out_dir.mkdir(parents=True, exist_ok=True)
     number = arch.removeprefix("sm_")
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    cmd = [nvcc, *NVCC_FLAGS, f"-gencode=arch=compute_{number},code=sm_{number}", "-o", tmp,
+    cmd = [nvcc, *NVCC_FLAGS, f"-gencode=arch=compute_{number},code=sm_{number}", "-o", OUT,
            *(str(p) for p in sources() if p.suffix == ".cu")]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        Path(tmp).unlink(missing_ok=True)
-        raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{done.stderr.strip()[-4000:]}")
-    os.replace(tmp, target)
+    compile_atomically(target, [cmd], "nvcc")
     log.info("built the csrc CUDA kernels for %s: %s", arch, target)
     return target
+
+
+OUT = "{out}"  # the output-file argument of a `compile_atomically` command
+
+
+def compile_atomically(target: Path, commands: list[list[str]], compiler: str) -> Path:
+    """Run the first of ``commands`` that succeeds, its `OUT` argument a temp file beside ``target``,
+    then rename that to ``target`` (no half-written library is ever seen); RuntimeError with the last
+    command's output when none succeeds (nothing left behind)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    for command in commands:
+        cmd = [tmp if arg == OUT else arg for arg in command]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode == 0:
+            os.replace(tmp, target)
+            return target
+    Path(tmp).unlink(missing_ok=True)
+    raise RuntimeError(f"{compiler} failed ({' '.join(cmd)}):\n{done.stderr.strip()[-4000:]}")
 
 
 @dataclass

@@ -30,15 +30,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from flashrt.paths import user_cache_dir
-from flashrt.runtime.csrc import Library, csrc_dir
+from flashrt.runtime.csrc import OUT, Library, compile_atomically, csrc_dir
 
 log = logging.getLogger(__name__)
 
@@ -98,20 +96,10 @@ def build(out_dir: str | Path, cc: str | None = None) -> Path:
     target = out_dir / f"flashrt_cpu-{_key(cc)}.so"
     if target.is_file():
         return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    done = None
     portable = tuple(f for f in FLAGS if f != "-march=native")     # compilers without -march=native
-    for flags in ((*FLAGS, *OPENMP), FLAGS, portable):
-        cmd = [cc, *flags, "-o", tmp, *(str(p) for p in sources())]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode == 0:
-            break
-    if done.returncode != 0:
-        Path(tmp).unlink(missing_ok=True)
-        raise RuntimeError(f"the C compiler failed ({' '.join(cmd)}):\n{done.stderr.strip()[-4000:]}")
-    os.replace(tmp, target)
+    files = [str(p) for p in sources()]
+    commands = [[cc, *flags, "-o", OUT, *files] for flags in ((*FLAGS, *OPENMP), FLAGS, portable)]
+    compile_atomically(target, commands, "the C compiler")
     log.info("built the csrc CPU kernels: %s", target)
     return target
 
