@@ -394,16 +394,18 @@ class _Scratch:
 
     def take(self, role: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """An uninitialised (shape) tensor of ``like``'s dtype and device: a view of this thread's
-        ``role`` buffer (grown when too small), or a fresh tensor."""
+        ``role`` buffer (grown when too small; one per role inside and outside `torch.inference_mode`,
+        whose tensors cannot be written outside it), or a fresh tensor."""
         if not self.keep:
             return like.new_empty(shape)
         held = getattr(self._local, "buffers", None)
         if held is None:
             held = self._local.buffers = {}
         need = math.prod(shape)
-        buf = held.get(role)
+        key = (role, torch.is_inference_mode_enabled())  # an inference tensor is not writable outside
+        buf = held.get(key)
         if buf is None or buf.numel() < need or buf.dtype != like.dtype or buf.device != like.device:
-            buf = held[role] = like.new_empty(need)
+            buf = held[key] = like.new_empty(need)
         return buf[:need].view(shape)
 
 

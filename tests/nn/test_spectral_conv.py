@@ -359,10 +359,17 @@ def test_plain_eager_calls_reuse_per_thread_scratch_with_the_same_result():
         assert not any(k.untyped_storage().data_ptr() in buffers for k in kept)
     assert spectral_conv.scratch_bytes() >= 4 * (3 * 900 + 2 * 32 + 32) * 32      # the phases of d 3
     seen = {}
-    worker = threading.Thread(target=lambda: seen.update(bytes=spectral_conv.scratch_bytes()))
+
+    def fresh_thread() -> None:
+        seen["bytes"] = spectral_conv.scratch_bytes()              # its own buffers: none yet
+        with torch.inference_mode():
+            inside = plan(xs[0])                                   # buffers made in inference mode ...
+        seen["same"] = torch.equal(plan(xs[0]), inside)            # ... are not written outside it
+
+    worker = threading.Thread(target=fresh_thread)
     worker.start()
     worker.join()
-    assert seen["bytes"] == 0
+    assert seen == {"bytes": 0, "same": True}
 
 
 def test_native_dft_gemm_matches_torch_and_leaves_recordings_to_aten(monkeypatch):
