@@ -38,11 +38,11 @@ r 11 d 1: 41.4 -> 24.3 -> 18.7 (N 64); C = 64, T = 25600: r 7 d 1: 14.1 -> 12.1,
 native batched GEMM of csrc/spectral_cpu.c (`_gemm`; where the CPU library builds: same sums).
 Kernels 3 and 5, and anything at 32 channels, are slower spectral (the transforms are not paid back);
 so are short calls (fewer than `MIN_BLOCKS` block rows, where reading the products' weight dominates:
-the plan runs the direct conv there). At V1's
-50-frame lengths (cold caches, as inside the model) r 11 below 256 channels runs faster at N 32 than at
-N 64 (C 128, T 3200: 11.2 direct, 6.9 N 64, 5.3 N 32; C 64, T 6400: 5.8, 3.6, 3.5), level from 83
-frames up (N 64 1-5% faster at 333-512 frames): N 32 there since 2026-12-02 (whole V1 at 50 frames
-1.04-1.07x, interleaved CPU time; 512 frames level within noise).
+the plan runs the direct conv there). At V1's 50-frame lengths (cold caches, as inside the model) r 11
+below 256 channels runs faster at N 32 than at N 64 (C 128, T 3200: 11.2 direct, 6.9 N 64, 5.3 N 32;
+C 64, T 6400: 5.8, 3.6, 3.5), level from 83 frames up (N 64 1-5% faster at 333-512 frames): N 32 there
+since 2026-12-02 (whole V1 at 50 frames 1.04-1.07x, interleaved CPU time; 512 frames level within
+noise).
 `SpectralPolicy`'s rules encode that; `flashrt.nn.conv_policy` applies it. The price is memory: the
 products' weights take 16 (F - 1) C O bytes per conv stacked, 4 (3 F - 4) C O Gauss (about twice and
 1.5x the kernel spectrum): 174 MB over HiFi-GAN V1's 36 spectral convs (whose own weights are 56 MB),
@@ -376,9 +376,9 @@ class _Scratch:
     those are 17-25 MB each; fresh, glibc maps and unmaps them (or trims its heap) on every call, and the
     call faults its pages in again: 120-156k minor faults, 10-14 % of its CPU time. Only in plain eager
     calls (`active`): under a recording mode (the trace backend, FLOP counters, export) every temporary
-    stays a fresh tensor. A plan's output is always fresh (its caller keeps it). Memory: the three
-    largest temporaries of any call on the thread (HiFi-GAN V1 at 512 frames: ~60 MB per thread;
-    `scratch_bytes`)."""
+    stays a fresh tensor. A plan's output is always fresh (its caller keeps it). `WinogradPlan` keeps
+    its transformed rows here too. Memory: the largest temporary of each role on the thread (HiFi-GAN
+    V1 at 512 frames: ~60 MB per thread; `scratch_bytes`)."""
 
     _local = threading.local()
 
