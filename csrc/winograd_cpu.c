@@ -27,10 +27,11 @@ typedef float vfu __attribute__((vector_size(4 * VW), aligned(4)));
 static inline vf ld(const float *p) { return *(const vfu *)p; }
 static inline void st(float *p, vf v) { *(vfu *)p = v; }
 
-/* x: (S, D, C) (D dilation phases of S steps each, side by side); v: (tiles, D, 6, C), tiles = ceil(S / 4):
-   v[i, p, j] = sum_k B[j][k] x[4 i - 1 + k, p] (zero outside [0, S)). C % VW == 0. */
-int flashrt_wino43_in(const float *x, float *v, int64_t S, int64_t D, int64_t C) {
-    if (C % VW) return 1;
+/* x: the first T (<= S D) rows of (S, D, C) (D dilation phases of S steps each, side by side; the
+   sequence (T, C) read as its (T / d, d) view); v: (tiles, D, 6, C), tiles = ceil(S / 4):
+   v[i, p, j] = sum_k B[j][k] x[4 i - 1 + k, p] (zero outside the T rows). C % VW == 0. */
+int flashrt_wino43_in(const float *x, float *v, int64_t T, int64_t S, int64_t D, int64_t C) {
+    if (C % VW || T > S * D) return 1;
     const int64_t tiles = (S + 3) / 4, W = D * C;
     for (int64_t i = 0; i < tiles; i++) {
         const float *rows[6];
@@ -39,7 +40,8 @@ int flashrt_wino43_in(const float *x, float *v, int64_t S, int64_t D, int64_t C)
             float *vi = v + (i * D + p) * 6 * C;
             for (int64_t c = 0; c < C; c += VW) {
                 vf d[6];
-                for (int k = 0; k < 6; k++) d[k] = rows[k] ? ld(rows[k] + p * C + c) : (vf){0};
+                for (int k = 0; k < 6; k++)
+                    d[k] = rows[k] && (rows[k] - x) / C + p < T ? ld(rows[k] + p * C + c) : (vf){0};
                 st(vi + 0 * C + c, 4.0f * d[0] - 5.0f * d[2] + d[4]);
                 st(vi + 1 * C + c, -4.0f * d[1] - 4.0f * d[2] + d[3] + d[4]);
                 st(vi + 2 * C + c, 4.0f * d[1] - 4.0f * d[2] - d[3] + d[4]);

@@ -275,7 +275,7 @@ class SpectralPlan(nn.Module):
         windows, per = self._windows(padded, nb, scratch)                        # (R, N, C)
         spectra = scratch.take("spectra", (windows.shape[0], self.dft.shape[0], c), x)
         prod = self._products(_gemm(self.dft, windows, spectra, scratch.keep))  # (R, P, O)
-        out = self._inverse(prod, b, nb, per)                                    # (B, >= T, O)
+        out = self._inverse(prod, b, nb, per, scratch.keep)                      # (B, >= T, O)
         rows = out[:, :t].permute(0, 2, 1).unsqueeze(2)
         return rows if b == 1 else rows.contiguous(memory_format=torch.channels_last)
 
@@ -332,11 +332,11 @@ class SpectralPlan(nn.Module):
             out[:, 0].add_(self.point_bias[:self.out_ch])                        # the DC point
         return out
 
-    def _inverse(self, prod: torch.Tensor, b: int, nb: int, per: int) -> torch.Tensor:
+    def _inverse(self, prod: torch.Tensor, b: int, nb: int, per: int, native: bool) -> torch.Tensor:
         """(R, P, O) products -> (B, >= nb * H * d, O) time steps (the valid end of each block)."""
         d, hop, o = self.dilation, self.hop, self.out_ch
         y = prod.new_empty(prod.shape[0], hop, o)                               # (R, H, O)
-        _gemm(self.idft, prod, y, _Scratch.active(prod).keep)
+        _gemm(self.idft, prod, y, native)
         if d == 1:                                         # each row's blocks are contiguous in time
             return y.view(b, per * hop, o)
         out = prod.new_empty(b, nb, hop, d, o)

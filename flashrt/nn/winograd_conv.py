@@ -78,22 +78,22 @@ class WinogradPlan(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x rows (B, C, 1, T) -> rows (B, O, 1, T) channels-last (conv + bias)."""
-        rows = [self._one(x[i]) for i in range(x.shape[0])]
+        kernels, scratch = _kernels(), _Scratch.active(x)
+        rows = [self._one(x[i], kernels, scratch) for i in range(x.shape[0])]
         out = rows[0] if len(rows) == 1 else torch.stack(rows)
         return out.view(x.shape[0], -1, self.out_ch).permute(0, 2, 1).unsqueeze(2)
 
-    def _one(self, x: torch.Tensor) -> torch.Tensor:
-        """One sequence, rows (C, 1, T) -> (T, O)."""
-        forward, backward = _kernels()
+    def _one(self, x: torch.Tensor, kernels: tuple, scratch: _Scratch) -> torch.Tensor:
+        """One sequence, rows (C, 1, T) channels-last -> (T, O); the transform reads x in place (steps
+        past T are zeros to it)."""
+        forward, backward = kernels
         c, _, t = x.shape
         d = self.dilation
         steps = -(-t // d)
-        seq = x.permute(1, 2, 0).reshape(t, c)                                      # (T, C)
-        if steps * d != t or not seq.is_contiguous():
-            seq = torch.cat([seq, seq.new_zeros(steps * d - t, c)]) if steps * d != t else seq.contiguous()
+        seq = x.permute(1, 2, 0).reshape(t, c).contiguous()                         # (T, C), no copy on rows
         tiles = -(-steps // 4)
-        v = _Scratch.active(x).take("winograd", (tiles * d, 6 * c), x)            # (tiles, D, 6, C)
-        _check(forward(seq.data_ptr(), v.data_ptr(), steps, d, c))
+        v = scratch.take("winograd", (tiles * d, 6 * c), x)                         # (tiles, D, 6, C)
+        _check(forward(seq.data_ptr(), v.data_ptr(), t, steps, d, c))
         image = v.view(1, tiles * d, 1, 6 * c).permute(0, 3, 1, 2)
         m = _CONV(image, self.packed, None, [0, 0], [1, 1], [1, 1], 6, "none", [], "")
         y = x.new_empty(steps * d, self.out_ch)

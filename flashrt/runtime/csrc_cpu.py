@@ -51,7 +51,7 @@ SIGNATURES = {  # symbol -> (argument types), each returning int (0: done)
                          ctypes.c_int),
     "flashrt_bgemm": (_POINTER, _INT64, _INT64, _INT64, _INT64, _POINTER, _INT64, _INT64, _INT64, _INT64,
                       _POINTER, _INT64, _INT64, ctypes.c_int),
-    "flashrt_wino43_in": (_POINTER, _POINTER, _INT64, _INT64, _INT64),
+    "flashrt_wino43_in": (_POINTER, _POINTER, _INT64, _INT64, _INT64, _INT64),
     "flashrt_wino43_out": (_POINTER, _POINTER, _INT64, _INT64, _INT64, _POINTER),
 }
 _LOADED: dict[str, Library | None] = {}
