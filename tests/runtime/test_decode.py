@@ -102,3 +102,39 @@ def test_graphs_are_captured_against_the_models_own_buffers_too():
     assert joined.tensors["lm_k"] is moved  # live: a replaced buffer is seen (and guarded)
     with pytest.raises(ConfigError, match="token"):
         JoinedBuffers(step, Buffers([BufferSpec("token", (1,), torch.int64, "state")]))
+
+
+@pytest.mark.parametrize("name", ["llama_tiny", "qwen3_tiny", "qwen2_tiny"])
+def test_greedy_with_repetition_penalty_is_identical_to_transformers_generate(name, one_thread):
+    """The penalty covers the prompt's tokens and every output token (transformers' generate(), greedy,
+    repetition_penalty=1.3): ids identical; and the penalty changes the path, so it is exercised."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(FIXTURES / name, dtype=torch.float32).eval()
+    dec = Decoder(load_lm(FIXTURES / name), buckets=(8, 64), max_new_tokens=40).capture()
+    io = load_file(FIXTURES / f"{name}_io.safetensors")
+    changed = 0
+    for i in range(5):
+        prompt = io[f"prompt.{i}"]
+        ours = list(dec.generate(prompt, 40, sampling=Sampling(repetition_penalty=1.3)))
+        with torch.no_grad():
+            out = hf.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), do_sample=False,
+                              repetition_penalty=1.3, max_new_tokens=40, min_new_tokens=40, eos_token_id=None)
+        assert ours == out[0, prompt.shape[-1]:].tolist(), f"prompt {i}"
+        changed += ours != list(dec.generate(prompt, 40))
+    assert changed >= 3
+
+
+def test_the_kv_cache_holds_a_request_that_fills_it_exactly_and_refuses_one_token_more(eager, prompt):
+    """Prompt + new tokens == cache_len runs (tokens as with a roomy cache); one more is an InputError
+    before anything is written, and the next good call is unchanged."""
+    cache_len, n = 40, prompt.shape[-1]
+    small = Decoder(load_lm(FIXTURES / "qwen3_tiny", cache_len=cache_len), buckets=(16,),
+                    max_new_tokens=cache_len).capture()
+    fits = cache_len - n
+    full = list(small.generate(prompt, fits))
+    assert full == list(eager.generate(prompt, fits)) and small.last.finish == "length"
+    before = {k: t.clone() for k, t in small.io.buffers.tensors.items()}
+    with pytest.raises(InputError, match="fit the cache"):
+        list(small.generate(prompt, fits + 1))
+    assert all(torch.equal(before[k], t) for k, t in small.io.buffers.tensors.items())
+    assert list(small.generate(prompt, fits)) == full

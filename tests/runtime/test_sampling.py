@@ -1,0 +1,95 @@
+"""Device sampling against transformers' logits processors, in generate()'s order: repetition penalty
+(over prompt and output tokens), temperature, top-k, top-p; then the draw.
+
+The draw is Gumbel-max over what is kept, with the noise of rank r a hash of (seed, step, r)
+(`hashed_uniform`; ranks order the tempered logits, largest first). So for any seed the token
+`sample_token` must return is computable from transformers' processed scores and the same noise:
+the argmax over ranks of score + noise. Over many seeds every kept token gets its turn, so a token kept
+or dropped by mistake changes some draw."""
+
+import pytest
+import torch
+
+from flashrt.runtime.sampling import hashed_uniform, penalize, sample_token
+
+transformers = pytest.importorskip("transformers")
+
+V = 96
+SEEDS = range(300)
+PENALTY = 1.3
+# (temperature, top_k, top_p): both filters, k off, p off, k past the vocabulary, both off, hot and cold
+CASES = [(0.7, 20, 0.8), (1.6, 30, 0.6), (0.5, 0, 0.9), (1.3, 12, 1.0), (0.8, V + 10, 0.7), (1.0, 0, 1.0),
+         (2.5, 40, 0.5), (0.4, 25, 0.95)]
+
+
+def _logits_and_history(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1, V) logits of both signs and (1, 30) ids seen so far (a prompt and outputs, with repeats)."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(1, V, generator=gen) * 3.0
+    history = torch.randint(0, V, (1, 30), generator=gen)
+    return logits, history
+
+
+def _seen(history: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(1, V, dtype=torch.bool).scatter_(1, history, True)
+
+
+def _reference_chain(temperature: float, top_k: int, top_p: float):
+    """The warpers generate() builds for these settings, in its order (each only when it is on)."""
+    p = transformers
+    chain = [p.RepetitionPenaltyLogitsProcessor(PENALTY), p.TemperatureLogitsWarper(temperature)]
+    if top_k != 0:
+        chain.append(p.TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        chain.append(p.TopPLogitsWarper(top_p))
+    return p.LogitsProcessorList(chain)
+
+
+def _expected_draw(scores: torch.Tensor, order: torch.Tensor, seed: int, step: int) -> int:
+    noise = -torch.log(-torch.log(hashed_uniform(torch.tensor([seed]), torch.tensor([step]), V)))
+    return int(order[0, (scores[0, order[0]] + noise[0]).argmax()])
+
+
+def test_repetition_penalty_matches_transformers_over_prompt_and_output_tokens():
+    logits, history = _logits_and_history()
+    assert (logits < 0).any() and (logits > 0).any()
+    ours = penalize(logits, _seen(history), torch.tensor([PENALTY]))
+    theirs = transformers.RepetitionPenaltyLogitsProcessor(PENALTY)(history, logits.clone())
+    torch.testing.assert_close(ours, theirs, atol=0, rtol=0)
+    assert not torch.equal(ours, logits)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", CASES)
+def test_draws_follow_transformers_processors_in_generate_order(temperature, top_k, top_p):
+    logits, history = _logits_and_history(1)
+    scores = _reference_chain(temperature, top_k, top_p)(history, logits.clone())
+    penalized = penalize(logits, _seen(history), torch.tensor([PENALTY]))
+    order = (penalized / temperature).argsort(-1, descending=True)
+    knobs = torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p])
+    drawn, expected = [], []
+    for seed in SEEDS:
+        step = seed % 7
+        drawn.append(int(sample_token(penalized, *knobs, torch.tensor([seed]), torch.tensor([step]))))
+        expected.append(_expected_draw(scores, order, seed, step))
+    assert drawn == expected
+    kept = int(torch.isfinite(scores).sum())
+    assert len(set(drawn)) > min(kept, 3) // 2, "the seeds must visit the kept set, not one token"
+
+
+def test_the_cases_exercise_each_filter():
+    """Each ordering the draws guard is live for these logits: top-k before top-p keeps a different set
+    than top-p first, and tempering before the filters keeps a different set than after them."""
+    logits, history = _logits_and_history(1)
+    differs = {"k_then_p": False, "temperature_first": False}
+    p = transformers
+    for temperature, top_k, top_p in CASES:
+        if top_k == 0 or top_k >= V or top_p >= 1.0:
+            continue
+        base = p.RepetitionPenaltyLogitsProcessor(PENALTY)(history, logits.clone())
+        right = _reference_chain(temperature, top_k, top_p)(history, logits.clone()).isfinite()
+        top_k_of, top_p_of = p.TopKLogitsWarper(top_k), p.TopPLogitsWarper(top_p)
+        swapped = top_k_of(history, top_p_of(history, base / temperature))
+        late = top_p_of(history, top_k_of(history, base.clone())) / temperature
+        differs["k_then_p"] |= not torch.equal(right, swapped.isfinite())
+        differs["temperature_first"] |= not torch.equal(right, late.isfinite())
+    assert all(differs.values()), differs
