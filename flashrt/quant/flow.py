@@ -310,8 +310,12 @@ def gate(model: nn.Module, sites: dict, job: QuantJob, amax: Mapping[str, torch.
     reference = [job.run(s).double().flatten() for s in held]
     old = _install(model, sites, job, amax, recipe.activations, audit=True)
     try:
-        outputs = [job.run(s).double().flatten() for s in held]
         stats = {n: model.get_submodule(n).weight.audit for n in sites}
+        outputs = []
+        for s in held:  # each sample judged alone: the worst one decides (linear.SiteStats)
+            outputs.append(job.run(s).double().flatten())
+            for st in stats.values():
+                st.end_sample()
     finally:
         linear.install(model, old)
     cos = [float(torch.nn.functional.cosine_similarity(a, b, dim=0)) for a, b in zip(outputs, reference)]

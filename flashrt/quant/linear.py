@@ -78,13 +78,18 @@ def onednn_int8_available() -> bool:
 @dataclass
 class SiteStats:
     """What the quality gate reports per GEMM site (`audit` mode): output error against the float
-    GEMM on the same input, the fraction of inputs clipped, the largest input seen."""
+    GEMM on the same input, the fraction of inputs clipped, the largest input seen.
+
+    The relative error is judged per sample (`end_sample` closes one) and the worst sample's is
+    reported: pooled over samples, one badly quantized quiet sample (small outputs, so small squared
+    errors) would vanish among good loud ones."""
 
     amax: float = 0.0
     clipped: float = 0.0
-    err_sq: float = 0.0
-    ref_sq: float = 0.0
+    err_sq: float = 0.0  # of the current sample
+    ref_sq: float = 0.0  # of the current sample
     calls: int = 0
+    worst: float = 0.0  # the largest relative error of a closed sample
 
     def add(self, x: torch.Tensor, y: torch.Tensor, ref: torch.Tensor, limit: float) -> None:
         self.amax = max(self.amax, float(x.abs().max()))
@@ -93,9 +98,15 @@ class SiteStats:
         self.ref_sq += float(ref.double().square().sum())
         self.calls += 1
 
+    def end_sample(self) -> None:
+        """Close the current sample: its relative error counts toward `worst`; sums restart."""
+        self.worst, self.err_sq, self.ref_sq = self.rel_error, 0.0, 0.0
+
     @property
     def rel_error(self) -> float:
-        return (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq > 0 else 0.0
+        """The worst relative output error of any sample so far (the current one included)."""
+        current = (self.err_sq / self.ref_sq) ** 0.5 if self.ref_sq > 0 else 0.0
+        return max(self.worst, current)
 
     def to_dict(self) -> dict[str, float]:
         return {"rel_error": self.rel_error, "clipped": self.clipped, "amax": self.amax, "calls": self.calls}
