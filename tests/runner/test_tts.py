@@ -15,7 +15,7 @@ from flashrt.chain import StageError
 from flashrt.errors import CheckpointError, InputError
 from flashrt.frontends.registry import tts_families
 from flashrt.frontends.tts.orpheus import AudioTokenError, FrameDecoder, OrpheusLayout
-from flashrt.runner.orpheus import OrpheusTTS, to_pcm16
+from flashrt.runner.orpheus import OrpheusTTS, frame_constraint, to_pcm16
 from flashrt.runner.tts import load_tts
 from flashrt.runtime.decode import Sampling
 
@@ -150,6 +150,18 @@ def test_frame_decoder_interleaves_levels_1_2_4():
     assert dec.push(110 + 3) is None  # position 7 starts the next frame: place 0, code 3
     with pytest.raises(AudioTokenError, match="position 8 .* place 1"):
         dec.push(110 + 4)  # a place-0 code where place 1 (ids 120..129) must come
+
+
+@pytest.mark.parametrize("layout", [OrpheusLayout(), OrpheusLayout(base_vocab=100, codebook_size=10)])
+def test_frame_constraint_allows_exactly_the_codes_of_each_place(layout):
+    """At step k only place k % 7's ids [lo, lo + codebook) survive: the last code of the place stays, one
+    past it (the next place's first) and one before its first are masked."""
+    constrain = frame_constraint(layout)
+    logits = torch.zeros(1, layout.vocab_needed + 5)
+    for step in range(2 * 7):
+        kept = constrain(logits, torch.tensor([step])).isfinite()[0]
+        lo = layout.audio_base + (step % 7) * layout.codebook_size
+        assert kept.nonzero().flatten().tolist() == list(range(lo, lo + layout.codebook_size)), step
 
 
 def test_load_tts_names_every_family_it_tried(tmp_path):
