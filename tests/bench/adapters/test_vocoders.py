@@ -132,7 +132,9 @@ def test_saved_checkpoint_loads_the_same_weights(benches, tmp_path):
     loaded = vb.FACTORIES["hifigan"](profile(), str(folder / "generator.pt"), "cpu")
     x = bench.make_inputs(3)[0]
     assert torch.equal(loaded.run(x, StageTimer())["audio"], bench.run(x, StageTimer())["audio"])
-    assert load_vocoder(folder / "generator.pt", family="hifigan", config="tiny").config == bench.voc.config
+    # the bench writes transformers' layout where transformers imports: the saved state dict is jik876's
+    saved = load_vocoder(folder / "generator.pt", family="hifigan", config="tiny").config
+    assert saved == replace(bench.voc.config, layout="generator")
 
 
 def test_buckets_and_frames_from_the_profile():
