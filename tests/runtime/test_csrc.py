@@ -29,7 +29,8 @@ def test_kernels_compile_and_export_the_abi(tmp_path):
     for symbol in ("flashrt_add_rms_norm", "flashrt_rope_qkv", "flashrt_gelu_mul"):
         assert hasattr(lib, symbol)
     assert csrc.build(tmp_path, arch="sm_90") == path  # cached by content: no second compile
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written atomically, no temp left
+    # written atomically with its sha256 sidecar, no temp left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".sha256"]
 
 
 @needs_nvcc

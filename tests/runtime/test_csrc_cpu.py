@@ -21,7 +21,8 @@ def test_kernels_compile_and_export_the_abi(tmp_path):
     assert lib.flashrt_cpu_abi() == csrc_cpu.ABI
     assert all(hasattr(lib, name) for name in csrc_cpu.SIGNATURES)
     assert csrc_cpu.build(tmp_path) == path  # cached by content: no second compile
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written atomically, no temp left
+    # written atomically with its sha256 sidecar, no temp left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".sha256"]
 
 
 @needs_cc
