@@ -54,7 +54,8 @@ from flashrt.io.atomic import atomic_write_bytes
 log = logging.getLogger(__name__)
 
 __all__ = ["OUT", "BuildError", "Library", "Untrusted", "check_folder", "compile_library", "key_digest",
-           "load_library", "make_private_folder", "read_verified", "run_tool", "tool_version", "warn_once"]
+           "load_library", "make_private_folder", "read_own_file", "read_verified", "run_tool",
+           "tool_version", "warn_once"]
 
 OUT = "{out}"  # the output-file argument of a `compile_library` command
 SIDECAR = ".sha256"
@@ -157,7 +158,7 @@ def make_private_folder(folder: str | os.PathLike[str]) -> None:
 def read_verified(path: Path, fields: Mapping[str, Any] | None = None) -> tuple[bytes, dict[str, Any]]:
     """(bytes, key fields) of the library ``path`` after the file checks and the sidecar's sha256; with
     ``fields``, its recorded fields must be those. Untrusted otherwise."""
-    data = _read_own_file(path, "library", LIBRARY_LIMIT)
+    data = read_own_file(path, "library", LIBRARY_LIMIT)
     meta = _read_sidecar(path)
     if meta.get("sha256") != hashlib.sha256(data).hexdigest() or meta.get("bytes") != len(data):
         raise Untrusted(f"library {path}: its bytes are not the ones flashrt built (sha256 differs from its "
@@ -172,7 +173,7 @@ def read_verified(path: Path, fields: Mapping[str, Any] | None = None) -> tuple[
 def _read_sidecar(path: Path) -> dict[str, Any]:
     sidecar = path.with_name(path.name + SIDECAR)
     try:
-        meta = json.loads(_read_own_file(sidecar, "sidecar", SIDECAR_LIMIT))
+        meta = json.loads(read_own_file(sidecar, "sidecar", SIDECAR_LIMIT))
     except (ValueError, UnicodeDecodeError):
         raise Untrusted(f"sidecar {sidecar} is not flashrt's JSON") from None
     if not (isinstance(meta, dict) and meta.get("format") == SIDECAR_FORMAT
@@ -181,7 +182,7 @@ def _read_sidecar(path: Path) -> dict[str, Any]:
     return meta
 
 
-def _read_own_file(path: Path, what: str, limit: int) -> bytes:
+def read_own_file(path: Path, what: str, limit: int) -> bytes:
     try:
         fd = os.open(path, _OPEN_FLAGS)
     except OSError as exc:
@@ -220,7 +221,7 @@ def _remove(path: Path) -> None:
 def _publish(tmp: Path, target: Path, fields: Mapping[str, Any]) -> None:
     """The sidecar of ``tmp``'s bytes, then ``tmp`` renamed to ``target`` (both atomic)."""
     os.chmod(tmp, 0o700)
-    data = _read_own_file(tmp, "library", LIBRARY_LIMIT)
+    data = read_own_file(tmp, "library", LIBRARY_LIMIT)
     meta = {"format": SIDECAR_FORMAT, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
             "fields": dict(fields)}
     sidecar = target.with_name(target.name + SIDECAR)
