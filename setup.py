@@ -1,11 +1,13 @@
 """Package layout: `flashrt/` plus the top-level data folders shipped inside the wheel.
 
 `models/`, `profiles/` and `calibration/` live at the repository root (they are data, edited by people)
-and are installed as `flashrt._models`, `flashrt._profiles` and `flashrt._calibration`, so
-`flashrt.resources` finds them the same way in a wheel and in an editable checkout. `csrc/` (CUDA
-sources, compiled on first use where a toolkit is: `flashrt.runtime.csrc`; C sources of CPU kernels,
-compiled on first use where a C compiler is: `flashrt.runtime.csrc_cpu`) ships as `flashrt._csrc`;
-nothing is compiled at install time.
+and are installed as `flashrt._models`, `flashrt._profiles` and `flashrt._calibration` (folders inside the
+installed package). `flashrt.resources.data_dir` finds them beside the flashrt package actually imported:
+`flashrt/_<kind>` in a wheel, `<checkout>/<kind>` otherwise; never through importlib, which an editable
+install maps to the checkout it was made from (another copy of the tree would read the first one's).
+`csrc/` (CUDA sources, compiled on first use where a toolkit is: `flashrt.runtime.csrc`; C sources of
+CPU kernels, compiled on first use where a C compiler is: `flashrt.runtime.csrc_cpu`) ships as
+`flashrt._csrc`, found the same way; nothing is compiled at install time.
 """
 
 from setuptools import find_packages, setup

@@ -62,6 +62,7 @@ FORMAT = "flashrt-calibration"
 FORMAT_VERSION = 1
 SUFFIX = ".safetensors"
 _TMP_PREFIX = ".tmp-"
+_TMP_SUFFIX = ".partial"  # flashrt.io.atomic's temp files: `<prefix>...partial`
 REPORT_SUFFIX = ".report.json"  # flashrt.quant.flow's per-layer report beside an entry
 MAX_ENTRY_BYTES = 256 << 20  # scales are a few KB; anything near this is not an entry
 _NAME_DIGEST_CHARS = 16  # file names only; the full key is stored inside and compared on load
@@ -357,7 +358,9 @@ class CalibrationCache:
 
     def remove(self, name: str | None = None, all: bool = False) -> list[Path]:
         """Delete one entry (file name, stem or unique prefix of it) or, with all=True, every entry and
-        leftover temp file. Returns what was removed; ValueError on an ambiguous name."""
+        leftover temp file. Only files that carry this cache's metadata are entries: any other
+        ``*.safetensors`` in the folder (a checkpoint's ``model.safetensors``) is never touched.
+        Returns what was removed; ValueError on an ambiguous name."""
         targets = self._all_files() if all else self._match(name)
         for p in targets:
             with contextlib.suppress(FileNotFoundError):
@@ -366,18 +369,36 @@ class CalibrationCache:
                 p.with_name(p.stem + REPORT_SUFFIX).unlink()
         return targets
 
+    def _entry_files(self) -> list[Path]:
+        return [p for p in self.files() if _is_entry(p)]
+
     def _all_files(self) -> list[Path]:
-        temps = sorted(self.root.glob(f"{_TMP_PREFIX}*")) if self.root.is_dir() else []
-        return self.files() + temps
+        temps = sorted(self.root.glob(f"{_TMP_PREFIX}*{_TMP_SUFFIX}")) if self.root.is_dir() else []
+        return self._entry_files() + temps
 
     def _match(self, name: str | None) -> list[Path]:
         if not name:
             raise ValueError("name an entry to remove, or pass all=True")
-        exact = [p for p in self.files() if name in (p.name, p.stem)]
-        matches = exact or [p for p in self.files() if p.stem.startswith(name)]
+        entries = self._entry_files()
+        exact = [p for p in entries if name in (p.name, p.stem)]
+        matches = exact or [p for p in entries if p.stem.startswith(name)]
         if len(matches) > 1:
             raise ValueError(f"{name!r} matches {len(matches)} entries: {[p.name for p in matches]}")
         return matches
+
+
+def _is_entry(path: Path) -> bool:
+    """Whether ``path`` carries this cache's metadata (``format``), whatever else may be wrong with it."""
+    try:
+        with open_regular(path, "calibration entry", _Unusable) as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else 0
+            if n > MAX_ENTRY_BYTES:
+                return False
+            meta = _parse_header(head + f.read(n)).get("__metadata__")
+    except (_Unusable, OSError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT
 
 
 def _verify_file(path: Path) -> tuple[bool, str]:

@@ -2,7 +2,9 @@
 
 `cache_app` is a Typer sub-application; the main `flashrt` command mounts it as `cache`. Every command
 takes `--dir` to point at another cache folder (default: `flashrt.quant.cache.default_root()`).
-Exit codes: 0 fine, 1 something bad found (verify) or nothing matched (rm), 2 usage error.
+Exit codes: 0 fine, 1 something bad found (verify) or nothing matched (rm), 2 usage error (a ``--dir``
+that is a file or does not exist included: one line on stderr). `rm` touches only files that carry the
+cache's metadata: pointed at a checkpoint folder it never deletes its ``model.safetensors``.
 """
 
 from __future__ import annotations
@@ -75,11 +77,28 @@ def _print_exports(rows: list[dict], folder: Path) -> None:
     _console().print(table)
 
 
+def _folder(path: Path | None, what: str) -> Path | None:
+    """``path`` if it is usable as a cache folder: one line on stderr and exit 2 for a file, or for a
+    folder that was named and does not exist (the default folder not existing yet is an empty cache)."""
+    if path is not None and not path.is_dir():
+        typer.echo(f"{what} {path} {'is not a folder' if path.exists() else 'does not exist'}", err=True)
+        raise typer.Exit(2)
+    return path
+
+
+def _cache(dir: Path | None) -> CalibrationCache:
+    cache = CalibrationCache(_folder(dir, "cache folder"))
+    if dir is None and cache.root.exists():
+        _folder(cache.root, "cache folder")
+    return cache
+
+
 @cache_app.command("ls")
 def ls_cmd(dir: DirOption = None, as_json: JsonOption = False, export_dir: ExportDirOption = None):
     """List the entries of both caches, calibration and ONNX export (header facts: `verify` checks the
     calibration entries' contents; export entries are checked as they are listed)."""
-    cache = CalibrationCache(dir)
+    cache = _cache(dir)
+    _folder(export_dir, "export cache folder")
     exports_root = export_dir or cache.root.parent / "onnx"
     rows = [{"kind": "calibration", **_entry_row(e)} for e in cache.entries()]
     exports = _export_rows(exports_root)
@@ -101,7 +120,7 @@ def ls_cmd(dir: DirOption = None, as_json: JsonOption = False, export_dir: Expor
 @cache_app.command("verify")
 def verify_cmd(dir: DirOption = None):
     """Check every entry: readable, untampered scales, stored under its own key. Exit 1 if any is bad."""
-    cache = CalibrationCache(dir)
+    cache = _cache(dir)
     results = cache.verify()
     for path, ok, reason in results:
         typer.echo(f"{'ok ' if ok else 'BAD'}  {path.name}" + ("" if ok else f"  {reason}"))
@@ -114,8 +133,9 @@ def verify_cmd(dir: DirOption = None):
 
 @cache_app.command("rm")
 def rm_cmd(names: NamesArg = None, all: AllOption = False, dir: DirOption = None):
-    """Remove entries by name (or all of them)."""
-    cache = CalibrationCache(dir)
+    """Remove entries by name (or all of them): only files that carry the cache's metadata, never another
+    ``*.safetensors`` in the folder."""
+    cache = _cache(dir)
     if not names and not all:
         typer.echo("name the entries to remove, or pass --all", err=True)
         raise typer.Exit(2)

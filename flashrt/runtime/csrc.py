@@ -14,9 +14,16 @@ broadcast gate, a non-contiguous row, a dtype it has no instantiation for) runs 
 Nothing happens at import: `load` runs only when a CUDA model picks the "fused" kernels
 (`flashrt.nn.fused.resolve_kernels`), and a plain install on a CPU machine never compiles anything.
 
-Cache: ``<user cache dir>/flashrt/csrc/flashrt_csrc-<key>.so``; the key digests the sources, the nvcc
-version and the target architecture. Writes are atomic (temp file + rename); a file that fails to load
-or reports another ABI version is rebuilt. `load(build=False)` only looks in the cache.
+Cache: ``<user cache dir>/flashrt/csrc/flashrt_csrc-<key>.so`` (`cache_folder`; ``open_library(folder=...)``
+takes another); the key digests `key_fields`: the sources' names and contents (headers included), the
+nvcc version, the flags, the target architecture and the ABI, so an edited kernel is rebuilt. What is
+loaded and how a planted or damaged file is refused: `flashrt.runtime.native` (a sha256 sidecar written
+at build time, ownership and permission checks, the verified bytes loaded). Without nvcc only a
+library that passes those checks and was built from these sources, flags, ABI and architecture loads
+(by another nvcc: the one field that cannot be checked). `load(build_missing=False)` only looks in the
+cache. An nvcc that fails or runs past ``timeout_s`` means the references, with a warning.
+
+Sources: `csrc_dir` is the csrc folder of the flashrt package actually imported (`flashrt.resources`).
 """
 
 from __future__ import annotations
@@ -24,40 +31,44 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
-import os
 import shutil
-import subprocess
-import tempfile
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from flashrt.paths import user_cache_dir
+from flashrt.resources import data_dir
+from flashrt.runtime import native
+from flashrt.runtime.native import OUT, BuildError, Library
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ABI", "OUT", "Library", "build", "compile_atomically", "csrc_dir", "load", "nvcc_path", "sources"]
+__all__ = ["ABI", "OUT", "Library", "build", "cache_folder", "csrc_dir", "key_fields", "load", "nvcc_path",
+           "open_library", "sources"]
 
 ABI = 1  # FLASHRT_CSRC_ABI of csrc/flashrt_csrc.h
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 NVCC_FLAGS = ("-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC")
-_LOADED: dict[str, Library | None] = {}
+TIMEOUT_S = 600.0  # any one nvcc process (a build takes seconds to a minute)
+NO_NVCC = ("no CUDA toolkit (nvcc): the fused CUDA kernels are off unless a verified build of these "
+           "sources is cached; the reference (aten) ops run (slower)")
+_LOADED: dict[tuple[str, str], Library | None] = {}
 
 
 def csrc_dir() -> Path:
-    """The csrc sources: the shipped data package, or the checkout's csrc/ (an editable install made
-    before the package existed)."""
-    try:
-        return Path(str(resources.files("flashrt._csrc")))
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parents[2] / "csrc"
+    """The csrc sources of the imported flashrt package (`flashrt.resources.data_dir`)."""
+    return data_dir("csrc")
 
 
 def sources() -> list[Path]:
     folder = csrc_dir()
     return sorted(folder.glob("*.cu")) + sorted(folder.glob("*.h"))
+
+
+def cache_folder() -> Path:
+    """Where the built libraries are kept: ``<user cache dir>/flashrt/csrc``."""
+    return user_cache_dir("csrc")
 
 
 def nvcc_path() -> str | None:
@@ -76,70 +87,58 @@ def _arch(device: torch.device | None) -> str:
     return f"sm_{major}{minor}"
 
 
-def _key(nvcc: str, arch: str) -> str:
+def _sources_digest() -> str:
     digest = hashlib.sha256()
     for path in sources():
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    digest.update(version.encode() + arch.encode() + str(ABI).encode())
-    return digest.hexdigest()[:20]
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
-def build(out_dir: str | Path, arch: str = "sm_90", nvcc: str | None = None) -> Path:
-    """Compile csrc/*.cu into ``out_dir/flashrt_csrc-<key>.so`` for ``arch`` (e.g. "sm_90"), atomically;
-    returns the path (an existing file of the same key is reused). RuntimeError without nvcc or when
-    the compiler fails (its output in the message)."""
+def key_fields(arch: str, nvcc: str | None, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+    """Everything the library depends on (its cache key and the sidecar's record); ``nvcc`` None leaves
+    the compiler out (what can be checked without one). BuildError when ``nvcc --version`` fails or
+    hangs."""
+    fields = {"library": "flashrt_csrc", "sources": _sources_digest(), "flags": " ".join(NVCC_FLAGS),
+              "arch": arch, "abi": ABI}
+    return fields if nvcc is None else {**fields, "compiler": native.tool_version(nvcc, timeout_s)}
+
+
+def library_name(fields: dict[str, Any]) -> str:
+    return f"flashrt_csrc-{native.key_digest(fields)}.so"
+
+
+def build(out_dir: str | Path, arch: str = "sm_90", nvcc: str | None = None, timeout_s: float = TIMEOUT_S
+          ) -> Path:
+    """Compile csrc/*.cu into ``out_dir/flashrt_csrc-<key>.so`` for ``arch`` (e.g. "sm_90"), atomically,
+    with its sha256 sidecar; returns the path (an existing verified file of the same key is reused).
+    BuildError (a RuntimeError) without nvcc, when it fails (its output in the message) or runs past
+    ``timeout_s`` seconds."""
     nvcc = nvcc or nvcc_path()
     if nvcc is None:
-        raise RuntimeError("no CUDA toolkit (nvcc) found: the csrc kernels cannot be built here")
-    out_dir = Path(out_dir)
-    target = out_dir / f"flashrt_csrc-{_key(nvcc, arch)}.so"
-    if target.is_file():
+        raise BuildError("no CUDA toolkit (nvcc) found: the csrc kernels cannot be built here")
+    return _build(Path(out_dir), arch, nvcc, key_fields(arch, nvcc, timeout_s), timeout_s)
+
+
+def _build(out_dir: Path, arch: str, nvcc: str, fields: dict[str, Any], timeout_s: float) -> Path:
+    target = out_dir / library_name(fields)
+    try:
+        native.read_verified(target, fields)
         return target
+    except native.Untrusted:
+        pass
     number = arch.removeprefix("sm_")
     cmd = [nvcc, *NVCC_FLAGS, f"-gencode=arch=compute_{number},code=sm_{number}", "-o", OUT,
            *(str(p) for p in sources() if p.suffix == ".cu")]
-    compile_atomically(target, [cmd], "nvcc")
+    native.compile_library(target, [cmd], "nvcc", fields, timeout_s)
     log.info("built the csrc CUDA kernels for %s: %s", arch, target)
     return target
 
 
-OUT = "{out}"  # the output-file argument of a `compile_atomically` command
-
-
-def compile_atomically(target: Path, commands: list[list[str]], compiler: str) -> Path:
-    """Run the first of ``commands`` that succeeds, its `OUT` argument a temp file beside ``target``,
-    then rename that to ``target`` (no half-written library is ever seen); RuntimeError with the last
-    command's output when none succeeds (nothing left behind)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    for command in commands:
-        cmd = [tmp if arg == OUT else arg for arg in command]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode == 0:
-            os.replace(tmp, target)
-            return target
-    Path(tmp).unlink(missing_ok=True)
-    raise RuntimeError(f"{compiler} failed ({' '.join(cmd)}):\n{done.stderr.strip()[-4000:]}")
-
-
-@dataclass
-class Library:
-    """A loaded csrc library (the ctypes handle and where it came from)."""
-
-    path: Path
-    handle: ctypes.CDLL
-
-
-def _open(path: Path) -> Library | None:
+def _bind(handle: ctypes.CDLL) -> bool:
     try:
-        handle = ctypes.CDLL(str(path))
-        if handle.flashrt_csrc_abi() != ABI:
-            return None
-    except (OSError, AttributeError):
-        return None
-    return Library(path, handle)
+        return handle.flashrt_csrc_abi() == ABI
+    except AttributeError:
+        return False
 
 
 def load(build_missing: bool = True, device: torch.device | str | None = None) -> Library | None:
@@ -148,33 +147,36 @@ def load(build_missing: bool = True, device: torch.device | str | None = None) -
     if not torch.cuda.is_available():
         return None
     arch = _arch(torch.device(device) if device is not None else None)
-    if arch in _LOADED:
-        return _LOADED[arch]
-    lib = _load_or_build(arch, build_missing)
+    slot = (arch, str(cache_folder()))
+    if slot in _LOADED:
+        return _LOADED[slot]
+    lib = open_library(arch, build_missing=build_missing)
     if lib is not None:
         _register(lib)
-    _LOADED[arch] = lib
+    if lib is not None or build_missing:
+        _LOADED[slot] = lib
     return lib
 
 
-def _load_or_build(arch: str, build_missing: bool) -> Library | None:
-    nvcc, folder = nvcc_path(), user_cache_dir("csrc")
+def open_library(arch: str, *, build_missing: bool = True, folder: str | Path | None = None,
+                 timeout_s: float = TIMEOUT_S) -> Library | None:
+    """The csrc library for ``arch`` ("sm_90") from ``folder`` (default `cache_folder`), verified and
+    loaded, built on a miss where nvcc is; None where it cannot be (reason logged). Needs no GPU:
+    nothing is registered and no kernel runs (`load` does both)."""
+    folder = Path(folder) if folder is not None else cache_folder()
+    nvcc = nvcc_path()
     if nvcc is None:
-        cached = sorted(folder.glob("flashrt_csrc-*.so")) if folder.is_dir() else []
-        found = next((lib for lib in map(_open, cached) if lib is not None), None)
-        if found is None:
-            log.info("csrc kernels unavailable: no CUDA toolkit to build them and none cached in %s", folder)
-        return found
-    path = folder / f"flashrt_csrc-{_key(nvcc, arch)}.so"
-    lib = _open(path) if path.is_file() else None
-    if lib is not None or not build_missing:
-        return lib
+        native.warn_once(NO_NVCC)
+        wanted = key_fields(arch, None)
+        match = lambda fields: {k: v for k, v in fields.items() if k != "compiler"} == wanted  # noqa: E731
+        return native.find_verified(folder, "flashrt_csrc-*.so", match, _bind, "csrc CUDA kernels")
     try:
-        path.unlink(missing_ok=True)
-        return _open(build(folder, arch, nvcc))
-    except (RuntimeError, OSError) as exc:
-        log.warning("csrc kernels unavailable, the references run instead: %s", exc)
+        fields = key_fields(arch, nvcc, timeout_s)
+    except BuildError as exc:
+        log.warning("csrc CUDA kernels off, the references run instead (slower): %s", exc)
         return None
+    build = (lambda out_dir: _build(out_dir, arch, nvcc, fields, timeout_s)) if build_missing else None
+    return native.load_library(folder, library_name(fields), fields, build, _bind, "csrc CUDA kernels")
 
 
 def _register(lib: Library) -> None:

@@ -18,11 +18,15 @@ builds a one-thread library; one without ``-march=native`` the baseline ISA). No
 install or import time: `load` runs when a CPU float32 model picks the native kernels at load
 (`flashrt.frontends.vocoders.prepare_module`).
 
-Cache: ``<user cache dir>/flashrt/csrc/flashrt_cpu-<key>.so``; the key digests the sources, the
-compiler's version and this CPU (its model and flags, as ``-march=native`` reads them), so a cache
-folder shared by machines of different CPUs holds one library per CPU. Writes are atomic (temp file +
-rename); a file that fails to load or reports another ABI is rebuilt. `load(build_missing=False)` only
-looks in the cache. Without a compiler nothing loads (the torch forms run).
+Cache: ``<user cache dir>/flashrt/csrc/flashrt_cpu-<key>.so`` (`cache_folder`; ``load(folder=...)`` takes
+another); the key digests `key_fields`: the sources' names and contents (with the headers beside them),
+the compiler's version, this CPU (its model and flags, as ``-march=native`` reads them), the flags and
+the ABI, so a cache folder shared by machines of different CPUs holds one library per CPU, and an edited
+kernel is rebuilt. What is loaded and how a planted or damaged file is refused: `flashrt.runtime.native`
+(a sha256 sidecar written at build time, ownership and permission checks, the verified bytes loaded).
+Without a compiler nothing loads (the torch forms run; said once, at WARNING): a cached library's key
+(this CPU, the compiler's version) cannot be checked. A compiler that fails or runs past ``timeout_s``
+means the torch forms too, with a warning.
 """
 
 from __future__ import annotations
@@ -32,19 +36,24 @@ import hashlib
 import logging
 import platform
 import shutil
-import subprocess
 from pathlib import Path
+from typing import Any
 
 from flashrt.paths import user_cache_dir
-from flashrt.runtime.csrc import OUT, Library, compile_atomically, csrc_dir
+from flashrt.runtime import native
+from flashrt.runtime.csrc import csrc_dir
+from flashrt.runtime.native import OUT, BuildError, Library
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ABI", "FLAGS", "build", "compiler", "load", "sources"]
+__all__ = ["ABI", "FLAGS", "build", "cache_folder", "compiler", "key_fields", "load", "sources"]
 
 ABI = 1  # FLASHRT_CPU_ABI of csrc/*_cpu.c
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11")
 OPENMP = ("-fopenmp",)
+TIMEOUT_S = 300.0  # any one compiler process (a build takes about a second)
+NO_COMPILER = ("no C compiler (cc, gcc, clang): the native CPU kernels are off, vocoders run the torch "
+               "forms (slower)")
 _POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {  # symbol -> (argument types), each returning int (0: done)
     "flashrt_aa_snake": (_POINTER, _POINTER, _INT64, _INT64, _INT64, _POINTER, _POINTER, _POINTER, _POINTER,
@@ -59,6 +68,11 @@ _LOADED: dict[str, Library | None] = {}
 
 def sources() -> list[Path]:
     return sorted(csrc_dir().glob("*_cpu.c"))
+
+
+def cache_folder() -> Path:
+    """Where the built libraries are kept: ``<user cache dir>/flashrt/csrc``."""
+    return user_cache_dir("csrc")
 
 
 def compiler() -> str | None:
@@ -76,69 +90,91 @@ def _cpu() -> str:
     return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
 
 
-def _key(cc: str) -> str:
+def sources_digest(paths: list[Path]) -> str:
+    """sha256 over the names and contents of ``paths`` and of every header beside them."""
+    headers = sorted(csrc_dir().glob("*.h"))
     digest = hashlib.sha256()
-    for path in sources():
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    digest.update(version.encode() + _cpu().encode() + str(ABI).encode() + " ".join(FLAGS).encode())
-    return digest.hexdigest()[:20]
+    for path in [*paths, *(h for h in headers if h not in paths)]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
-def build(out_dir: str | Path, cc: str | None = None) -> Path:
-    """Compile csrc/*_cpu.c into ``out_dir/flashrt_cpu-<key>.so`` for this CPU, atomically; returns its
-    path (an existing file of the same key is reused). RuntimeError without a compiler or when it fails
-    (its output in the message)."""
+def key_fields(cc: str, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+    """Everything the library depends on (its cache key and the sidecar's record); BuildError when the
+    compiler's ``--version`` fails or hangs."""
+    return {"library": "flashrt_cpu", "sources": sources_digest(sources()),
+            "compiler": native.tool_version(cc, timeout_s), "cpu": _cpu(), "flags": " ".join(FLAGS),
+            "openmp": " ".join(OPENMP), "abi": ABI}
+
+
+def library_name(fields: dict[str, Any]) -> str:
+    return f"flashrt_cpu-{native.key_digest(fields)}.so"
+
+
+def build(out_dir: str | Path, cc: str | None = None, timeout_s: float = TIMEOUT_S) -> Path:
+    """Compile csrc/*_cpu.c into ``out_dir/flashrt_cpu-<key>.so`` for this CPU, atomically, with its
+    sha256 sidecar; returns its path (an existing verified file of the same key is reused). BuildError
+    (a RuntimeError) without a compiler, when it fails (its output in the message) or runs past
+    ``timeout_s`` seconds."""
     cc = cc or compiler()
     if cc is None:
-        raise RuntimeError("no C compiler (cc, gcc, clang) found: the CPU kernels cannot be built here")
-    out_dir = Path(out_dir)
-    target = out_dir / f"flashrt_cpu-{_key(cc)}.so"
-    if target.is_file():
+        raise BuildError(NO_COMPILER)
+    return _build(Path(out_dir), cc, key_fields(cc, timeout_s), timeout_s)
+
+
+def _build(out_dir: Path, cc: str, fields: dict[str, Any], timeout_s: float) -> Path:
+    target = out_dir / library_name(fields)
+    try:
+        native.read_verified(target, fields)
         return target
+    except native.Untrusted:
+        pass
     portable = tuple(f for f in FLAGS if f != "-march=native")     # compilers without -march=native
     files = [str(p) for p in sources()]
     commands = [[cc, *flags, "-o", OUT, *files] for flags in ((*FLAGS, *OPENMP), FLAGS, portable)]
-    compile_atomically(target, commands, "the C compiler")
+    native.compile_library(target, commands, "the C compiler", fields, timeout_s)
     log.info("built the csrc CPU kernels: %s", target)
     return target
 
 
-def _open(path: Path) -> Library | None:
+def _bind(handle: ctypes.CDLL) -> bool:
+    """Check the ABI and declare the signatures; False for a library of another ABI."""
     try:
-        handle = ctypes.CDLL(str(path))
         if handle.flashrt_cpu_abi() != ABI:
-            return None
+            return False
         for name, args in SIGNATURES.items():
             fn = getattr(handle, name)
             fn.argtypes, fn.restype = list(args), ctypes.c_int
-    except (OSError, AttributeError):
-        return None
-    return Library(path, handle)
+    except AttributeError:
+        return False
+    return True
 
 
-def load(build_missing: bool = True) -> Library | None:
-    """The CPU kernels of this machine, built on a miss; None where they cannot be (reason logged). The
-    answer is kept for the process."""
-    if _LOADED.get("cpu") is None:
-        _LOADED["cpu"] = _load_or_build(build_missing)
-    return _LOADED["cpu"]
+def load(build_missing: bool = True, *, folder: str | Path | None = None,
+         timeout_s: float = TIMEOUT_S) -> Library | None:
+    """The CPU kernels of this machine, from ``folder`` (default `cache_folder`), built on a miss; None
+    where they cannot be (reason logged). The answer is kept for the process (per folder)."""
+    folder = Path(folder) if folder is not None else cache_folder()
+    slot = str(folder)
+    if slot not in _LOADED:
+        lib = _load_or_build(folder, build_missing, timeout_s)
+        if lib is None and not build_missing:
+            return None  # a later call may build it
+        _LOADED[slot] = lib
+    return _LOADED[slot]
 
 
-def _load_or_build(build_missing: bool) -> Library | None:
+def _load_or_build(folder: Path, build_missing: bool, timeout_s: float) -> Library | None:
     """Without a compiler nothing loads: a cached library's key (this CPU, the compiler's version) cannot
     be checked, and one built for another CPU of a shared cache could fault."""
-    cc, folder = compiler(), user_cache_dir("csrc")
+    cc = compiler()
     if cc is None:
-        log.info("CPU kernels unavailable: no C compiler (cc, gcc, clang); the torch forms run")
+        native.warn_once(NO_COMPILER)
         return None
-    path = folder / f"flashrt_cpu-{_key(cc)}.so"
-    lib = _open(path) if path.is_file() else None
-    if lib is not None or not build_missing:
-        return lib
     try:
-        path.unlink(missing_ok=True)
-        return _open(build(folder, cc))
-    except (RuntimeError, OSError) as exc:
-        log.warning("CPU kernels unavailable, the torch forms run instead: %s", exc)
+        fields = key_fields(cc, timeout_s)
+    except BuildError as exc:
+        log.warning("native CPU kernels off, the torch forms run instead (slower): %s", exc)
         return None
+    build = (lambda out_dir: _build(out_dir, cc, fields, timeout_s)) if build_missing else None
+    return native.load_library(folder, library_name(fields), fields, build, _bind, "native CPU kernels")

@@ -18,6 +18,12 @@ Ownership and validity (house style #9):
   are stored inside the file and compared field by field on load, and the model bytes carry a digest.
   No file, a corrupt header, a truncated file, edited model bytes, an entry copied under another key:
   each is a miss (logged, returned as a reason) and the model is exported again, never used.
+- A TensorRT engine is code the runtime deserializes, so the native libraries' trust rules apply
+  (`flashrt.runtime.native`): the folder must be owned by this user and writable by nobody else (and
+  the folders above it, unless sticky), an entry must be a regular file (not a symlink) owned by this
+  user and writable by nobody else. Anything else is a miss with the reason, and nothing is stored in
+  a folder that fails them (the model is exported for this process only). A folder flashrt creates is
+  created with mode 0700.
 
 File layout: `<model>-<key digest[:16]>.onnxrt` (ONNX) or `.trtengine` (engine) = 8-byte little-endian
 header length, the header JSON {format, format_version, key, key_digest, payload_digest, payload_bytes,
@@ -41,8 +47,9 @@ from typing import Any
 
 from flashrt import __version__
 from flashrt.io.atomic import atomic_write_bytes
-from flashrt.io.files import open_regular, read_bytes_capped
+from flashrt.io.files import open_regular
 from flashrt.paths import user_cache_dir
+from flashrt.runtime.native import Untrusted, check_folder, make_private_folder, read_own_file
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +191,10 @@ def _read(path: Path) -> tuple[dict[str, Any], bytes]:
     if not os.path.lexists(path):
         raise FileNotFoundError(path)
     fmt, _, limit = _KINDS.get(path.suffix, _KINDS[SUFFIX])
-    data = read_bytes_capped(path, "export cache entry", _Unusable, limit=limit + (1 << 20))
+    try:
+        data = read_own_file(path, "export cache entry", limit + (1 << 20))
+    except Untrusted as err:
+        raise _Unusable(str(err)) from None
     header, payload = _split(data, fmt)
     _check(header, payload)
     return header, payload
@@ -204,6 +214,7 @@ class ExportCache:
         """The model (engine) bytes of `key`, or None (reason in `last_miss_reason`)."""
         path = self.path_for(key)
         try:
+            _check_root(self.root)
             header, payload = _read(path)
             if header["key"] != key.fields():
                 raise _Unusable(_mismatch(header["key"], key.fields()))
@@ -224,6 +235,11 @@ class ExportCache:
                   "flashrt_version": __version__}
         head = _canonical(header).encode()
         path = self.path_for(key)
+        make_private_folder(self.root)
+        try:
+            check_folder(self.root)
+        except Untrusted as err:
+            raise PermissionError(f"not storing in an unsafe cache folder: {err}") from None
         atomic_write_bytes(path, len(head).to_bytes(8, "little") + head + payload, tmp_prefix=_TMP_PREFIX)
         _fsync_dir(path.parent)
         return path
@@ -248,7 +264,12 @@ class ExportCache:
         return sorted(p for suffix in _KINDS for p in self.root.glob(f"*{suffix}"))
 
     def entries(self) -> list[ExportEntry]:
-        """Header facts of every entry (the model bytes are checked too: entries are small)."""
+        """Header facts of every entry (the model bytes are checked too: entries are small); in a folder
+        that fails the trust rules every entry's problem is that."""
+        try:
+            _check_root(self.root)
+        except (_Unusable, FileNotFoundError) as err:
+            return [ExportEntry(p, 0, None, problem=str(err)) for p in self.files()]
         return [_entry(p) for p in self.files()]
 
 
@@ -266,6 +287,16 @@ def _entry(path: Path) -> ExportEntry:
     expected = key_type(**header["key"]).filename() if set(header["key"]) == fields else None
     problem = "" if expected == path.name else f"stored under {path.name} but its key belongs to {expected}"
     return ExportEntry(path, size, header["key"], header.get("created", ""), problem, kind)
+
+
+def _check_root(root: Path) -> None:
+    """FileNotFoundError when the folder is absent (no entry), _Unusable when it fails the trust rules."""
+    if not os.path.lexists(root):
+        raise FileNotFoundError(root)
+    try:
+        check_folder(root)
+    except Untrusted as err:
+        raise _Unusable(f"untrusted cache folder: {err}") from None
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -41,8 +41,62 @@ def test_ls_table_and_json(filled):
 
 
 def test_ls_empty_folder(tmp_path):
-    result = _run("ls", "--dir", str(tmp_path / "none"))
+    (tmp_path / "empty").mkdir()
+    result = _run("ls", "--dir", str(tmp_path / "empty"))
     assert result.exit_code == 0 and "no calibration entries" in result.output
+
+
+@pytest.mark.parametrize("command", ["ls", "verify", "rm"])
+@pytest.mark.parametrize("where", ["missing folder", "a file"])
+def test_a_dir_that_is_missing_or_a_file_is_one_line_and_non_zero(tmp_path, command, where):
+    target = tmp_path / "none"
+    if where == "a file":
+        target.write_bytes(b"not a folder")
+    extra = ["--all"] if command == "rm" else []
+    result = runner.invoke(cache_app, [command, "--dir", str(target), *extra])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and str(target) in lines[0]
+    assert ("is not a folder" if where == "a file" else "does not exist") in lines[0]
+    if where == "a file":
+        assert target.read_bytes() == b"not a folder"
+
+
+def test_export_dir_missing_is_one_line_and_non_zero(filled, tmp_path):
+    cache, _ = filled
+    result = _run("ls", "--dir", str(cache.root), "--export-dir", str(tmp_path / "none"))
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+
+
+def _checkpoint(folder):
+    """A model folder's own safetensors files, one with metadata of its own (not the cache's)."""
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(2)}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file({"w": torch.ones(2)}, str(folder / "adapter.safetensors"))
+    (folder / ".tmp-notes").write_text("a user's file, not a flashrt temp file")
+    names = ("model.safetensors", "adapter.safetensors", ".tmp-notes")
+    return {name: (folder / name).read_bytes() for name in names}
+
+
+def test_rm_never_touches_files_without_the_cache_metadata(filled):
+    cache, paths = filled
+    before = _checkpoint(cache.root)
+    for name in ("model", "model.safetensors", "adapter"):
+        result = _run("rm", name, "--dir", str(cache.root))
+        assert result.exit_code == 1 and "no entry matches" in result.output
+    everything = _run("rm", "--all", "--dir", str(cache.root))
+    assert everything.exit_code == 0
+    removed = sorted(line.split()[-1] for line in everything.output.splitlines())
+    assert removed == sorted(p.name for p in paths)
+    assert {p.name: p.read_bytes() for p in cache.root.iterdir()} == before
+
+
+def test_rm_all_in_a_checkpoint_folder_keeps_the_checkpoint(tmp_path):
+    before = _checkpoint(tmp_path)
+    result = _run("rm", "--all", "--dir", str(tmp_path))
+    assert result.exit_code == 0
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_verify_good_then_bad(filled):

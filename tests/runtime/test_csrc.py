@@ -29,7 +29,8 @@ def test_kernels_compile_and_export_the_abi(tmp_path):
     for symbol in ("flashrt_add_rms_norm", "flashrt_rope_qkv", "flashrt_gelu_mul"):
         assert hasattr(lib, symbol)
     assert csrc.build(tmp_path, arch="sm_90") == path  # cached by content: no second compile
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # written atomically, no temp left
+    # written atomically with its sha256 sidecar, no temp left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".sha256"]
 
 
 @needs_nvcc
@@ -41,3 +42,56 @@ def test_a_compile_error_is_reported_with_the_compiler_output(tmp_path, monkeypa
     with pytest.raises(RuntimeError, match="nvcc failed"):
         csrc.build(tmp_path / "out", arch="sm_90")
     assert not any((tmp_path / "out").iterdir())
+
+
+# ------------------------------------------------------------------ the cache key: one test per field
+
+
+def _fake_nvcc(folder, version: str) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "nvcc"
+    path.write_text(f"#!/bin/sh\necho '{version}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _edited_sources(tmp_path, edit):
+    dest = tmp_path / "src"
+    dest.mkdir()
+    for path in csrc.csrc_dir().iterdir():
+        if path.is_file():
+            (dest / path.name).write_bytes(path.read_bytes() + (b"\n" if path.name == edit else b""))
+    return dest
+
+
+def _use_sources(monkeypatch, folder):
+    monkeypatch.setattr(csrc, "csrc_dir", lambda: folder)
+
+
+KEY_FIELDS = {
+    "a kernel's contents": lambda tmp, mp: _use_sources(mp, _edited_sources(tmp, "rms_norm.cu")),
+    "the header's contents": lambda tmp, mp: _use_sources(mp, _edited_sources(tmp, "flashrt_csrc.h")),
+    "the flags": lambda tmp, mp: mp.setattr(csrc, "NVCC_FLAGS", (*csrc.NVCC_FLAGS, "--use_fast_math")),
+    "the ABI": lambda tmp, mp: mp.setattr(csrc, "ABI", csrc.ABI + 1),
+}
+
+
+@pytest.mark.parametrize("field", KEY_FIELDS)
+def test_each_key_field_changes_the_library_name(tmp_path, monkeypatch, field):
+    nvcc = _fake_nvcc(tmp_path / "bin", "nvcc 13.0")
+    before = csrc.library_name(csrc.key_fields("sm_90", nvcc))
+    KEY_FIELDS[field](tmp_path, monkeypatch)
+    assert csrc.library_name(csrc.key_fields("sm_90", nvcc)) != before
+
+
+def test_the_architecture_and_the_nvcc_version_change_the_library_name(tmp_path):
+    nvcc = _fake_nvcc(tmp_path / "a", "nvcc 13.0")
+    names = {csrc.library_name(csrc.key_fields(arch, nvcc)) for arch in ("sm_80", "sm_90")}
+    names.add(csrc.library_name(csrc.key_fields("sm_90", _fake_nvcc(tmp_path / "b", "nvcc 13.1"))))
+    assert len(names) == 3
+
+
+def test_the_key_is_stable_when_nothing_changes(tmp_path):
+    nvcc = _fake_nvcc(tmp_path / "bin", "nvcc 13.0")
+    first = csrc.library_name(csrc.key_fields("sm_90", nvcc))
+    assert csrc.library_name(csrc.key_fields("sm_90", nvcc)) == first

@@ -108,3 +108,21 @@ def test_int8_on_onnxrt_within_the_gate_and_close_to_eager(folders, tmp_path, mo
         f = ref.infer(obs, noise=noise)["actions"]
         assert _cosine(a, f) >= 0.995
         assert np.abs(a - b).max() < 0.75 * np.abs(f - b).max()
+
+
+def test_the_calibration_key_changes_when_only_the_embodiment_does(folders, monkeypatch):
+    """The key fields GROOT gives the flow, for two loads that differ only in the embodiment: the keys
+    differ (everything else -- samples, recipe, weights -- held equal), and are equal for the same one."""
+    from flashrt.frontends.groot import quantize as groot_quantize
+    from flashrt.quant.cache import CacheKey
+
+    path, _ = folders["n17"]
+    seen = []
+    capture = lambda *args, key_fields, **kwargs: seen.append(key_fields)  # noqa: E731
+    monkeypatch.setattr(groot_quantize, "quantize_family", capture)
+    for tag in ("tag_a", "tag_b", "tag_a"):
+        fe = flashrt.load_policy(path, embodiment=tag).frontend
+        groot_quantize.quantize(fe, "int8", None, path, weights_digest="w")
+    keys = [CacheKey.create(data_digest="d", recipe={"samples": 1}, precision={"kind": "int8"}, model="groot",
+                            **fields) for fields in seen]
+    assert keys[0] != keys[1] and keys[0] == keys[2]
