@@ -9,6 +9,10 @@
 A stage is ``fn(items, request) -> iterable``: it consumes the items of the stage before it (the first
 stage gets one item, the request's payload) and yields its own, so one item in may give many out (an LM:
 text -> tokens) or many one (frames -> audio chunk). `Stage.map` wraps a per-item function.
+`Stage.batched(name, fn, max_batch)` declares a one-to-one stage whose ``fn(items, requests)`` serves
+items of several requests in one call (a codec decoding the windows of many streams): its worker
+(`flashrt.chain.batched`) gathers one ready item per request, routes each output back to its request,
+and keeps cancel, errors and backpressure per request. Other stages serve requests one after another.
 
 Semantics, per request:
 
@@ -48,8 +52,10 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from flashrt.chain.batched import BatchedWorker
 from flashrt.chain.channel import Channel, Closed, Finished, SendTimeout
 from flashrt.errors import ConfigError, FlashRTError
 from flashrt.profile.stats import LatencyStats
@@ -89,12 +95,22 @@ class Stage:
     """One step of a chain: ``fn(items, request) -> iterable of items`` (module docstring)."""
 
     name: str
-    fn: Callable[[Iterator[Any], Request], Iterable[Any]]
+    fn: Callable[..., Iterable[Any]]
+    max_batch: int = 0  # 0: serves one request at a time; else a batched stage (`Stage.batched`)
 
     @classmethod
     def map(cls, name: str, fn: Callable[[Any], Any]) -> Stage:
         """A stage applying ``fn`` to each item."""
         return cls(name, lambda items, request: (fn(item) for item in items))
+
+    @classmethod
+    def batched(cls, name: str, fn: Callable[[list[Any], list[Request]], Iterable[Any]],
+                max_batch: int) -> Stage:
+        """A one-to-one stage serving up to ``max_batch`` requests' items per call:
+        ``fn(items, requests) -> outputs`` (one per item, in order; `flashrt.chain.batched`)."""
+        if int(max_batch) < 1:
+            raise ConfigError(f"stage {name!r}: max_batch must be at least 1, got {max_batch}")
+        return cls(name, fn, int(max_batch))
 
 
 class _StageStats:
@@ -108,12 +124,22 @@ class _StageStats:
         self.items = 0
         self.max_depth = 0
         self.failures = 0
+        self.batch: deque[float] = deque(maxlen=KEEP_SAMPLES)  # items per call (batched stages)
+        self.fill: deque[float] = deque(maxlen=KEEP_SAMPLES)   # items per call / max_batch
+
+    def record_batch(self, size: int, max_batch: int) -> None:
+        self.batch.append(float(size))
+        self.fill.append(size / max_batch)
 
     def summary(self) -> dict[str, Any]:
-        return {"service_ms": LatencyStats.from_samples(self.service, failures=self.failures).to_dict(),
-                "blocked_ms": LatencyStats.from_samples(self.blocked).to_dict(),
-                "queue_depth": LatencyStats.from_samples(self.depth).to_dict(),
-                "items": self.items, "max_queue_depth": self.max_depth}
+        out = {"service_ms": LatencyStats.from_samples(self.service, failures=self.failures).to_dict(),
+               "blocked_ms": LatencyStats.from_samples(self.blocked).to_dict(),
+               "queue_depth": LatencyStats.from_samples(self.depth).to_dict(),
+               "items": self.items, "max_queue_depth": self.max_depth}
+        if self.batch:
+            out["batch"] = LatencyStats.from_samples(self.batch).to_dict()
+            out["fill"] = LatencyStats.from_samples(self.fill).to_dict()
+        return out
 
 
 class Request:
@@ -122,8 +148,9 @@ class Request:
     state: "queued" -> "running" -> "done" | "failed" | "cancelled". ``first_item_ms`` and ``total_ms``
     are measured from `submit` to the first item / the end handed to the caller."""
 
-    def __init__(self, chain: Chain, payload: Any, priority: int, request_id: str, bound: int) -> None:
-        self.chain, self.payload, self.priority, self.id = chain, payload, priority, request_id
+    def __init__(self, chain: Chain, payload: Any, priority: int, request_id: str, bound: int,
+                 seq: int = 0) -> None:
+        self.chain, self.payload, self.priority, self.id, self.seq = chain, payload, priority, request_id, seq
         self.channels = [Channel(bound) for _ in chain.stages]  # channels[k] = output of stage k
         self.state = "queued"
         self.reason: str | None = None  # why a request ended early: "send_timeout", or None
@@ -151,6 +178,16 @@ class Request:
         self.ended.set()
         self.chain._retire(self)
         return True
+
+    def _mark_running(self) -> None:
+        with self._lock:
+            self.state = "running" if self.state == "queued" else self.state
+
+    def _fail(self, stage: str, exc: BaseException) -> None:
+        self._end("failed", StageError(stage, self.id, exc))
+
+    def _slow_consumer(self, why: str) -> None:
+        self._end("cancelled", SlowConsumer(f"request {self.id!r} cancelled: {why}"), "send_timeout")
 
     @property
     def cancelled(self) -> bool:
@@ -230,13 +267,15 @@ class Chain:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._batched = {k: BatchedWorker(self, k) for k, s in enumerate(self.stages) if s.max_batch}
         self._closed = False
 
     # ------------------------------------------------------------------------------ requests
     def submit(self, payload: Any, priority: int = 0, request_id: str | None = None) -> Request:
         """Queue a request (served by priority, then in order); ChainFull when max_pending are held."""
         seq = next(self._seq)
-        request = Request(self, payload, int(priority), request_id or f"req-{seq}", self.queue_size)
+        request = Request(self, payload, int(priority), request_id or f"req-{seq}", self.queue_size, seq)
+        self._listen(request)
         with self._lock:
             if self._closed:
                 raise ConfigError("the chain is closed")
@@ -245,7 +284,7 @@ class Chain:
                                 f"(max_pending={self.max_pending}); retry later")
             self._pending.add(request)
             self._start_workers()
-        self._jobs[0].put((request.priority, seq, request))
+        self._push(0, (request.priority, seq, request))
         return request
 
     def stream(self, payload: Any, priority: int = 0) -> Iterator[Any]:
@@ -266,13 +305,31 @@ class Chain:
                 self._totals.append(request.total_ms)
 
     # ------------------------------------------------------------------------------ workers
+    def _listen(self, request: Request) -> None:
+        """A batched stage's worker is woken by its requests' input and output channels."""
+        for k, worker in self._batched.items():
+            request.channels[k].listeners.append(worker.notify)
+            if k > 0:
+                request.channels[k - 1].listeners.append(worker.notify)
+
+    def _push(self, k: int, job: Any) -> None:
+        self._jobs[k].put(job)
+        if k in self._batched:
+            self._batched[k].notify()
+
+    def _forward(self, k: int, request: Request | None) -> None:
+        """Hand a request (or the stop sentinel) to the stage after k, which consumes while k produces."""
+        if k + 1 < len(self.stages):
+            self._push(k + 1, request)
+
     def _start_workers(self) -> None:
         if self._threads:
             return
-        weakref.finalize(self, _stop_workers, self._jobs[0], self._threads)  # at exit or when collected
+        wake = self._batched[0].notify if 0 in self._batched else None
+        weakref.finalize(self, _stop_workers, self._jobs[0], self._threads, wake)  # at exit / collected
         for k, stage in enumerate(self.stages):
-            t = threading.Thread(target=self._work, args=(k,), name=f"flashrt-chain-{stage.name}",
-                                 daemon=True)
+            target = self._batched[k].run if k in self._batched else partial(self._work, k)
+            t = threading.Thread(target=target, name=f"flashrt-chain-{stage.name}", daemon=True)
             t.start()
             self._threads.append(t)
 
@@ -280,17 +337,13 @@ class Chain:
         while True:
             job = self._jobs[k].get()
             request = job[2] if k == 0 else job
+            self._forward(k, request)
             if request is None:
-                if k + 1 < len(self.stages):
-                    self._jobs[k + 1].put(None)
                 return
-            if k + 1 < len(self.stages):
-                self._jobs[k + 1].put(request)  # the next stage consumes while this one produces
             if request.ended.is_set():
                 continue
             if k == 0:
-                with request._lock:
-                    request.state = "running" if request.state == "queued" else request.state
+                request._mark_running()
             try:
                 self._serve(k, request)
             except BaseException as exc:  # noqa: BLE001 - the worker outlives anything a stage does
@@ -313,8 +366,7 @@ class Chain:
         except (Closed, _Cancelled):
             pass
         except SendTimeout as exc:
-            slow = SlowConsumer(f"request {request.id!r} cancelled: {exc}")
-            request._end("cancelled", slow, "send_timeout")
+            request._slow_consumer(str(exc))
         except BaseException as exc:  # noqa: BLE001 - any stage behaviour ends only its own request
             stats.failures += 1
             request._end("failed", StageError(stage.name, request.id, exc))
@@ -329,7 +381,7 @@ class Chain:
             pending = list(self._pending)
         for request in pending:
             request.cancel()
-        _stop_workers(self._jobs[0], self._threads)
+        _stop_workers(self._jobs[0], self._threads, self._batched[0].notify if 0 in self._batched else None)
 
     def __enter__(self) -> Chain:
         return self
@@ -349,10 +401,13 @@ class Chain:
                 "queue_bound": self.queue_size}
 
 
-def _stop_workers(first: queue.Queue, threads: list[threading.Thread]) -> None:
+def _stop_workers(first: queue.Queue, threads: list[threading.Thread],
+                  wake: Callable[[], None] | None = None) -> None:
     """Send the stop sentinel down the stages once and join the workers (idempotent)."""
     if threads and any(t.is_alive() for t in threads):
         first.put((float("-inf"), -1, None))
+        if wake is not None:
+            wake()
         for t in threads:
             t.join(timeout=5)
 

@@ -14,6 +14,10 @@ holds no thread (a server with many requests parked on their channels never exha
 that long while the channel stayed full (a client that stopped reading): the clock starts when the
 channel fills and restarts at every `get`, so a slow but steady consumer never trips it.
 
+``listeners`` are called (outside the lock, from whichever thread changed it) after every put, get,
+finish and close: a batched stage's worker watches many requests' channels through them
+(`flashrt.chain.batched`), with `try_get` to take an item without blocking.
+
 ``max_depth`` is the largest number of items ever held (tests pin it at or under ``bound``);
 ``put_wait_s`` / ``get_wait_s`` the time spent blocked on each side.
 """
@@ -25,6 +29,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Channel", "Closed", "Finished", "SendTimeout"]
@@ -53,6 +58,7 @@ class Channel:
         self._cond = threading.Condition()
         self._closed = self._finished = False
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self.listeners: list[Callable[[], None]] = []
         self._since = time.monotonic()  # the later of the last get and the moment the channel filled
         self.max_depth = 0
         self.put_wait_s = self.get_wait_s = 0.0
@@ -73,6 +79,7 @@ class Channel:
                 self._since = time.monotonic()
             self.max_depth = max(self.max_depth, len(self._items))
             self._wake()
+        self._tell()
 
     def _wait_left(self, send_timeout_s: float | None) -> float | None:
         """Seconds a full channel's producer may still wait; SendTimeout when none are left."""
@@ -87,6 +94,7 @@ class Channel:
         with self._cond:
             self._finished = True
             self._wake()
+        self._tell()
 
     def close(self) -> None:
         """Wake every waiter; later puts and gets raise `Closed`; held items are dropped."""
@@ -94,6 +102,7 @@ class Channel:
             self._closed = True
             self._items.clear()
             self._wake()
+        self._tell()
 
     # ------------------------------------------------------------------------------ consumer
     def get(self) -> Any:
@@ -102,7 +111,18 @@ class Channel:
             while not self._items and not self._closed and not self._finished:
                 self._cond.wait()
             self.get_wait_s += time.perf_counter() - start
-            return self._take()
+            item = self._take()
+        self._tell()
+        return item
+
+    def try_get(self) -> tuple[bool, Any]:
+        """(True, item) when one is held, (False, None) when none is yet; Closed / Finished at the end."""
+        with self._cond:
+            if not self._items and not self._closed and not self._finished:
+                return False, None
+            item = self._take()
+        self._tell()
+        return True, item
 
     async def aget(self) -> Any:
         """`get` for an asyncio consumer: waits on a future, holding no thread."""
@@ -112,7 +132,8 @@ class Channel:
             while True:
                 with self._cond:
                     if self._items or self._closed or self._finished:
-                        return self._take()
+                        item = self._take()
+                        break
                     waiter = (loop, loop.create_future())
                     self._waiters.append(waiter)
                 try:
@@ -123,6 +144,8 @@ class Channel:
                             self._waiters.remove(waiter)
         finally:
             self.get_wait_s += time.perf_counter() - start
+        self._tell()
+        return item
 
     def _take(self) -> Any:
         """Under the lock: the next item, or Closed / Finished."""
@@ -143,9 +166,25 @@ class Channel:
             with contextlib.suppress(RuntimeError):  # a closed loop: its waiter is gone with it
                 loop.call_soon_threadsafe(_resolve, future)
 
+    def _tell(self) -> None:
+        for listener in self.listeners:
+            listener()
+
+    def stalled_s(self) -> float:
+        """Seconds the channel has been full with nothing taken (0 when it has room)."""
+        return time.monotonic() - self._since if len(self._items) >= self.bound else 0.0
+
+    @property
+    def full(self) -> bool:
+        return len(self._items) >= self.bound
+
     @property
     def depth(self) -> int:
         return len(self._items)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
 
     @property
     def closed(self) -> bool:
