@@ -9,6 +9,10 @@
 A stage is ``fn(items, request) -> iterable``: it consumes the items of the stage before it (the first
 stage gets one item, the request's payload) and yields its own, so one item in may give many out (an LM:
 text -> tokens) or many one (frames -> audio chunk). `Stage.map` wraps a per-item function.
+`Stage.batched(name, fn, max_batch)` declares a one-to-one stage whose ``fn(items, requests)`` serves
+items of several requests in one call (a codec decoding the windows of many streams): its worker
+(`flashrt.chain.batched`) gathers one ready item per request, routes each output back to its request,
+and keeps cancel, errors and backpressure per request. Other stages serve requests one after another.
 
 Semantics, per request:
 
@@ -16,25 +20,31 @@ Semantics, per request:
   they are yielded. Requests are served in submission order within a priority (lower number first);
   stage k starts request r+1 as soon as it is done with r, so requests pipeline through the stages.
 * Backpressure: each link is a `Channel` of ``queue_size`` items, the last one feeding the caller. A
-  full channel blocks its producer; a slow consumer stalls the whole request, never buffers it.
+  full channel blocks its producer; a slow consumer stalls the whole request, never buffers it. With
+  ``send_timeout_s`` set, a caller that takes nothing for that long while its channel is full (a client
+  that stopped reading) has its request cancelled (`SlowConsumer` is what its iteration then raises, and
+  ``request.reason`` says ``"send_timeout"``), so the stage serves the next request.
 * Cancel: `Request.cancel()` (or abandoning the iteration, or cancelling the async task) closes every
   channel of the request; each stage's blocked put/get wakes and the stage drops the request at its
   next item. The generator of each stage is closed (its ``finally`` runs). Slots are freed at once.
 * Errors: an exception in a stage ends that request only: the caller's iteration raises `StageError`
   naming the stage, with the original exception as ``__cause__`` and ``.original``; the other stages
-  of the request stop as on cancel; the next request runs normally.
+  of the request stop as on cancel; the next request runs normally. That holds for any behaviour of a
+  stage: ``SystemExit`` / ``KeyboardInterrupt`` raised inside it, or a generator that swallows
+  ``GeneratorExit`` when closed, end its request, never the worker.
 * Capacity: at most ``max_pending`` requests queued or running; `submit` beyond raises `ChainFull`
   (a server answers 503).
 
 Threads, not asyncio (DESIGN.md section 7): the stages are blocking torch calls that release the GIL
-(graph replays, GEMMs), so threads overlap them for real with no executor hop; the async API is a thin
-bridge over the caller-facing channel.
+(graph replays, GEMMs), so threads overlap them for real with no executor hop; the async API waits on
+the caller-facing channel with an asyncio future (`Channel.aget`), so a waiting request holds no
+thread of any executor, however many are queued.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -42,13 +52,17 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from flashrt.chain.channel import Channel, Closed, Finished
+from flashrt.chain.batched import BatchedWorker
+from flashrt.chain.channel import Channel, Closed, Finished, SendTimeout
 from flashrt.errors import ConfigError, FlashRTError
 from flashrt.profile.stats import LatencyStats
 
-__all__ = ["Chain", "Stage", "Request", "StageError", "ChainFull"]
+__all__ = ["Chain", "Stage", "Request", "StageError", "ChainFull", "SlowConsumer"]
+
+log = logging.getLogger(__name__)
 
 KEEP_SAMPLES = 4096  # per-stage timing samples kept (a ring: memory stays bounded over a long run)
 _STOP = object()
@@ -61,6 +75,10 @@ class StageError(FlashRTError):
         self.stage, self.request_id, self.original = stage, request_id, original
         super().__init__(f"stage {stage!r} failed on request {request_id!r}: "
                          f"{type(original).__name__}: {original}")
+
+
+class SlowConsumer(FlashRTError):
+    """The request's caller took no item for ``send_timeout_s`` while its channel was full: cancelled."""
 
 
 class ChainFull(FlashRTError):
@@ -77,12 +95,22 @@ class Stage:
     """One step of a chain: ``fn(items, request) -> iterable of items`` (module docstring)."""
 
     name: str
-    fn: Callable[[Iterator[Any], Request], Iterable[Any]]
+    fn: Callable[..., Iterable[Any]]
+    max_batch: int = 0  # 0: serves one request at a time; else a batched stage (`Stage.batched`)
 
     @classmethod
     def map(cls, name: str, fn: Callable[[Any], Any]) -> Stage:
         """A stage applying ``fn`` to each item."""
         return cls(name, lambda items, request: (fn(item) for item in items))
+
+    @classmethod
+    def batched(cls, name: str, fn: Callable[[list[Any], list[Request]], Iterable[Any]],
+                max_batch: int) -> Stage:
+        """A one-to-one stage serving up to ``max_batch`` requests' items per call:
+        ``fn(items, requests) -> outputs`` (one per item, in order; `flashrt.chain.batched`)."""
+        if int(max_batch) < 1:
+            raise ConfigError(f"stage {name!r}: max_batch must be at least 1, got {max_batch}")
+        return cls(name, fn, int(max_batch))
 
 
 class _StageStats:
@@ -96,12 +124,22 @@ class _StageStats:
         self.items = 0
         self.max_depth = 0
         self.failures = 0
+        self.batch: deque[float] = deque(maxlen=KEEP_SAMPLES)  # items per call (batched stages)
+        self.fill: deque[float] = deque(maxlen=KEEP_SAMPLES)   # items per call / max_batch
+
+    def record_batch(self, size: int, max_batch: int) -> None:
+        self.batch.append(float(size))
+        self.fill.append(size / max_batch)
 
     def summary(self) -> dict[str, Any]:
-        return {"service_ms": LatencyStats.from_samples(self.service, failures=self.failures).to_dict(),
-                "blocked_ms": LatencyStats.from_samples(self.blocked).to_dict(),
-                "queue_depth": LatencyStats.from_samples(self.depth).to_dict(),
-                "items": self.items, "max_queue_depth": self.max_depth}
+        out = {"service_ms": LatencyStats.from_samples(self.service, failures=self.failures).to_dict(),
+               "blocked_ms": LatencyStats.from_samples(self.blocked).to_dict(),
+               "queue_depth": LatencyStats.from_samples(self.depth).to_dict(),
+               "items": self.items, "max_queue_depth": self.max_depth}
+        if self.batch:
+            out["batch"] = LatencyStats.from_samples(self.batch).to_dict()
+            out["fill"] = LatencyStats.from_samples(self.fill).to_dict()
+        return out
 
 
 class Request:
@@ -110,11 +148,13 @@ class Request:
     state: "queued" -> "running" -> "done" | "failed" | "cancelled". ``first_item_ms`` and ``total_ms``
     are measured from `submit` to the first item / the end handed to the caller."""
 
-    def __init__(self, chain: Chain, payload: Any, priority: int, request_id: str, bound: int) -> None:
-        self.chain, self.payload, self.priority, self.id = chain, payload, priority, request_id
+    def __init__(self, chain: Chain, payload: Any, priority: int, request_id: str, bound: int,
+                 seq: int = 0) -> None:
+        self.chain, self.payload, self.priority, self.id, self.seq = chain, payload, priority, request_id, seq
         self.channels = [Channel(bound) for _ in chain.stages]  # channels[k] = output of stage k
         self.state = "queued"
-        self.error: StageError | None = None
+        self.reason: str | None = None  # why a request ended early: "send_timeout", or None
+        self.error: FlashRTError | None = None
         self.submitted = time.perf_counter()
         self.first_item_ms: float | None = None
         self.total_ms: float | None = None
@@ -126,11 +166,11 @@ class Request:
         """Stop every stage of this request within one item and free its channels."""
         self._end("cancelled")
 
-    def _end(self, state: str, error: StageError | None = None) -> bool:
+    def _end(self, state: str, error: FlashRTError | None = None, reason: str | None = None) -> bool:
         with self._lock:
             if self.state in ("done", "failed", "cancelled"):
                 return False
-            self.state, self.error = state, error
+            self.state, self.error, self.reason = state, error, reason
         if state != "done":
             for ch in self.channels:
                 ch.close()
@@ -138,6 +178,16 @@ class Request:
         self.ended.set()
         self.chain._retire(self)
         return True
+
+    def _mark_running(self) -> None:
+        with self._lock:
+            self.state = "running" if self.state == "queued" else self.state
+
+    def _fail(self, stage: str, exc: BaseException) -> None:
+        self._end("failed", StageError(stage, self.id, exc))
+
+    def _slow_consumer(self, why: str) -> None:
+        self._end("cancelled", SlowConsumer(f"request {self.id!r} cancelled: {why}"), "send_timeout")
 
     @property
     def cancelled(self) -> bool:
@@ -148,13 +198,27 @@ class Request:
         """The next item for the caller, or _STOP at the end; raises the StageError of a failure."""
         try:
             item = self.channels[-1].get()
-        except Finished:
+        except (Finished, Closed) as end:
+            return self._stop(end)
+        return self._took(item)
+
+    async def _anext(self) -> Any:
+        """`_next` for an asyncio caller: waits without holding a thread."""
+        try:
+            item = await self.channels[-1].aget()
+        except (Finished, Closed) as end:
+            return self._stop(end)
+        return self._took(item)
+
+    def _stop(self, end: Exception) -> Any:
+        if isinstance(end, Finished):
             self._end("done")
             return _STOP
-        except Closed:
-            if self.error is not None:
-                raise self.error from self.error.original
-            return _STOP
+        if self.error is not None:
+            raise self.error from getattr(self.error, "original", None)
+        return _STOP
+
+    def _took(self, item: Any) -> Any:
         if self.first_item_ms is None:
             self.first_item_ms = (time.perf_counter() - self.submitted) * 1e3
             self.chain._first_items.append(self.first_item_ms)
@@ -169,7 +233,7 @@ class Request:
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         try:
-            while (item := await asyncio.to_thread(self._next)) is not _STOP:
+            while (item := await self._anext()) is not _STOP:
                 yield item
         finally:
             self.cancel()
@@ -182,30 +246,36 @@ class Request:
 class Chain:
     """Stages joined by bounded channels (module docstring). Workers start on the first `submit`."""
 
-    def __init__(self, stages: Iterable[Stage], queue_size: int = 4, max_pending: int = 64) -> None:
+    def __init__(self, stages: Iterable[Stage], queue_size: int = 4, max_pending: int = 64,
+                 send_timeout_s: float | None = None) -> None:
         self.stages = tuple(stages)
         names = [s.name for s in self.stages]
         if not self.stages or len(set(names)) != len(names):
             raise ConfigError(f"a chain needs at least one stage and unique stage names, got {names}")
         if queue_size <= 0 or max_pending <= 0:
             raise ConfigError(f"queue_size ({queue_size}) and max_pending ({max_pending}) must be positive")
+        if send_timeout_s is not None and not send_timeout_s > 0:
+            raise ConfigError(f"send_timeout_s ({send_timeout_s}) must be positive, or None for no limit")
         self.queue_size, self.max_pending = int(queue_size), int(max_pending)
+        self.send_timeout_s = send_timeout_s
         self._jobs: list[queue.Queue] = [queue.PriorityQueue()] + [queue.Queue() for _ in self.stages[1:]]
         self._stats = {s.name: _StageStats() for s in self.stages}
         self._first_items: deque[float] = deque(maxlen=KEEP_SAMPLES)
         self._totals: deque[float] = deque(maxlen=KEEP_SAMPLES)
-        self._outcomes = {"done": 0, "failed": 0, "cancelled": 0}
+        self._outcomes = {"done": 0, "failed": 0, "cancelled": 0, "send_timeout": 0}
         self._pending: set[Request] = set()
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._batched = {k: BatchedWorker(self, k) for k, s in enumerate(self.stages) if s.max_batch}
         self._closed = False
 
     # ------------------------------------------------------------------------------ requests
     def submit(self, payload: Any, priority: int = 0, request_id: str | None = None) -> Request:
         """Queue a request (served by priority, then in order); ChainFull when max_pending are held."""
         seq = next(self._seq)
-        request = Request(self, payload, int(priority), request_id or f"req-{seq}", self.queue_size)
+        request = Request(self, payload, int(priority), request_id or f"req-{seq}", self.queue_size, seq)
+        self._listen(request)
         with self._lock:
             if self._closed:
                 raise ConfigError("the chain is closed")
@@ -214,7 +284,7 @@ class Chain:
                                 f"(max_pending={self.max_pending}); retry later")
             self._pending.add(request)
             self._start_workers()
-        self._jobs[0].put((request.priority, seq, request))
+        self._push(0, (request.priority, seq, request))
         return request
 
     def stream(self, payload: Any, priority: int = 0) -> Iterator[Any]:
@@ -229,17 +299,37 @@ class Chain:
         with self._lock:
             self._pending.discard(request)
             self._outcomes[request.state] += 1
+            if request.reason is not None:
+                self._outcomes[request.reason] += 1
             if request.total_ms is not None and request.state == "done":
                 self._totals.append(request.total_ms)
 
     # ------------------------------------------------------------------------------ workers
+    def _listen(self, request: Request) -> None:
+        """A batched stage's worker is woken by its requests' input and output channels."""
+        for k, worker in self._batched.items():
+            request.channels[k].listeners.append(worker.notify)
+            if k > 0:
+                request.channels[k - 1].listeners.append(worker.notify)
+
+    def _push(self, k: int, job: Any) -> None:
+        self._jobs[k].put(job)
+        if k in self._batched:
+            self._batched[k].notify()
+
+    def _forward(self, k: int, request: Request | None) -> None:
+        """Hand a request (or the stop sentinel) to the stage after k, which consumes while k produces."""
+        if k + 1 < len(self.stages):
+            self._push(k + 1, request)
+
     def _start_workers(self) -> None:
         if self._threads:
             return
-        weakref.finalize(self, _stop_workers, self._jobs[0], self._threads)  # at exit or when collected
+        wake = self._batched[0].notify if 0 in self._batched else None
+        weakref.finalize(self, _stop_workers, self._jobs[0], self._threads, wake)  # at exit / collected
         for k, stage in enumerate(self.stages):
-            t = threading.Thread(target=self._work, args=(k,), name=f"flashrt-chain-{stage.name}",
-                                 daemon=True)
+            target = self._batched[k].run if k in self._batched else partial(self._work, k)
+            t = threading.Thread(target=target, name=f"flashrt-chain-{stage.name}", daemon=True)
             t.start()
             self._threads.append(t)
 
@@ -247,41 +337,42 @@ class Chain:
         while True:
             job = self._jobs[k].get()
             request = job[2] if k == 0 else job
+            self._forward(k, request)
             if request is None:
-                if k + 1 < len(self.stages):
-                    self._jobs[k + 1].put(None)
                 return
-            if k + 1 < len(self.stages):
-                self._jobs[k + 1].put(request)  # the next stage consumes while this one produces
             if request.ended.is_set():
                 continue
             if k == 0:
-                with request._lock:
-                    request.state = "running" if request.state == "queued" else request.state
-            self._serve(k, request)
+                request._mark_running()
+            try:
+                self._serve(k, request)
+            except BaseException as exc:  # noqa: BLE001 - the worker outlives anything a stage does
+                log.exception("chain stage %r: unexpected error serving %s", self.stages[k].name, request.id)
+                request._end("failed", StageError(self.stages[k].name, request.id, exc))
 
     def _serve(self, k: int, request: Request) -> None:
         stage, stats = self.stages[k], self._stats[self.stages[k].name]
         out = request.channels[k]
+        send_timeout_s = self.send_timeout_s if k == len(self.stages) - 1 else None
         source = _Input(request, k)
         produced = iter(())
         try:
             produced = iter(stage.fn(source, request))
             for item in _timed(produced, source, stats):
-                out.put(item)
+                out.put(item, send_timeout_s)
                 stats.depth.append(out.depth)
                 stats.max_depth = max(stats.max_depth, out.max_depth)
             out.finish()
         except (Closed, _Cancelled):
             pass
-        except Exception as exc:  # noqa: BLE001 - any stage failure ends only its own request
+        except SendTimeout as exc:
+            request._slow_consumer(str(exc))
+        except BaseException as exc:  # noqa: BLE001 - any stage behaviour ends only its own request
             stats.failures += 1
             request._end("failed", StageError(stage.name, request.id, exc))
         finally:
             stats.blocked.append(out.put_wait_s * 1e3)
-            close = getattr(produced, "close", None)
-            if close is not None:
-                close()
+            _close_quietly(produced, stage.name, request)
 
     def close(self) -> None:
         """Cancel what is pending and stop the workers (idempotent)."""
@@ -290,7 +381,7 @@ class Chain:
             pending = list(self._pending)
         for request in pending:
             request.cancel()
-        _stop_workers(self._jobs[0], self._threads)
+        _stop_workers(self._jobs[0], self._threads, self._batched[0].notify if 0 in self._batched else None)
 
     def __enter__(self) -> Chain:
         return self
@@ -310,12 +401,27 @@ class Chain:
                 "queue_bound": self.queue_size}
 
 
-def _stop_workers(first: queue.Queue, threads: list[threading.Thread]) -> None:
+def _stop_workers(first: queue.Queue, threads: list[threading.Thread],
+                  wake: Callable[[], None] | None = None) -> None:
     """Send the stop sentinel down the stages once and join the workers (idempotent)."""
     if threads and any(t.is_alive() for t in threads):
         first.put((float("-inf"), -1, None))
+        if wake is not None:
+            wake()
         for t in threads:
             t.join(timeout=5)
+
+
+def _close_quietly(produced: Any, stage: str, request: Request) -> None:
+    """Close a stage's generator; whatever it does when closed (swallow ``GeneratorExit`` and yield
+    again, raise) ends only its request."""
+    close = getattr(produced, "close", None)
+    if close is None:
+        return
+    try:
+        close()
+    except BaseException as exc:  # noqa: BLE001
+        request._end("failed", StageError(stage, request.id, exc))
 
 
 class _Input:

@@ -12,17 +12,23 @@ after the first audio chunk, so a request the model refuses still gets its 400.
 
 Errors (OpenAI shape ``{"error": {"message", "type", "param", "code"}}``):
 
-    400  malformed JSON, empty or too long input, unknown voice/model, unsupported response_format,
-         text the model cannot speak
+    400  malformed or too deeply nested JSON, empty or too long input, NUL characters or lone
+         surrogates in a text field, unknown voice/model, unsupported response_format, text the model
+         cannot speak (the model's refusal, also when it comes from inside the synthesis)
     413  body larger than ``max_body_bytes``
-    422  a field of the wrong type, a missing field, speed out of [0.25, 4]
+    422  a field of the wrong type (JSON booleans are not numbers), a missing field, speed out of
+         [0.25, 4] (or not finite), a seed that is not an integer in [0, SEED_MAX]
     503  the chain holds ``max_pending`` requests already; ``Retry-After`` says when to retry
-    500  the model failed (the server keeps serving)
+    500  the model failed, or anything unexpected (still in the OpenAI shape; the server keeps serving)
 
 Memory is bounded: the body is read up to its limit, each request's chain links hold ``queue_size``
-chunks, at most ``max_pending`` requests are held. A client that disconnects cancels its request
-(every stage stops within one chunk). Streamed WAV: a 44-byte header with unknown length (0xFFFFFFFF,
-as streaming encoders write), then 16-bit PCM; ``pcm`` is the raw 16-bit little-endian samples.
+chunks, at most ``max_pending`` requests are held. A waiting request holds no thread (the chain's
+async wait is an asyncio future), so any number of clients beyond ``max_pending`` or the executor's
+size is served or refused, never wedged. A client that disconnects cancels its request at once (a
+watcher on the connection, not the next chunk's failed write); a client that stops reading has its
+request cancelled after ``send_timeout_s`` without a read, so the voice serves the next one.
+Streamed WAV: a 44-byte header with unknown length (0xFFFFFFFF, as streaming encoders write), then
+16-bit PCM; ``pcm`` is the raw 16-bit little-endian samples.
 ``model`` may be a voice name, ``flashrt`` or an OpenAI model name (tts-1, tts-1-hd, gpt-4o-mini-tts);
 ``voice`` picks the loaded voice, or, when ``model`` names a loaded model that lists ``speakers``, one of
 those (passed to its ``stream(..., voice=speaker)``).
@@ -30,13 +36,15 @@ those (passed to its ``stream(..., voice=speaker)``).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import struct
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flashrt.chain import Chain, ChainFull, Stage, StageError
+from flashrt.chain import Chain, ChainFull, SlowConsumer, Stage, StageError
 from flashrt.errors import InputError
 from flashrt.runner.tts import pcm16
 
@@ -63,6 +71,7 @@ class ServerLimits:
     max_pending: int = 16
     queue_size: int = 4
     retry_after_s: int = 1
+    send_timeout_s: float = 30.0  # a client that reads nothing for this long loses its request
 
 
 class ApiError(Exception):
@@ -112,6 +121,7 @@ class SpeechServer:
                 [Stage("speech", self._stage(model))],
                 queue_size=limits.queue_size,
                 max_pending=limits.max_pending,
+                send_timeout_s=limits.send_timeout_s,
             )
             for name, model in self.voices.items()
         }
@@ -132,6 +142,8 @@ class SpeechServer:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+        except RecursionError:
+            raise ApiError(400, "the request body is nested too deeply", code="invalid_json") from None
         if not isinstance(data, dict):
             raise ApiError(422, "the request body must be a JSON object", code="invalid_type")
         for name in ("model", "input", "voice"):
@@ -141,6 +153,8 @@ class SpeechServer:
             kind = FIELDS.get(name)
             if kind is not None and (not isinstance(value, kind) or isinstance(value, bool)):
                 raise ApiError(422, f"{name}: wrong type {type(value).__name__}", name, "invalid_type")
+            if isinstance(value, str):
+                _check_text(name, value)
         return self._values(data)
 
     def _values(self, data: Mapping[str, Any]) -> Speech:
@@ -181,10 +195,7 @@ class SpeechServer:
             raise ApiError(
                 400, "stream_format: only 'audio' is supported", "stream_format", "unsupported_format"
             )
-        speed = float(data.get("speed", 1.0))
-        if not 0.25 <= speed <= 4.0:
-            raise ApiError(422, f"speed {speed} is outside [0.25, 4.0]", "speed", "invalid_value")
-        return Speech(voice, text, fmt, speed, data.get("seed"), speaker)
+        return Speech(voice, text, fmt, _speed(data.get("speed", 1.0)), _seed(data.get("seed")), speaker)
 
     # ---------------------------------------------------------------------------------- serving
 
@@ -204,6 +215,8 @@ class SpeechServer:
             if isinstance(exc.original, InputError):
                 raise ApiError(400, str(exc.original), "input", "invalid_input") from None
             raise ApiError(500, f"synthesis failed: {exc.original}", code="server_error") from None
+        except SlowConsumer:  # cannot happen before the first chunk is read; kept for completeness
+            raise ApiError(408, "the client read nothing in time", code="send_timeout") from None
         except BaseException:
             request.cancel()
             raise
@@ -221,6 +234,36 @@ class SpeechServer:
     def close(self) -> None:
         for chain in self.chains.values():
             chain.close()
+
+
+SEED_MAX = 2**63 - 1  # seeds are non-negative 64-bit integers (torch.Generator.manual_seed's range)
+
+
+def _check_text(name: str, value: str) -> None:
+    """400 for text no voice can speak and no log can print: NUL characters, lone surrogates."""
+    if "\x00" in value:
+        raise ApiError(400, f"{name}: contains a NUL character", name, "invalid_text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"{name}: not valid Unicode text ({exc.reason} at {exc.start})", name,
+                       "invalid_text") from None
+
+
+def _speed(value: Any) -> float:
+    try:
+        speed = float(value)
+    except OverflowError:
+        speed = math.inf
+    if not (math.isfinite(speed) and 0.25 <= speed <= 4.0):
+        raise ApiError(422, f"speed {value!r} is outside [0.25, 4.0]", "speed", "invalid_value")
+    return speed
+
+
+def _seed(value: Any) -> int | None:
+    if value is not None and not 0 <= value <= SEED_MAX:
+        raise ApiError(422, f"seed {value} is outside [0, {SEED_MAX}]", "seed", "invalid_value")
+    return value
 
 
 def _error(exc: ApiError, retry_after_s: int = 1):
@@ -250,6 +293,16 @@ async def _read_body(request: Any, limit: int) -> bytes:
     return bytes(body)
 
 
+async def _cancel_on_disconnect(request: Any, handle: Any) -> None:
+    """Cancel `handle` the moment the client hangs up (the body was read: the next message on the
+    connection is its ``http.disconnect``), not when the next chunk's write fails."""
+    while True:
+        message = await request.receive()
+        if message.get("type") == "http.disconnect":
+            handle.cancel()
+            return
+
+
 def build_app(server: SpeechServer):
     """The Starlette application of `server` (routes of the module docstring)."""
     from starlette.applications import Starlette
@@ -262,14 +315,18 @@ def build_app(server: SpeechServer):
             head, chunks, handle = await server.speak(job)
         except ApiError as exc:
             return _error(exc, server.limits.retry_after_s)
+        watcher = asyncio.ensure_future(_cancel_on_disconnect(request, handle))
 
         async def body():
             try:
                 yield head
                 async for chunk in chunks:
                     yield pcm16(chunk)
+            except SlowConsumer:
+                return  # the client stopped reading: its request is gone, the response ends here
             finally:
-                handle.cancel()  # a disconnect lands here: every stage stops
+                watcher.cancel()
+                handle.cancel()  # a disconnect lands here too: every stage stops
                 await chunks.aclose()
 
         return StreamingResponse(body(), media_type=FORMATS[job.fmt])
@@ -283,7 +340,11 @@ def build_app(server: SpeechServer):
     async def health(request):
         return JSONResponse(server.health())
 
+    async def unexpected(request, exc):
+        return _error(ApiError(500, f"internal error: {type(exc).__name__}", code="server_error"))
+
     return Starlette(
+        exception_handlers={Exception: unexpected},
         routes=[
             Route("/v1/audio/speech", speech, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),

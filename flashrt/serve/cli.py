@@ -1,26 +1,38 @@
-"""`flashrt serve --voice NAME [--voice ...] [--port 8000]`: the speech server on 127.0.0.1."""
+"""`flashrt serve --voice [NAME=]SOURCE [--voice ...] [--port 8000]`: the speech server on 127.0.0.1.
+
+The port is bound before any voice loads: a busy port is one line and exit 2 in a second, not after
+every voice was loaded and warmed; the "serving on" line comes only once the socket is bound and the
+voices are ready. Clients see each voice by its name (``NAME=`` or the source's folder / file name),
+never a path of this machine.
+"""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from flashrt.runner.tts import SnacNoiseOpt
 
-__all__ = ["serve"]
+__all__ = ["serve", "voice_name", "bind"]
 
 
 def serve(
     voice: Annotated[
         list[str] | None,
-        typer.Option("--voice", "--model", "-v", help="a voice/model to load (repeat for several)"),
+        typer.Option("--voice", "--model", "-v",
+                     help="a voice/model to load, as SOURCE or NAME=SOURCE (repeat for several)"),
     ] = None,
     host: Annotated[str, typer.Option(help="address to bind (127.0.0.1: this machine only)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     max_pending: Annotated[int, typer.Option(help="requests held at once; more get 503")] = 16,
     queue_size: Annotated[int, typer.Option(help="audio chunks buffered per request link")] = 4,
+    send_timeout: Annotated[
+        float, typer.Option(help="seconds a client may read nothing before its request is cancelled")
+    ] = 30.0,
     warmup: Annotated[
         bool,
         typer.Option(
@@ -37,24 +49,81 @@ def serve(
     from flashrt.runtime.device import resolve_device
     from flashrt.serve.app import ServerLimits, SpeechServer, build_app
 
-    check_options(port, max_pending, queue_size)  # before any voice loads: bad flags fail at once
+    check_options(port, max_pending, queue_size, send_timeout)  # before any voice loads
     resolve_device(device)
-    voices = {}
-    for source in voice or ["en_US-joe-medium"]:
-        model = load_tts(source, device=device, **snac_options(snac_noise))
-        voices[getattr(model, "name", "") or source] = model
-        if warmup:
-            for _ in model.stream("Ready."):
-                pass
-    server = SpeechServer(voices, ServerLimits(max_pending=max_pending, queue_size=queue_size))
-    typer.echo(f"flashrt serve: voices {sorted(voices)} on http://{host}:{port}")
+    sources = named_sources(voice or ["en_US-joe-medium"])
+    sock = bind(host, port)
+    server = None
     try:
-        uvicorn.run(build_app(server), host=host, port=port, log_level="warning")
+        voices = {}
+        for name, source in sources.items():
+            model = load_tts(source, device=device, **snac_options(snac_noise))
+            voices[name] = model
+            if warmup:
+                for _ in model.stream("Ready."):
+                    pass
+        limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout)
+        server = SpeechServer(voices, limits)
+        bound = sock.getsockname()[1]
+        typer.echo(f"flashrt serve: voices {sorted(voices)} on http://{host}:{bound}")
+        config = uvicorn.Config(build_app(server), log_level="warning")
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
-        server.close()
+        sock.close()
+        if server is not None:
+            server.close()
 
 
-def check_options(port: int, max_pending: int, queue_size: int) -> None:
+def voice_name(source: str) -> str:
+    """The name clients see for a voice given as `source`: its folder's or file's name (a model file's
+    suffixes dropped: ``.../en_US-joe-medium.onnx`` -> ``en_US-joe-medium``), or a catalogue name as is."""
+    path = Path(source)
+    name = path.name
+    if path.suffix in (".onnx", ".json", ".safetensors") or name.endswith(".onnx.json"):
+        name = name.split(".")[0]
+    return name
+
+
+def named_sources(specs: list[str]) -> dict[str, str]:
+    """{name: source} of ``--voice`` values (``NAME=SOURCE`` or ``SOURCE``); ConfigError on a clash."""
+    from flashrt.errors import ConfigError
+
+    named: dict[str, str] = {}
+    for spec in specs:
+        name, sep, source = spec.partition("=")
+        if not sep:
+            name, source = voice_name(spec), spec
+        if not name or not source or "/" in name or name in (".", ".."):
+            raise ConfigError(f"--voice {spec!r}: give SOURCE or NAME=SOURCE with a NAME without '/'")
+        if name in named:
+            raise ConfigError(f"--voice: two voices are named {name!r} ({named[name]}, {source}); "
+                              f"name them with NAME=SOURCE")
+        named[name] = source
+    return named
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or ConfigError at once when the port is taken."""
+    from flashrt.errors import ConfigError
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ConfigError(f"--host {host}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                          f"(another server there? choose another --port)") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def check_options(port: int, max_pending: int, queue_size: int, send_timeout: float = 30.0) -> None:
     """ConfigError naming the flag when a value cannot work (uvicorn would fail on it after the load)."""
     from flashrt.errors import ConfigError
 
@@ -63,3 +132,5 @@ def check_options(port: int, max_pending: int, queue_size: int) -> None:
     for flag, value in (("--max-pending", max_pending), ("--queue-size", queue_size)):
         if value < 1:
             raise ConfigError(f"{flag} {value} must be at least 1")
+    if not send_timeout > 0:
+        raise ConfigError(f"--send-timeout {send_timeout} must be positive")

