@@ -107,6 +107,30 @@ def test_noise_is_reproducible_for_a_seed(voice):
     assert a.shape != c.shape or np.abs(a - c).max() > 1e-2
 
 
+_FRESH_RUN = """
+import sys, torch
+torch.set_num_threads(1)
+from flashrt.frontends.vits.voice import load_voice
+sys.stdout.buffer.write(load_voice("en_US-joe-medium")(sys.argv[1], seed=3).tobytes())
+"""
+
+
+def test_output_does_not_depend_on_what_ran_before(voice):
+    """Same text, same seed: the same bytes after a longer utterance has run (stale values in the padded
+    buffers and the convs' scratch must never reach the audio) and in a fresh process."""
+    import subprocess
+    import sys
+
+    text = "Hi there."
+    first = voice(text, seed=3)
+    voice(SENTENCES["long"] + " " + SENTENCES["long"], seed=3)
+    assert voice(text, seed=3).tobytes() == first.tobytes()
+    fresh = subprocess.run(
+        [sys.executable, "-c", _FRESH_RUN, text], capture_output=True, timeout=120, check=True
+    )
+    assert fresh.stdout == first.tobytes()
+
+
 def test_trace_backend_holds_every_stage(voice, session):
     """The three stages obey the graph rules (no host sync, no data-dependent shape inside a stage)."""
     from flashrt.frontends.vits.voice import load_voice
