@@ -140,7 +140,9 @@ class Conv1d(nn.Conv1d):
     """`nn.Conv1d` (same parameters and state dict) that also runs on rows and masks its padding halo.
 
     x: (B, Cin, T) or rows (B, Cin, 1, T) channels-last -> (B, Cout, T') in the same layout. With a
-    `ValidLength`, the padding steps this conv's valid outputs reach are zeroed first (in place).
+    `ValidLength`, the padding steps this conv's valid outputs reach are zeroed first (in place); for a
+    spectral or Winograd form, every step its valid outputs' blocks or tiles read (the plan's ``halo``),
+    since their rounding depends on all of them: a valid output never depends on stale padding.
     Optional epilogue, fused into the oneDNN conv on CPU rows (else run after it, same math):
     ``slope`` applies leaky_relu(y, slope); ``residual`` returns y + residual (residual is not modified,
     unless ``into=True``: then y is added into ``residual`` in place and ``residual`` is returned, which
@@ -231,6 +233,17 @@ class Conv1d(nn.Conv1d):
                 return plan
         return None
 
+    def _transform(self, x: torch.Tensor) -> SpectralPlan | WinogradPlan | None:
+        """The transform form (spectral or Winograd) this call runs, or None (a direct form). Decided by
+        x's shape, dtype and the calling mode only, never by its values."""
+        if _plain() or x.dim() != 4 or x.device.type != "cpu":
+            return None
+        if self.spectral is not None and x.dtype == torch.float32:
+            plan = self._spectral_plan(x)
+            if plan is not None:
+                return plan
+        return self.winograd if self.winograd is not None and self.winograd.engages(x) else None
+
     def reach(self, rate: int = 1) -> Reach:
         """Frames an output reaches at `rate` samples per frame (its kernel, dilation and padding)."""
         return Reach.conv(self.kernel_size[0], self.dilation[0], rate, self.padding[0])
@@ -242,15 +255,11 @@ class Conv1d(nn.Conv1d):
 
     def forward(self, x: torch.Tensor, valid=EXACT, *, slope: float | None = None,
                 residual: torch.Tensor | None = None, into: bool = False) -> torch.Tensor:
-        x = valid.zero(x, self.halo)
+        form = self._transform(x)
+        x = valid.zero(x, self.halo if form is None else max(self.halo, form.halo))
+        if form is not None:
+            return _epilogue(form(x.contiguous(memory_format=ROWS)), slope, residual, into)
         rows_cpu = x.dim() == 4 and x.device.type == "cpu"
-        spectral = self.spectral is not None and not _plain()
-        plan = self._spectral_plan(x) if spectral and rows_cpu and x.dtype == torch.float32 else None
-        if plan is not None:
-            y = plan(x.contiguous(memory_format=ROWS))
-            return _epilogue(y, slope, residual, into)
-        if self.winograd is not None and not _plain() and self.winograd.engages(x):
-            return _epilogue(self.winograd(x.contiguous(memory_format=ROWS)), slope, residual, into)
         if self.phase_split and rows_cpu and not _plain():
             return self._phases(x.contiguous(memory_format=ROWS), slope, residual, into)
         geometry = self._geometry()

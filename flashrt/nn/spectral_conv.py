@@ -235,6 +235,12 @@ class SpectralPlan(nn.Module):
     the products' DC point (N x bias there is + bias at every step after the inverse DFT). Calls of
     fewer than `min_blocks` block rows are the owner's to run direct (`engages`; `flashrt.nn.audio.Conv1d`
     does, with its packed weight and fused epilogue).
+
+    ``halo``: in a padded call (`flashrt.nn.valid.ValidLength`) the steps past the valid end that a valid
+    output's rounding depends on: every input of its block, up to d N steps past the end, not only
+    the r - 1 taps the conv reaches (the DFT mixes the whole block; what lies beyond the taps cancels
+    only to float rounding). The owner zeroes them before the call, so a valid output never depends on
+    what an earlier call left in the padding.
     """
 
     def __init__(self, weight: torch.Tensor, dilation: int, padding: int, block: int,
@@ -247,6 +253,7 @@ class SpectralPlan(nn.Module):
         self.taps, self.dilation, self.padding, self.block = taps, dilation, padding, block
         self.hop = block - taps + 1
         self.min_blocks = min_blocks
+        self.halo = dilation * block   # padding steps past the valid end a valid output's block reads
         self.out_ch, self.points = out_ch, points(in_ch)
         kernel = weight.detach().double().flip(-1).permute(2, 1, 0)              # (r, C, O), reversed taps
         spectrum = torch.fft.rfft(kernel, n=block, dim=0)                        # (F, C, O)

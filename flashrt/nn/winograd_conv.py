@@ -54,6 +54,9 @@ class WinogradPlan(nn.Module):
     """One 3-tap conv's F(4, 3) form (derived from its weight; rebuilt when the weight changes).
 
     weight (O, C, 3) float32 on the CPU, ``dilation`` d ('same' padding d), ``bias`` (O,) or None.
+    ``halo``: in a padded call, the steps past the valid end a valid output's rounding depends on (its
+    tile's 6 inputs, up to 6 d steps past the end: the transforms mix them all); the owner zeroes them
+    first (as `flashrt.nn.spectral_conv.SpectralPlan.halo`).
     """
 
     def __init__(self, weight: torch.Tensor, dilation: int, bias: torch.Tensor | None = None) -> None:
@@ -62,6 +65,7 @@ class WinogradPlan(nn.Module):
         if taps != 3:
             raise ValueError(f"Winograd F(4, 3) takes 3-tap convs, not {taps}")
         self.dilation, self.out_ch, self.in_ch = dilation, out_ch, in_ch
+        self.halo = 6 * dilation   # a tile's span, in steps
         g = torch.tensor(_G, dtype=torch.float64)
         products = torch.einsum("jk,ock->joc", g, weight.detach().double())          # (6, O, C)
         products = products.reshape(6 * out_ch, in_ch, 1, 1).float().contiguous()

@@ -409,3 +409,45 @@ def test_native_dft_gemm_matches_torch_and_leaves_recordings_to_aten(monkeypatch
         recorded = plan(x)
     assert len(calls) == 2 and any("bmm" in op or "mm" in op for op in mode.seen)
     assert (recorded - got).abs().max() <= 1e-5
+
+
+def _stale_padding_runs(conv: Conv1d, steps: int, ends: tuple[int, ...]) -> list[tuple[torch.Tensor, ...]]:
+    """For each valid end: the valid outputs of a padded call whose padding holds zeros and of one whose
+    padding holds what an earlier, longer call left there (large garbage)."""
+    from flashrt.nn.valid import ValidLength
+
+    gen = torch.Generator().manual_seed(steps)
+    out = []
+    for end in ends:
+        x = torch.randn(1, conv.in_channels, steps, generator=gen)
+        x[..., end:] = 0
+        stale = x.clone()
+        stale[..., end:] = 100 * torch.randn(1, conv.in_channels, steps - end, generator=gen)
+        with torch.no_grad():
+            runs = [conv(to_rows(t), ValidLength(torch.tensor([end]), steps))[..., :end] for t in (x, stale)]
+        out.append(tuple(runs))
+    return out
+
+
+@pytest.mark.parametrize("dilation,block", [(1, 32), (3, 32), (5, 16)])
+def test_padded_call_never_reads_stale_padding(dilation, block):
+    """A padded call (ValidLength) zeroes every step the valid outputs' blocks read, not only the taps'
+    halo: the DFT mixes the whole block, so stale padding (a previous, longer utterance's values) would
+    move the valid outputs at the rounding level and a call would depend on what ran before."""
+    conv = _spectral(_conv(32, 32, 7, dilation), block)
+    for zeros, stale in _stale_padding_runs(conv, 400, (37, 200, 333, 399)):
+        assert torch.equal(zeros, stale)
+
+
+def test_scratch_left_by_a_longer_call_is_never_read():
+    """Every scratch element a call reads it wrote itself: a call after a longer one, with the scratch
+    poisoned in between, gives the bits of a call with fresh temporaries."""
+    torch.manual_seed(1)
+    for d in (1, 3):
+        plan = SpectralPlan(torch.randn(32, 32, 7) / 15, d, 3 * d, 32, torch.randn(32), 1)
+        short, long = to_rows(torch.randn(1, 32, 130)), to_rows(torch.randn(1, 32, 2000))
+        first = plan(short)
+        plan(long)
+        for buf in spectral_conv._Scratch._local.buffers.values():
+            buf.fill_(float("nan"))
+        assert torch.equal(plan(short), first)

@@ -95,3 +95,29 @@ def test_recordings_and_export_forms_run_the_direct_conv():
         direct = conv(x)
     assert torch.equal(recorded, direct) and torch.equal(exported, direct)
     assert not torch.equal(fast, direct) and (fast - direct).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("dilation", [1, 3, 5])
+def test_padded_call_never_reads_stale_padding(dilation):
+    """A padded call zeroes every step the valid outputs' tiles read (6 d past the end, not only the
+    taps' halo d): the transforms mix a tile's 6 inputs, so stale padding would move the valid outputs
+    at the rounding level. The scratch a longer call left (poisoned here) is never read either."""
+    from flashrt.nn.spectral_conv import _Scratch
+    from flashrt.nn.valid import ValidLength
+
+    _ready()
+    conv = _conv(128, dilation)
+    gen = torch.Generator().manual_seed(dilation)
+    steps = 160
+    for end in (1, 37, 81, 150, 159):
+        x = torch.randn(1, 128, steps, generator=gen)
+        x[..., end:] = 0
+        stale = x.clone()
+        stale[..., end:] = 100 * torch.randn(1, 128, steps - end, generator=gen)
+        with torch.no_grad():
+            zeros = conv(to_rows(x), ValidLength(torch.tensor([end]), steps))[..., :end]
+            conv(to_rows(torch.randn(1, 128, 4 * steps, generator=gen)))
+            for buf in _Scratch._local.buffers.values():
+                buf.fill_(float("nan"))
+            got = conv(to_rows(stale), ValidLength(torch.tensor([end]), steps))[..., :end]
+        assert torch.equal(zeros, got)

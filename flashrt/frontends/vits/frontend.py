@@ -4,7 +4,8 @@ Hot path of one utterance (phoneme ids in, audio out), every stage a replay of a
 
     p, checked = fe.check(ids, scales)               ids and scales validated, phoneme bucket p; NO buffer
                                                      touched
-    fe.write(p, checked, seed)                       ids, mask, scales, duration noise (padded to p)
+    fe.write(p, checked, seed)                       ids, mask, scales, duration noise (padded to p; noise=
+                                                     a `Noise` gives the draws instead of the seed)
     fe.replay(p)                                     stage 1: encoder + duration predictor
     plan = fe.expand(checked, seed)                  HOST STEP: durations -> frames, frame bucket, index,
                                                      flow noise (the only device->host read in the middle)
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -43,7 +44,17 @@ from flashrt.nn.audio import ValidLength
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 
-__all__ = ["VitsFrontend", "Checked", "Plan", "Window", "PHONEME_BUCKETS", "FRAME_BUCKETS"]
+__all__ = [
+    "VitsFrontend",
+    "Checked",
+    "Plan",
+    "Window",
+    "Noise",
+    "SeededNoise",
+    "RecordedNoise",
+    "PHONEME_BUCKETS",
+    "FRAME_BUCKETS",
+]
 
 
 def ladder(*spans: tuple[int, int]) -> tuple[int, ...]:
@@ -58,6 +69,56 @@ def ladder(*spans: tuple[int, int]) -> tuple[int, ...]:
 
 PHONEME_BUCKETS = ladder((16, 256), (64, 1024))
 FRAME_BUCKETS = ladder((16, 256), (32, 512), (128, 2048), (512, 6144))
+
+
+class Noise(Protocol):
+    """Where an utterance's standard-normal draws come from: ``duration`` (2, P) for the stochastic
+    duration predictor (scaled by noise_w inside stage 1), ``prior`` (C, F) for sampling the prior
+    (scaled by noise_scale and exp(logs) inside stage 2). Drawn on the host over the real phonemes and
+    frames only, so they do not depend on buckets."""
+
+    def duration(self, phonemes: int) -> torch.Tensor: ...
+
+    def prior(self, channels: int, frames: int) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class SeededNoise:
+    """Draws from ``seed`` (one generator per stream: same seed, same noise) or, with None, from torch's
+    global generator."""
+
+    seed: int | None = None
+
+    def _generator(self, stream: int) -> torch.Generator | None:
+        return None if self.seed is None else torch.Generator().manual_seed(int(self.seed) * 2 + stream)
+
+    def duration(self, phonemes: int) -> torch.Tensor:
+        return torch.randn(2, phonemes, generator=self._generator(0))
+
+    def prior(self, channels: int, frames: int) -> torch.Tensor:
+        return torch.randn(channels, frames, generator=self._generator(1))
+
+
+@dataclass(frozen=True)
+class RecordedNoise:
+    """Given draws, e.g. a reference runtime's (onnxruntime's RandomNormalLike outputs): ``durations``
+    (2, P) and ``prior`` (C, F) for exactly one utterance; a shape that does not fit is an InputError."""
+
+    durations: torch.Tensor
+    latent: torch.Tensor
+
+    def duration(self, phonemes: int) -> torch.Tensor:
+        return _fitting(self.durations, (2, phonemes), "duration noise")
+
+    def prior(self, channels: int, frames: int) -> torch.Tensor:
+        return _fitting(self.latent, (channels, frames), "prior noise")
+
+
+def _fitting(draws: torch.Tensor, shape: tuple[int, int], what: str) -> torch.Tensor:
+    t = torch.as_tensor(draws)
+    if tuple(t.shape) != shape:
+        raise InputError(f"{what}: expected shape {shape} for this utterance, got {tuple(t.shape)}")
+    return t
 
 
 @dataclass(frozen=True)
@@ -276,9 +337,11 @@ class VitsFrontend:
         bucket = self.encode_graphs.select(t.numel())
         return bucket, Checked(t.to(torch.int64), torch.tensor(scales, dtype=torch.float32), int(speaker))
 
-    def write(self, bucket: int, checked: Checked, seed: int | None = None) -> None:
-        """Stage-1 inputs (padded to the phoneme bucket). The duration noise is drawn from `seed` (same
-        seed, same noise) over the real phonemes only, so it does not depend on buckets."""
+    def write(
+        self, bucket: int, checked: Checked, seed: int | None = None, *, noise: Noise | None = None
+    ) -> None:
+        """Stage-1 inputs (padded to the phoneme bucket). The duration noise comes from ``noise`` (a
+        `Noise`), by default `SeededNoise(seed)` (same seed, same noise), over the real phonemes only."""
         n = checked.phonemes
         b = self.buffers
         b["enc_ids"].zero_()
@@ -288,7 +351,7 @@ class VitsFrontend:
         b["scales"].copy_(checked.scales)
         b["enc_noise"].zero_()
         if checked.scales[2] > 0:
-            b["enc_noise"][0, :, :n].copy_(torch.randn(2, n, generator=self._generator(seed, 0)))
+            b["enc_noise"][0, :, :n].copy_((SeededNoise(seed) if noise is None else noise).duration(n))
         if self.cfg.n_speakers > 1:
             self._write_speaker(checked.speaker)
 
@@ -303,8 +366,9 @@ class VitsFrontend:
     def replay(self, bucket: int) -> None:
         self.encode_graphs.replay(bucket)
 
-    def expand(self, checked: Checked, seed: int | None = None) -> Plan:
-        """The host step: read the durations, lay out the frames, write stage 2's inputs."""
+    def expand(self, checked: Checked, seed: int | None = None, *, noise: Noise | None = None) -> Plan:
+        """The host step: read the durations, lay out the frames, write stage 2's inputs (the prior noise
+        from ``noise``, by default `SeededNoise(seed)`)."""
         n = checked.phonemes
         durations = self.buffers["enc_durations"][0, :n].to("cpu", torch.float64).numpy()
         index = frame_index(durations)
@@ -320,8 +384,8 @@ class VitsFrontend:
         b["flow_index"][:frames].copy_(torch.from_numpy(index))
         b["flow_noise"][..., :bucket].zero_()
         if checked.scales[0] > 0:
-            noise = torch.randn(self.cfg.inter_channels, frames, generator=self._generator(seed, 1))
-            b["flow_noise"][0, :, :frames].copy_(noise)
+            draws = (SeededNoise(seed) if noise is None else noise).prior(self.cfg.inter_channels, frames)
+            b["flow_noise"][0, :, :frames].copy_(draws)
         return Plan(frames, bucket, durations.astype(np.int64))
 
     def flow(self, plan: Plan, upto: int | None = None) -> int:
@@ -352,11 +416,6 @@ class VitsFrontend:
         return self.decode(Window(0, plan.frames, 0, plan.frames))
 
     # ----------------------------------------------------------------------------------- helpers
-
-    def _generator(self, seed: int | None, stream: int) -> torch.Generator | None:
-        if seed is None:
-            return None
-        return torch.Generator().manual_seed(int(seed) * 2 + stream)
 
     def describe(self) -> dict[str, Any]:
         return {
