@@ -144,6 +144,12 @@ def describe_error(exc: BaseException) -> tuple[str, int]:
     from flashrt.errors import FlashRTError
 
     text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, ModuleNotFoundError):
+        from flashrt.extras import missing_package_hint
+
+        hint = missing_package_hint(exc)
+        if hint is not None:
+            return f"error: {hint}", USER_ERROR_EXIT
     if isinstance(exc, OSError) and exc.filename is not None:
         text = f"{exc.filename}: {(exc.strerror or text).lower()}"
     if isinstance(exc, FlashRTError | OSError | ValueError):

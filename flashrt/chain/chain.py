@@ -34,6 +34,10 @@ Semantics, per request:
   ``GeneratorExit`` when closed, end its request, never the worker.
 * Capacity: at most ``max_pending`` requests queued or running; `submit` beyond raises `ChainFull`
   (a server answers 503).
+* Admission: `estimate_first_item_ms()` predicts when a request submitted now would give its first item,
+  from the measured time each request held the first stage, the measured lag from a request's start to
+  its first item, and the requests queued or running now (None before anything was measured, or when
+  the first stage is batched). A server refuses at once what would miss its deadline.
 
 Threads, not asyncio (DESIGN.md section 7): the stages are blocking torch calls that release the GIL
 (graph replays, GEMMs), so threads overlap them for real with no executor hop; the async API waits on
@@ -65,6 +69,7 @@ __all__ = ["Chain", "Stage", "Request", "StageError", "ChainFull", "SlowConsumer
 log = logging.getLogger(__name__)
 
 KEEP_SAMPLES = 4096  # per-stage timing samples kept (a ring: memory stays bounded over a long run)
+ESTIMATE_SAMPLES = 64  # recent requests the admission estimate averages over
 _STOP = object()
 
 
@@ -156,6 +161,7 @@ class Request:
         self.reason: str | None = None  # why a request ended early: "send_timeout", or None
         self.error: FlashRTError | None = None
         self.submitted = time.perf_counter()
+        self.started: float | None = None  # when the first stage took it
         self.first_item_ms: float | None = None
         self.total_ms: float | None = None
         self._lock = threading.Lock()
@@ -182,6 +188,8 @@ class Request:
     def _mark_running(self) -> None:
         with self._lock:
             self.state = "running" if self.state == "queued" else self.state
+            self.started = time.perf_counter()
+        self.chain._queue_ms.append((self.started - self.submitted) * 1e3)
 
     def _fail(self, stage: str, exc: BaseException) -> None:
         self._end("failed", StageError(stage, self.id, exc))
@@ -220,8 +228,11 @@ class Request:
 
     def _took(self, item: Any) -> Any:
         if self.first_item_ms is None:
-            self.first_item_ms = (time.perf_counter() - self.submitted) * 1e3
+            now = time.perf_counter()
+            self.first_item_ms = (now - self.submitted) * 1e3
             self.chain._first_items.append(self.first_item_ms)
+            if self.started is not None:
+                self.chain._lag_ms.append((now - self.started) * 1e3)
         return item
 
     def __iter__(self) -> Iterator[Any]:
@@ -261,6 +272,9 @@ class Chain:
         self._jobs: list[queue.Queue] = [queue.PriorityQueue()] + [queue.Queue() for _ in self.stages[1:]]
         self._stats = {s.name: _StageStats() for s in self.stages}
         self._first_items: deque[float] = deque(maxlen=KEEP_SAMPLES)
+        self._queue_ms: deque[float] = deque(maxlen=KEEP_SAMPLES)  # submit -> the first stage takes it
+        self._lag_ms: deque[float] = deque(maxlen=ESTIMATE_SAMPLES)  # start -> first item to the caller
+        self._held_ms: deque[float] = deque(maxlen=ESTIMATE_SAMPLES)  # time a request held stage 0
         self._totals: deque[float] = deque(maxlen=KEEP_SAMPLES)
         self._outcomes = {"done": 0, "failed": 0, "cancelled": 0, "send_timeout": 0}
         self._pending: set[Request] = set()
@@ -346,6 +360,8 @@ class Chain:
                 request._mark_running()
             try:
                 self._serve(k, request)
+                if k == 0 and request.channels[0].finished:  # held to its end (not cut short)
+                    self._held_ms.append((time.perf_counter() - request.started) * 1e3)
             except BaseException as exc:  # noqa: BLE001 - the worker outlives anything a stage does
                 log.exception("chain stage %r: unexpected error serving %s", self.stages[k].name, request.id)
                 request._end("failed", StageError(self.stages[k].name, request.id, exc))
@@ -389,15 +405,39 @@ class Chain:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ------------------------------------------------------------------------------ admission
+    def estimate_first_item_ms(self) -> float | None:
+        """When a request submitted now would give its first item, in ms (module docstring)."""
+        if 0 in self._batched or not self._held_ms or not self._lag_ms:
+            return None
+        held = sum(self._held_ms) / len(self._held_ms)
+        lag = sum(self._lag_ms) / len(self._lag_ms)
+        now = time.perf_counter()
+        with self._lock:
+            pending = list(self._pending)
+        wait = 0.0
+        for request in pending:
+            if request.state == "queued":
+                wait += held
+            elif request.state == "running" and request.started is not None:
+                wait += max(0.0, held - (now - request.started) * 1e3)
+        return wait + lag
+
     # ------------------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:
         """Per stage: service ms per item, ms blocked by backpressure per request, output queue depth
         after each item (LatencyStats of counts), items, deepest queue;
-        time to first item and total per request (from submit); outcomes; requests now held."""
+        time to first item and total per request (from submit), time queued before the first stage;
+        outcomes; requests now held, queued and running; the admission estimate for a request now."""
+        with self._lock:
+            states = [r.state for r in self._pending]
         return {"stages": {name: s.summary() for name, s in self._stats.items()},
                 "first_item_ms": LatencyStats.from_samples(self._first_items).to_dict(),
                 "total_ms": LatencyStats.from_samples(self._totals).to_dict(),
-                "outcomes": dict(self._outcomes), "pending": len(self._pending),
+                "queue_ms": LatencyStats.from_samples(self._queue_ms).to_dict(),
+                "outcomes": dict(self._outcomes), "pending": len(states),
+                "queued": states.count("queued"), "running": states.count("running"),
+                "estimate_first_item_ms": self.estimate_first_item_ms(),
                 "queue_bound": self.queue_size}
 
 

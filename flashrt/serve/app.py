@@ -18,7 +18,10 @@ Errors (OpenAI shape ``{"error": {"message", "type", "param", "code"}}``):
     413  body larger than ``max_body_bytes``
     422  a field of the wrong type (JSON booleans are not numbers), a missing field, speed out of
          [0.25, 4] (or not finite), a seed that is not an integer in [0, SEED_MAX]
-    503  the chain holds ``max_pending`` requests already; ``Retry-After`` says when to retry
+    503  the chain holds ``max_pending`` requests already (code ``server_busy``), or the request's
+         time-to-first-audio deadline cannot be met (code ``deadline_unmeetable``: the wait estimated
+         from the voice's measured service times and its queue exceeds it); ``Retry-After`` says when
+         to retry. Refused at once, never left to time out.
     500  the model failed, or anything unexpected (still in the OpenAI shape; the server keeps serving)
 
 Memory is bounded: the body is read up to its limit, each request's chain links hold ``queue_size``
@@ -31,7 +34,9 @@ Streamed WAV: a 44-byte header with unknown length (0xFFFFFFFF, as streaming enc
 16-bit PCM; ``pcm`` is the raw 16-bit little-endian samples.
 ``model`` may be a voice name, ``flashrt`` or an OpenAI model name (tts-1, tts-1-hd, gpt-4o-mini-tts);
 ``voice`` picks the loaded voice, or, when ``model`` names a loaded model that lists ``speakers``, one of
-those (passed to its ``stream(..., voice=speaker)``).
+those (passed to its ``stream(..., voice=speaker)``). ``ttfa_deadline_ms`` (a flashrt extension, like
+``seed``) sets the request's deadline for its first audio; the server's default is
+``ServerLimits.ttfa_deadline_ms`` (none: admit whatever fits in ``max_pending``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ FIELDS = {
     "seed": int,
     "instructions": str,
     "stream_format": str,
+    "ttfa_deadline_ms": (int, float),
 }
 
 
@@ -72,14 +78,17 @@ class ServerLimits:
     queue_size: int = 4
     retry_after_s: int = 1
     send_timeout_s: float = 30.0  # a client that reads nothing for this long loses its request
+    ttfa_deadline_ms: float | None = None  # default deadline for the first audio (None: no admission check)
 
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str = "invalid_request"
+        self, status: int, message: str, param: str | None = None, code: str = "invalid_request",
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.retry_after_s = retry_after_s
 
 
 def wav_header(sample_rate: int) -> bytes:
@@ -107,6 +116,7 @@ class Speech:
     speed: float
     seed: int | None
     speaker: str | None = None  # a speaker of that model (models that list `speakers`)
+    deadline_ms: float | None = None  # first audio wanted within this (admission refuses otherwise)
 
 
 class SpeechServer:
@@ -116,6 +126,7 @@ class SpeechServer:
         if not voices:
             raise ValueError("a speech server needs at least one voice")
         self.voices, self.limits = dict(voices), limits
+        self.refusals = {"server_busy": 0, "deadline_unmeetable": 0}
         self.chains = {
             name: Chain(
                 [Stage("speech", self._stage(model))],
@@ -195,15 +206,20 @@ class SpeechServer:
             raise ApiError(
                 400, "stream_format: only 'audio' is supported", "stream_format", "unsupported_format"
             )
-        return Speech(voice, text, fmt, _speed(data.get("speed", 1.0)), _seed(data.get("seed")), speaker)
+        deadline = _deadline(data.get("ttfa_deadline_ms", self.limits.ttfa_deadline_ms))
+        return Speech(voice, text, fmt, _speed(data.get("speed", 1.0)), _seed(data.get("seed")), speaker,
+                      deadline)
 
     # ---------------------------------------------------------------------------------- serving
 
     async def speak(self, job: Speech) -> tuple[bytes, AsyncIterator[Any], Any]:
         """Submit, wait for the first chunk; (first bytes, the rest, the chain request)."""
+        chain = self.chains[job.voice]
+        self._admit(chain, job)
         try:
-            request = self.chains[job.voice].submit(job)
+            request = chain.submit(job)
         except ChainFull as exc:
+            self.refusals["server_busy"] += 1
             raise ApiError(503, f"busy: {exc}", code="server_busy") from None
         chunks = request.__aiter__()
         try:
@@ -224,10 +240,23 @@ class SpeechServer:
         head = (wav_header(rate) if job.fmt == "wav" else b"") + pcm16(first)
         return head, chunks, request
 
+    def _admit(self, chain: Chain, job: Speech) -> None:
+        """503 at once when the first audio could not come within the request's deadline."""
+        if job.deadline_ms is None:
+            return
+        estimate = chain.estimate_first_item_ms()
+        if estimate is not None and estimate > job.deadline_ms:
+            self.refusals["deadline_unmeetable"] += 1
+            retry = max(1, math.ceil((estimate - job.deadline_ms) / 1e3))
+            raise ApiError(503, f"the first audio would come in about {estimate:.0f} ms, after the "
+                           f"{job.deadline_ms:g} ms deadline; retry in {retry} s", "ttfa_deadline_ms",
+                           "deadline_unmeetable", retry_after_s=retry)
+
     def health(self) -> dict[str, Any]:
         return {
             "status": "ok",
             "voices": sorted(self.voices),
+            "refusals": dict(self.refusals),
             "chains": {name: chain.stats() for name, chain in self.chains.items()},
         }
 
@@ -260,6 +289,19 @@ def _speed(value: Any) -> float:
     return speed
 
 
+def _deadline(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        deadline = float(value)
+    except OverflowError:
+        deadline = math.inf
+    if not (math.isfinite(deadline) and deadline > 0):
+        raise ApiError(422, f"ttfa_deadline_ms {value!r} must be a positive number of ms", "ttfa_deadline_ms",
+                       "invalid_value")
+    return deadline
+
+
 def _seed(value: Any) -> int | None:
     if value is not None and not 0 <= value <= SEED_MAX:
         raise ApiError(422, f"seed {value} is outside [0, {SEED_MAX}]", "seed", "invalid_value")
@@ -269,7 +311,8 @@ def _seed(value: Any) -> int | None:
 def _error(exc: ApiError, retry_after_s: int = 1):
     from starlette.responses import JSONResponse
 
-    headers = {"Retry-After": str(retry_after_s)} if exc.status == 503 else None
+    retry = exc.retry_after_s if exc.retry_after_s is not None else retry_after_s
+    headers = {"Retry-After": str(retry)} if exc.status == 503 else None
     body = {
         "error": {
             "message": exc.message,

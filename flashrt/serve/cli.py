@@ -33,6 +33,11 @@ def serve(
     send_timeout: Annotated[
         float, typer.Option(help="seconds a client may read nothing before its request is cancelled")
     ] = 30.0,
+    ttfa_deadline_ms: Annotated[
+        float | None,
+        typer.Option(help="default deadline for a request's first audio: one that cannot meet it is "
+                     "refused at once (503, Retry-After); a request may set its own ttfa_deadline_ms"),
+    ] = None,
     warmup: Annotated[
         bool,
         typer.Option(
@@ -49,7 +54,7 @@ def serve(
     from flashrt.runtime.device import resolve_device
     from flashrt.serve.app import ServerLimits, SpeechServer, build_app
 
-    check_options(port, max_pending, queue_size, send_timeout)  # before any voice loads
+    check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)  # before any voice loads
     resolve_device(device)
     sources = named_sources(voice or ["en_US-joe-medium"])
     sock = bind(host, port)
@@ -62,7 +67,8 @@ def serve(
             if warmup:
                 for _ in model.stream("Ready."):
                     pass
-        limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout)
+        limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout,
+                              ttfa_deadline_ms=ttfa_deadline_ms)
         server = SpeechServer(voices, limits)
         bound = sock.getsockname()[1]
         typer.echo(f"flashrt serve: voices {sorted(voices)} on http://{host}:{bound}")
@@ -123,7 +129,8 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def check_options(port: int, max_pending: int, queue_size: int, send_timeout: float = 30.0) -> None:
+def check_options(port: int, max_pending: int, queue_size: int, send_timeout: float = 30.0,
+                  ttfa_deadline_ms: float | None = None) -> None:
     """ConfigError naming the flag when a value cannot work (uvicorn would fail on it after the load)."""
     from flashrt.errors import ConfigError
 
@@ -134,3 +141,5 @@ def check_options(port: int, max_pending: int, queue_size: int, send_timeout: fl
             raise ConfigError(f"{flag} {value} must be at least 1")
     if not send_timeout > 0:
         raise ConfigError(f"--send-timeout {send_timeout} must be positive")
+    if ttfa_deadline_ms is not None and not ttfa_deadline_ms > 0:
+        raise ConfigError(f"--ttfa-deadline-ms {ttfa_deadline_ms} must be positive")

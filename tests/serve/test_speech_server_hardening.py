@@ -243,3 +243,54 @@ def test_an_unexpected_failure_is_a_500_in_the_openai_shape(fake):
     assert r.status_code == 500
     assert r.json()["error"]["type"] == "server_error" and r.json()["error"]["code"] == "server_error"
     assert _raw(fake.url, _req()).status_code == 200
+
+
+class _Steady:
+    """A voice whose every request takes `hold` seconds before its one chunk (a stand-in for a model
+    that serves one request at a time)."""
+
+    sample_rate = 8000
+
+    def __init__(self, hold: float) -> None:
+        self.hold = hold
+
+    def stream(self, text, seed=None, speed=1.0):
+        threading.Event().wait(self.hold)
+        yield np.zeros(800, np.float32)
+
+
+def test_a_deadline_that_cannot_be_met_is_refused_at_once_and_one_that_can_is_served():
+    speech = SpeechServer({"steady": _Steady(0.25)}, ServerLimits(max_pending=16))
+    running = _Running(speech)
+    body = {"model": "steady", "voice": "steady", "input": "hi"}
+    url = running.url + "/v1/audio/speech"
+    try:
+        for _ in range(2):  # measured service times: ~250 ms a request
+            assert httpx.post(url, json=body, timeout=WAIT).status_code == 200
+        with ThreadPoolExecutor(4) as pool:
+            held = [pool.submit(httpx.post, url, json=body, timeout=WAIT) for _ in range(4)]
+            deadline = time.time() + WAIT
+            while speech.chains["steady"].stats()["pending"] < 4:
+                assert time.time() < deadline
+                time.sleep(0.01)
+            # four requests ahead of ~250 ms each: a first chunk within 100 ms is impossible
+            refused = httpx.post(url, json={**body, "ttfa_deadline_ms": 100}, timeout=WAIT)
+            assert refused.status_code == 503 and refused.json()["error"]["code"] == "deadline_unmeetable"
+            assert int(refused.headers["retry-after"]) >= 1
+            later = httpx.post(url, json={**body, "ttfa_deadline_ms": 60_000}, timeout=WAIT)
+            assert later.status_code == 200
+            assert all(f.result().status_code == 200 for f in held)
+        health = httpx.get(running.url + "/health").json()
+        assert health["refusals"]["deadline_unmeetable"] == 1
+        assert health["chains"]["steady"]["estimate_first_item_ms"] > 0
+        assert health["chains"]["steady"]["queue_ms"]["count"] == 7
+    finally:
+        running.stop()
+        speech.close()
+
+
+@pytest.mark.parametrize("value", [0, -5, True, "soon", 1e400])
+def test_a_bad_deadline_is_a_422(fake, value):
+    body = json.dumps({"model": "fake", "voice": "fake", "input": "hi", "ttfa_deadline_ms": value})
+    r = _raw(fake.url, body.replace("Infinity", "1e400").encode())
+    assert r.status_code == 422 and r.json()["error"]["param"] == "ttfa_deadline_ms"
