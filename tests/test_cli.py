@@ -127,9 +127,11 @@ def test_cache_rm_in_a_read_only_folder(capsys, tmp_path, monkeypatch):
     _one_line_error(code, err, name, "permission denied", "check the permissions")
 
 
-def test_cache_rm_all_in_a_missing_folder_is_fine(capsys, tmp_path):
+def test_cache_rm_all_in_a_missing_folder_is_one_line(capsys, tmp_path):
+    """An explicitly named --dir that does not exist is a mistyped path (#28.11), for rm as for ls and
+    verify: one line naming it, exit 2, nothing touched."""
     code, _, err = _run(capsys, ["cache", "rm", "--all", "--dir", str(tmp_path / "absent")])
-    assert code == 0 and "Traceback" not in err
+    _one_line_error(code, err, "absent")
 
 
 def test_debug_shows_the_traceback(capsys):
