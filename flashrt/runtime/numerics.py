@@ -48,6 +48,47 @@ def sdpa_backends(names: tuple[str, ...]) -> list:
 
 
 @dataclass(frozen=True)
+class _Flag:
+    """One TF32 switch: torch >= 2.9's ``fp32_precision`` ("tf32" / "ieee") on `owner`, or the legacy
+    boolean ``allow_tf32``. Once a caller has set the new API, reading the legacy flag raises, so the
+    new one is used wherever it exists; the value read is restored as it was (string or bool)."""
+
+    owner: object
+    new: bool
+
+    def get(self) -> object:
+        return self.owner.fp32_precision if self.new else self.owner.allow_tf32
+
+    def set(self, tf32: bool) -> None:
+        if self.new:
+            self.owner.fp32_precision = "tf32" if tf32 else "ieee"
+        else:
+            self.owner.allow_tf32 = tf32
+
+    def restore(self, value: object) -> None:
+        if self.new:
+            self.owner.fp32_precision = value
+        else:
+            self.owner.allow_tf32 = value
+
+
+def tf32_flags() -> tuple[_Flag, _Flag]:
+    """The cuBLAS matmul and cuDNN conv TF32 switches of this torch (`_Flag`)."""
+    matmul, conv = torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision") and _has_attr(matmul, "fp32_precision"):
+        return _Flag(matmul, True), _Flag(conv, True)
+    return _Flag(matmul, False), _Flag(torch.backends.cudnn, False)
+
+
+def _has_attr(owner: object, name: str) -> bool:
+    try:
+        getattr(owner, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
 class Numerics:
     """What a step pins on a GPU (module docstring)."""
 
@@ -76,12 +117,15 @@ class Numerics:
 
     @contextlib.contextmanager
     def _tf32(self) -> Iterator[None]:
-        saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tf32
+        flags = tf32_flags()
+        saved = [flag.get() for flag in flags]
+        for flag in flags:
+            flag.set(self.tf32)
         try:
             yield
         finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+            for flag, value in zip(flags, saved):
+                flag.restore(value)
 
     def _sdpa(self) -> contextlib.AbstractContextManager:
         if self.sdpa is None:

@@ -13,9 +13,19 @@ from torch.nn.attention import SDPBackend
 from flashrt.errors import ConfigError
 from flashrt.runtime.numerics import Numerics, sdpa_backends
 
+NEW_API = hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision")
+
+
+def _tf32() -> tuple:
+    """The TF32 switches as this torch reads them without mixing APIs (True: TF32 allowed)."""
+    if NEW_API:
+        return (torch.backends.cuda.matmul.fp32_precision == "tf32",
+                torch.backends.cudnn.conv.fp32_precision == "tf32")
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
 
 def _flags() -> tuple:
-    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+    return (*_tf32(),
             torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
             torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.math_sdp_enabled(),
             tuple(torch._C._get_sdp_priority_order()))
@@ -24,10 +34,27 @@ def _flags() -> tuple:
 @pytest.fixture
 def caller_flags():
     """The caller's own settings (TF32 on, as some training scripts leave it), restored after the test."""
+    if NEW_API:
+        saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32"
+        yield _flags()
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+        return
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     yield _flags()
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.skipif(not NEW_API, reason="torch without the fp32_precision API")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_a_caller_on_the_new_fp32_precision_api_keeps_working(caller_flags, tf32):
+    """torch >= 2.9: once a caller set ``fp32_precision``, reading the legacy ``allow_tf32`` raises; the
+    scope must use the new API (#28.16) and restore the caller's strings."""
+    with Numerics(tf32=tf32).scope("cuda"):
+        assert _tf32() == (tf32, tf32)
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
 
 
 @pytest.mark.parametrize("kwargs, match", [({"tf32": 1}, "tf32 must be"),
@@ -55,7 +82,7 @@ def test_cuda_scope_pins_then_restores_the_callers_flags(caller_flags):
 
 def test_scope_restores_on_an_exception(caller_flags):
     with pytest.raises(RuntimeError, match="boom"), Numerics(tf32=False, sdpa=("math",)).scope("cuda:0"):
-        assert not torch.backends.cuda.matmul.allow_tf32
+        assert _tf32() == (False, False)
         raise RuntimeError("boom")
     assert _flags() == caller_flags
 
