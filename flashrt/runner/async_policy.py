@@ -18,6 +18,14 @@ chunk. Ticks are `step` calls. Chunk position j of a chunk requested at tick T i
   waits for it (counted in `starved`). `on_late="wait"` waits at T + d instead (deterministic).
 * **Errors.** The observation is checked by `infer` on the worker; an `InputError` (or any error) is
   raised by the `step` that would have taken that chunk over; the old chunk stays queued.
+* **Inputs are copied on entry.** `step` / `prime` copy the observation (and noise) into request
+  buffers held by the AsyncPolicy, reused while shapes and dtypes stay, before they return: a robot
+  loop that reuses its arrays may write the next observation at once, and the worker still infers
+  from the one it was given (as the synchronous `Policy` copies into its staging buffers).
+* **Lifecycle.** `close()` (or leaving the ``with`` block) stops the worker; `step` after it raises
+  `ConfigError` at once. An AsyncPolicy that is dropped without `close()` stops its worker when it is
+  garbage-collected (the worker holds no reference to it). The per-tick and per-chunk histories
+  (`ages`, `chunks`) keep the last `HISTORY` entries, so memory stays bounded over any episode.
 * **Transitions.** "rtc" (where the family supports guidance, `flashrt.runtime.rtc`): the actions
   left in the queue at T are the frozen prefix, weighted 1 for the d that will execute while inferring
   and decaying to 0 at the end of the overlap; the guidance runs inside the captured step. "blend"
@@ -32,16 +40,19 @@ whose observation produced it) and the action age in ticks (`ages`).
 
 from __future__ import annotations
 
+import copy
 import math
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from flashrt.errors import ConfigError
 from flashrt.runtime.rtc import SCHEDULES, Guidance
@@ -50,6 +61,59 @@ __all__ = ["AsyncPolicy", "ChunkRecord", "TRANSITIONS"]
 
 TRANSITIONS = ("auto", "rtc", "blend", "none")
 LATENCY_WINDOW = 5
+HISTORY = 4096  # entries kept of `ages` and of `chunks` (the most recent)
+
+
+class _History(list):
+    """A list that keeps its last ``limit`` entries (trimmed in blocks: amortized O(1) appends)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        super().__init__()
+        self.limit = HISTORY if limit is None else limit
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        if len(self) >= 2 * self.limit:
+            del self[: len(self) - self.limit]
+
+
+class _Snapshot:
+    """Copies of a caller's observation in buffers reused from one request to the next: arrays and
+    tensors are copied into a buffer of the same shape/dtype (allocated the first time), containers
+    rebuilt, strings and numbers kept, anything else deep-copied. One request is in flight at a time,
+    so one set of buffers serves every request."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, Any] = {}
+
+    def take(self, value: Any, path: tuple = ()) -> Any:
+        if isinstance(value, np.ndarray):
+            return self._array(value, path)
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value, path)
+        if isinstance(value, Mapping):
+            return {k: self.take(v, (*path, k)) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self.take(v, (*path, i)) for i, v in enumerate(value))
+        if value is None or isinstance(value, str | bytes | int | float | bool | np.generic):
+            return value
+        return copy.deepcopy(value)
+
+    def _array(self, value: np.ndarray, path: tuple) -> np.ndarray:
+        buf = self._buffers.get(path)
+        if not (isinstance(buf, np.ndarray) and buf.shape == value.shape and buf.dtype == value.dtype):
+            buf = self._buffers[path] = np.empty_like(value, order="C")
+        np.copyto(buf, value)
+        return buf
+
+    def _tensor(self, value: torch.Tensor, path: tuple) -> torch.Tensor:
+        buf = self._buffers.get(path)
+        if not (isinstance(buf, torch.Tensor) and buf.shape == value.shape and buf.dtype == value.dtype
+                and buf.device == value.device):
+            buf = self._buffers[path] = torch.empty_like(value, memory_format=torch.contiguous_format)
+        with torch.no_grad():
+            buf.copy_(value)
+        return buf
 
 
 @dataclass
@@ -111,8 +175,12 @@ class AsyncPolicy:
         self.margin, self.max_guidance, self.fixed_delay = margin, float(max_guidance), delay_steps
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._done: queue.Queue[tuple[ChunkRecord, Any]] = queue.Queue()
-        self._worker = threading.Thread(target=self._serve, name="flashrt-async-policy", daemon=True)
+        self._snapshot = _Snapshot()
+        self._closed = False
+        self._worker = threading.Thread(target=_serve, args=(policy, self._jobs, self._done),
+                                        name="flashrt-async-policy", daemon=True)
         self._worker.start()
+        self._stop = weakref.finalize(self, _stop_worker, self._jobs, self._worker)
         self._reset_state()
 
     # ------------------------------------------------------------------------------ state
@@ -124,8 +192,9 @@ class AsyncPolicy:
         self._last_call: float | None = None
         self._period_s: float | None = None if self.rate_hz is None else 1.0 / self.rate_hz
         self.steps = 0
-        self.chunks: list[ChunkRecord] = []
-        self.ages: list[int] = []
+        self._requested = 0  # chunks requested this episode (ChunkRecord.index)
+        self.chunks: list[ChunkRecord] = _History()
+        self.ages: list[int] = _History()
         self.late = self.starved = 0
         self.replanned = False
         self.source_step = 0
@@ -149,20 +218,10 @@ class AsyncPolicy:
         return int(min(max(d, 1), self.chunk_size - 1))
 
     # ------------------------------------------------------------------------------ worker
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            start = time.perf_counter()
-            try:
-                out: Any = self.policy.infer(job.obs, noise=job.noise, seed=job.seed, guide=job.guide)
-            except Exception as exc:  # handed to the control thread, raised there
-                out = exc
-            job.record.latency_ms = (time.perf_counter() - start) * 1e3
-            self._done.put((job.record, out))
-
     def close(self) -> None:
-        """Stop the worker (after the chunk in flight)."""
-        self._jobs.put(None)
-        self._worker.join(timeout=60)
+        """Stop the worker (after the chunk in flight); later `step` calls raise ConfigError."""
+        self._closed = True
+        self._stop()
 
     def __enter__(self) -> AsyncPolicy:
         return self
@@ -174,6 +233,7 @@ class AsyncPolicy:
     def step(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None) -> np.ndarray:
         """The action for this tick (action_dim,). The first call of an episode waits for its chunk;
         later calls return at once unless the queue ran dry (`starved`)."""
+        self._check_open()
         self._tick_clock()
         self.replanned = False
         if not self._queue and self._pending is None:
@@ -196,6 +256,7 @@ class AsyncPolicy:
     def prime(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None) -> None:
         """Infer the episode's first chunk now (blocking, e.g. before the robot's clock starts), so the
         first `step` returns at once; its actions count as computed from the first step's tick."""
+        self._check_open()
         if not self._queue and self._pending is None:
             self._request(obs, noise, seed, guided=False)
             self._take(self._wait())
@@ -206,6 +267,10 @@ class AsyncPolicy:
         if self._pending is not None:
             self._wait()
         self._reset_state()
+
+    def _check_open(self) -> None:
+        if self._closed or not self._worker.is_alive():
+            raise ConfigError("this AsyncPolicy is closed (its worker has stopped); make a new one")
 
     def _tick_clock(self) -> None:
         now = time.perf_counter()
@@ -222,17 +287,26 @@ class AsyncPolicy:
     def _request(self, obs: Mapping[str, Any], noise: Any, seed: int | None, guided: bool) -> None:
         d = self.delay_estimate if guided else 0
         mode = self.transition if guided else "first"
-        record = ChunkRecord(len(self.chunks), self.steps, d, mode, frozen=len(self._queue) if guided else 0)
+        record = ChunkRecord(self._requested, self.steps, d, mode, frozen=len(self._queue) if guided else 0)
+        self._requested += 1
         guide = None
         if mode == "rtc" and self._queue:
             frozen = np.stack([a for a, _ in self._queue][: self.chunk_size])
             guide = Guidance(frozen, min(d, len(frozen)), len(frozen), self.schedule, self.max_guidance)
         self.chunks.append(record)
         self._pending = record
+        obs, noise = self._snapshot.take(obs), self._snapshot.take(noise, ("<noise>",))
         self._jobs.put(_Job(obs, noise, None if seed is None else seed + record.index, guide, record))
 
     def _wait(self) -> tuple[ChunkRecord, Any]:
-        result = self._done.get()
+        while True:  # a worker that died (never: it catches everything) must not hang the control loop
+            try:
+                result = self._done.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._worker.is_alive():
+                    self._pending = None
+                    raise ConfigError("the AsyncPolicy's worker has stopped") from None
         self._pending = None
         return result
 
@@ -254,7 +328,7 @@ class AsyncPolicy:
 
     def _take(self, result: tuple[ChunkRecord, Any]) -> None:
         rec, out = result
-        if isinstance(out, Exception):
+        if isinstance(out, BaseException):
             raise out
         rec.takeover_step = self.steps
         self._latencies.append(rec.latency_ms / 1e3)
@@ -277,3 +351,22 @@ class AsyncPolicy:
             alpha = (j + 1) / (m + 1)
             out.append(((1 - alpha) * old[j] + alpha * a, src) if j < m else (a, src))
         return out
+
+
+def _serve(policy: Any, jobs: queue.Queue, done: queue.Queue) -> None:
+    """The worker: infers each job's chunk; holds no reference to its AsyncPolicy (so an AsyncPolicy
+    that is dropped is collected, and its finalizer stops this loop)."""
+    while (job := jobs.get()) is not None:
+        start = time.perf_counter()
+        try:
+            out: Any = policy.infer(job.obs, noise=job.noise, seed=job.seed, guide=job.guide)
+        except BaseException as exc:  # noqa: BLE001 - handed to the control thread, raised there
+            out = exc
+        job.record.latency_ms = (time.perf_counter() - start) * 1e3
+        done.put((job.record, out))
+
+
+def _stop_worker(jobs: queue.Queue, worker: threading.Thread) -> None:
+    jobs.put(None)
+    if worker is not threading.current_thread():
+        worker.join(timeout=60)

@@ -139,3 +139,101 @@ def test_reset_starts_a_new_episode():
 def test_bad_options(kwargs):
     with pytest.raises(ConfigError):
         AsyncPolicy(Toy(), **kwargs).close()
+
+
+# ------------------------------------------------------------------------------- hardening (#28.4, #28.9)
+
+
+class Echo:
+    """chunk 8, replan 4: a chunk is 10 x the observation's state (read by the worker when it infers)
+    plus the position; `gate` holds the worker before it reads the observation."""
+
+    chunk_size, n_action_steps, action_dim = 8, 4, 3
+
+    def __init__(self) -> None:
+        self.frontend = type("F", (), {})()
+        self.gate, self.entered = None, threading.Event()
+
+    def infer(self, obs, noise=None, seed=None, guide=None):
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(60)
+        state = np.array(obs["state"], dtype=np.float32, copy=True)
+        return {"actions": 10 * state[None, :] + np.arange(self.chunk_size, dtype=np.float32)[:, None]}
+
+
+def test_the_worker_infers_from_the_observation_as_it_was_at_the_call():
+    """A robot loop writes its next observation into the same array right after `step` returns; the
+    chunk must come from the observation given, not the half-written next one."""
+    echo = Echo()
+    with AsyncPolicy(echo, transition="none", delay_steps=1, margin=0, on_late="wait") as ap:
+        state = np.zeros(3, np.float32)
+        ap.step({"state": state})                 # chunk 0 (from zeros), waited for
+        for tick in range(1, 4):
+            state[:] = tick
+            echo.gate, echo.entered = threading.Event(), threading.Event()
+            ap.step({"state": state})             # at tick 3 the next chunk is requested with state 3
+        assert echo.entered.wait(60)              # the worker took that job ...
+        state[:] = 99.0                           # ... and the loop reuses its array at once
+        echo.gate.set()
+        got = [float(ap.step({"state": state})[0]) for _ in range(4)]
+    assert got == [31, 32, 33, 34]  # ticks 4..7: the chunk inferred from state 3 (not 99), positions 1..4
+
+
+def test_noise_is_copied_too():
+    seen = []
+
+    class Noisy(Echo):
+        def infer(self, obs, noise=None, seed=None, guide=None):
+            self.gate.wait(60)
+            seen.append(np.array(noise, copy=True))
+            return super().infer(obs)
+
+    policy = Noisy()
+    policy.gate = threading.Event()
+    with AsyncPolicy(policy, transition="none") as ap:
+        noise = np.ones((8, 3), np.float32)
+        t = threading.Thread(target=lambda: ap.step({"state": np.zeros(3)}, noise=noise))
+        t.start()
+        noise[:] = -1  # written while the first request waits in the worker
+        policy.gate.set()
+        t.join(60)
+    assert np.array_equal(seen[0], np.ones((8, 3), np.float32))
+
+
+def test_step_after_close_raises_at_once():
+    ap = AsyncPolicy(Toy(), transition="none")
+    ap.step({})
+    ap.close()
+    box = []
+    t = threading.Thread(target=lambda: box.append(pytest.raises(ConfigError, ap.step, {})))
+    t.start()
+    t.join(10)
+    assert not t.is_alive() and box and "closed" in str(box[0].value)
+
+
+def test_an_unclosed_async_policy_stops_its_worker_when_collected():
+    import gc
+
+    def workers():
+        return [t for t in threading.enumerate() if t.name == "flashrt-async-policy"]
+
+    before = len(workers())
+    ap = AsyncPolicy(Toy(), transition="none")
+    ap.step({})
+    worker = ap._worker
+    del ap
+    gc.collect()
+    worker.join(10)
+    assert not worker.is_alive() and len(workers()) == before
+
+
+def test_histories_stay_bounded_within_an_episode(monkeypatch):
+    monkeypatch.setattr("flashrt.runner.async_policy.HISTORY", 16)
+    with AsyncPolicy(Toy(), transition="none", delay_steps=1, on_late="wait") as ap:
+        for _ in range(400):
+            ap.step({})
+        assert 16 <= len(ap.ages) < 32 and ap.ages[-1] == ap.steps - 1 - ap.source_step
+        last = ap.chunks[-1].index
+        assert 16 <= len(ap.chunks) < 32 and last >= 99  # 400 ticks, a chunk every 4
+        assert [c.index for c in ap.chunks] == list(range(last + 1 - len(ap.chunks), last + 1))
