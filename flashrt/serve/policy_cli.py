@@ -17,7 +17,10 @@ def serve_policy(
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto")] = "cpu",
     precision: Annotated[str, typer.Option(help="float32, bfloat16, float16")] = "float32",
     tokenizer: Annotated[Path | None, typer.Option(help="tokenizer file (Pi0: PaliGemma .model)")] = None,
-    max_message_mb: Annotated[float, typer.Option(help="largest observation message accepted, MiB")] = 64.0,
+    max_message_mb: Annotated[float | None, typer.Option(
+        help="largest observation message accepted, MiB (default: what the policy's cameras can need "
+             "at 1080p float32, at most 64)")] = None,
+    max_connections: Annotated[int, typer.Option(help="connections open at once; more are refused")] = 32,
     embodiment: Annotated[str | None, typer.Option(help="GROOT: the embodiment tag (or its id)")] = None,
 ) -> None:
     """Serve one policy to openpi-client over websockets (msgpack + numpy, metadata on connect)."""
@@ -27,11 +30,15 @@ def serve_policy(
 
     if not 0 <= port < 65536:
         raise ConfigError(f"--port {port} must lie in 0..65535")
-    if not 0 < max_message_mb <= 4096:
+    if max_message_mb is not None and not 0 < max_message_mb <= 4096:
         raise ConfigError(f"--max-message-mb {max_message_mb} must lie in (0, 4096]")
+    if max_connections < 1:
+        raise ConfigError(f"--max-connections {max_connections} must be at least 1")
     policy = load_policy(path, device=device, precision=precision, **cli_options(tokenizer, embodiment))
-    server = PolicyServer(policy, host, port, max_message_bytes=int(max_message_mb * 2**20))
-    typer.echo(f"flashrt serve-policy: {path} on ws://{server.host}:{server.port} (GET /healthz)", err=True)
+    limit = None if max_message_mb is None else int(max_message_mb * 2**20)
+    server = PolicyServer(policy, host, port, max_message_bytes=limit, max_connections=max_connections)
+    typer.echo(f"flashrt serve-policy: {path} on ws://{server.host}:{server.port} (GET /healthz; messages "
+               f"up to {server.max_message_bytes / 2**20:.1f} MiB)", err=True)
     try:
         server.serve_forever()
     finally:

@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-__all__ = ["WireError", "packb", "unpackb", "MAX_DIMS"]
+__all__ = ["WireError", "packb", "unpackb", "MAX_DIMS", "coerce"]
 
 ALLOWED_KINDS = frozenset("biuf")
 MAX_DIMS = 8
@@ -114,3 +114,45 @@ def unpackb(data: bytes, max_bytes: int) -> Any:
     except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
         raise WireError(f"not a msgpack message: {exc}") from exc
     return _keys(obj)
+
+
+FLOAT_EXACT = 2**24  # integers up to this magnitude are exact in float32
+
+
+def coerce(obj: Any, path: str = "") -> Any:
+    """An observation whose arrays are in dtypes a policy takes, converted only where no value changes:
+    image arrays (a key path holding "image") to uint8 when integer/bool data lies in 0..255, float16
+    to float32; other arrays (state, noise, ...) to float32 from float16, or from integers that float32
+    holds exactly. Anything else is a `WireError` naming the key (the server answers it and keeps the
+    connection): the policy never sees a dtype it would fail on."""
+    if isinstance(obj, dict):
+        return {k: coerce(v, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [coerce(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if not isinstance(obj, np.ndarray):
+        return obj
+    if obj.dtype == np.float16:
+        return obj.astype(np.float32)
+    if obj.dtype.kind not in "biu":
+        return obj
+    if "image" in path.lower():
+        return _as_uint8(obj, path)
+    return _as_float32(obj, path)
+
+
+def _as_uint8(arr: np.ndarray, path: str) -> np.ndarray:
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 255):
+        raise WireError(f"{path}: a {arr.dtype} image with values in [{int(arr.min())}, {int(arr.max())}] "
+                        f"does not fit uint8; send uint8 (0..255) or float (0..1)")
+    return arr.astype(np.uint8)
+
+
+def _as_float32(arr: np.ndarray, path: str) -> np.ndarray:
+    if arr.dtype.kind == "b":
+        raise WireError(f"{path}: a bool array where numbers are expected; send float32")
+    if arr.size and int(np.abs(arr.astype(np.int64) if arr.dtype != np.uint64 else arr).max()) > FLOAT_EXACT:
+        raise WireError(f"{path}: {arr.dtype} values beyond {FLOAT_EXACT} are not exact in float32; "
+                        f"send float32")
+    return arr.astype(np.float32)

@@ -209,3 +209,97 @@ def test_cli_passes_the_embodiment_to_the_family(capsys):
     assert main(["serve-policy", str(E2E.case("pi05_cam1").policy_dir), "--embodiment", "tag_a",
                  "--tokenizer", str(E2E.TOKENIZER)]) == 2
     assert "take no option(s) ['embodiment']" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- hardening (#28.6, .13, .15)
+
+
+def test_metadata_names_no_server_path(server):
+    meta = _client(server).get_server_metadata()
+    text = repr(meta)
+    assert str(E2E.case(CASE).policy_dir) not in text and "/work" not in text and "/tmp" not in text
+    assert meta["policy"]["path"] == E2E.case(CASE).policy_dir.name
+
+
+def _obs_with(**changes):
+    return {**E2E.case(CASE).obs(0), **changes}
+
+
+@pytest.mark.parametrize("convert", [
+    lambda o: {"state": o["state"].astype(np.float16).astype(np.float32)},  # the value float16 carries
+    lambda o: {"images": {k: v.astype(np.uint16) for k, v in o["images"].items()}},
+    lambda o: {"images": {k: v.astype(np.int64) for k, v in o["images"].items()}},
+], ids=["float16-state", "uint16-images", "int64-images"])
+def test_lossless_dtypes_are_converted_and_served(server, convert):
+    obs = E2E.case(CASE).obs(0)
+    sent = {**obs, **convert(obs)}
+    if "state" in convert(obs):
+        sent["state"] = sent["state"].astype(np.float16)
+        obs = {**obs, "state": sent["state"].astype(np.float32)}
+    out = _client(server).infer({**sent, "seed": 4})
+    assert np.array_equal(out["actions"], policy().infer(obs, seed=4)["actions"])
+
+
+def test_int_state_is_converted_exactly():
+    from flashrt.serve.wire import coerce
+
+    sent = {"state": np.array([-3, 7, 2**20], np.int32), "images": {"a": np.full((2, 2, 3), 9, np.int16)}}
+    got = coerce(sent)
+    assert got["state"].dtype == np.float32 and got["state"].tolist() == [-3.0, 7.0, 2.0**20]
+    assert got["images"]["a"].dtype == np.uint8 and int(got["images"]["a"][0, 0, 0]) == 9
+
+
+@pytest.mark.parametrize(("sent", "expect"), [
+    ({"images": {"top": np.full((37, 50, 3), 4000, np.uint16)}}, "does not fit uint8"),
+    ({"state": np.ones(6, bool)}, "bool array"),
+    ({"state": np.full(6, 2**40, np.int64)}, "not exact in float32"),
+], ids=["uint16-image-out-of-range", "bool-state", "huge-int-state"])
+def test_lossy_dtypes_get_a_wire_error_and_the_connection_stays(server, sent, expect):
+    with connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
+        ws.recv()
+        ws.send(msgpack_numpy.packb(_obs_with(**sent)))
+        reply = ws.recv()
+        assert isinstance(reply, str) and reply.startswith("WireError") and expect in reply
+        ws.send(msgpack_numpy.packb({**E2E.case(CASE).obs(0), "seed": 1}))
+        out = msgpack_numpy.unpackb(ws.recv())
+        assert np.array_equal(out["actions"], policy().infer(E2E.case(CASE).obs(0), seed=1)["actions"])
+
+
+def test_the_default_message_limit_follows_the_policy():
+    from flashrt.serve.policy_server import MAX_IMAGE_BYTES, message_limit
+
+    srv = PolicyServer(policy(), port=0)
+    try:
+        assert srv.max_message_bytes == message_limit(policy()) == MAX_IMAGE_BYTES + 2**20  # one camera
+    finally:
+        srv.close()
+
+
+def test_connections_beyond_the_cap_are_refused_and_the_others_served(one_thread):
+    from websockets.exceptions import ConnectionClosed
+
+    with PolicyServer(policy(), port=0, max_connections=2) as srv:
+        first = connect(f"ws://127.0.0.1:{srv.port}", max_size=None)
+        second = connect(f"ws://127.0.0.1:{srv.port}", max_size=None)
+        try:
+            first.recv(), second.recv()
+            with connect(f"ws://127.0.0.1:{srv.port}", max_size=None) as third:
+                with pytest.raises(ConnectionClosed) as info:
+                    third.recv(timeout=30)
+                assert info.value.rcvd.code == 1013
+            second.send(msgpack_numpy.packb({**E2E.case(CASE).obs(0), "seed": 6}))
+            out = msgpack_numpy.unpackb(second.recv(timeout=60))
+            assert np.array_equal(out["actions"], policy().infer(E2E.case(CASE).obs(0), seed=6)["actions"])
+        finally:
+            first.close()
+            second.close()
+
+
+def test_messages_beyond_the_byte_budget_are_refused_with_the_connection_kept(one_thread):
+    with PolicyServer(policy(), port=0, max_bytes_held=1000) as srv:
+        with connect(f"ws://127.0.0.1:{srv.port}", max_size=None) as ws:
+            ws.recv()
+            ws.send(msgpack_numpy.packb(_obs_with(seed=1)))  # ~6 KB: twice its size is over 1000 bytes
+            reply = ws.recv(timeout=60)
+            assert isinstance(reply, str) and "server busy" in reply
+        assert srv._budget.held == 0
