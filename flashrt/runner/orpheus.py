@@ -29,7 +29,6 @@ Facts about Orpheus (token layout, prompt, frame interleave, defaults) and where
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
@@ -251,10 +250,12 @@ def _snac_folder(folder: Path, given: str | Path | None) -> Path:
 
 def _snac_codebook(snac: Path) -> tuple[int, int]:
     """(codebook size, sampling rate) of a SNAC config.json."""
+    from flashrt.io.files import read_json
+
+    cfg = read_json(snac / "config.json", "SNAC config")
     try:
-        cfg = json.loads((snac / "config.json").read_text())
         return int(cfg.get("codebook_size", 4096)), int(cfg.get("sampling_rate", 24000))
-    except (OSError, ValueError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:
         raise CheckpointError(f"{snac}/config.json: not a readable SNAC config ({exc})") from None
 
 

@@ -22,7 +22,6 @@ decode bias masks until the position reaches (and overwrites) them.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +93,9 @@ def read_config(folder: str | Path) -> LMConfig:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{folder}: no config.json (expected a transformers save_pretrained folder)")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: not readable JSON ({exc})") from None
-    return LMConfig.from_dict(data, where=str(path))
+    from flashrt.io.files import read_json
+
+    return LMConfig.from_dict(read_json(path, "LM config"), where=str(path))
 
 
 def load_lm(folder: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "fp32",

@@ -33,7 +33,6 @@ smaller offsets; ``orpheus.json`` next to the checkpoint may override them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -112,10 +111,9 @@ def read_layout(folder: Path, codebook_size: int) -> OrpheusLayout:
     path = folder / LAYOUT_FILE
     data: dict[str, Any] = {}
     if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{path}: not readable JSON ({exc})") from None
+        from flashrt.io.files import read_json
+
+        data = read_json(path, "Orpheus layout")
     if data.get("codebook_size", codebook_size) != codebook_size:
         raise CheckpointError(f"{path}: codebook_size {data['codebook_size']} differs from the SNAC "
                               f"decoder's {codebook_size}")

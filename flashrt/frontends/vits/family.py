@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +14,10 @@ __all__ = ["FAMILY", "detect", "load"]
 def detect(source: str | Path) -> None:
     """None when `source` names a Piper/VITS voice; CheckpointError saying why not otherwise."""
     from flashrt.frontends.vits.voice import find_voice
+    from flashrt.io.files import read_json
 
     files = find_voice(source)
-    try:
-        config = json.loads(files.config.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{files.config}: not a readable voice config ({exc})") from None
+    config = read_json(files.config, "voice config")
     if "phoneme_id_map" not in config:
         raise CheckpointError(f"{files.config}: no phoneme_id_map, not a Piper voice config")
 

@@ -28,7 +28,6 @@ it is in (closing the generator releases it). A runner serializes requests.
 from __future__ import annotations
 
 import importlib
-import json
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.frontend import FRAME_BUCKETS, PHONEME_BUCKETS, Plan, VitsFrontend
 from flashrt.frontends.vits.model import load_weights
 from flashrt.frontends.vits.phonemes import PhonemeMap, check_text, phonemizer_for
+from flashrt.io.files import read_json
 from flashrt.quant.precision import compute_dtype
 
 __all__ = ["VitsVoice", "VoiceFiles", "find_voice", "load_voice", "VOICE_PACKAGES", "MAX_TEXT"]
@@ -280,10 +280,7 @@ def load_voice(
     weights strictly, build the frontend (graphs captured on first use per bucket, or all now with
     ``capture=True``)."""
     files = VoiceFiles(Path(voice), Path(config)) if config is not None else find_voice(voice)
-    try:
-        voice_json = json.loads(files.config.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{files.config}: cannot read the voice config ({exc})") from None
+    voice_json = read_json(files.config, "voice config")
     cfg = VitsConfig.from_voice(voice_json)
     device = torch.device(device)
     dtype = compute_dtype(precision)

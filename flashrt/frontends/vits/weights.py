@@ -74,6 +74,22 @@ def _claims(node: Any, path: str, inits: Mapping[str, Any]) -> list[tuple[str, s
     return out
 
 
+ONNX_LIMIT = 2 << 30  # bytes: protobuf's own ceiling for one serialized model
+
+
+def _read_onnx(onnx: Any, path: str | Path) -> Any:
+    """The ModelProto of a regular file of at most `ONNX_LIMIT` bytes; a file that does not parse is a
+    CheckpointError naming it (not protobuf's own error)."""
+    from flashrt.io.files import read_bytes_capped
+
+    data = read_bytes_capped(path, "voice model (.onnx)", limit=ONNX_LIMIT)
+    try:
+        return onnx.load_model_from_string(data)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and friends, whatever their class
+        raise CheckpointError(f"voice model (.onnx) {path} is not a valid ONNX model "
+                              f"({type(exc).__name__}: {exc})") from None
+
+
 def onnx_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Every parameter of a Piper/VITS ONNX export under its VITS training name (module docstring)."""
     try:
@@ -83,7 +99,7 @@ def onnx_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(
             f"{path}: reading an .onnx voice needs the onnx package (pip install 'flashrt[tts]')"
         ) from None
-    model = onnx.load(str(path))
+    model = _read_onnx(onnx, path)
     inits = {i.name: i for i in model.graph.initializer}
     owner: dict[str, str] = {}
     for node in model.graph.node:

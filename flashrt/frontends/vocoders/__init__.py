@@ -67,13 +67,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders.base import CheckpointSource, VocoderFamily
@@ -199,14 +197,10 @@ def checkpoint_config(path: str | Path) -> dict[str, Any] | None:
 
 
 def _parse_config(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-        config = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        raise CheckpointError(f"{path}: not a readable {path.suffix[1:]} config ({exc})") from None
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path}: expected a mapping of settings, got {type(config).__name__}")
-    return config
+    from flashrt.io.files import read_json, read_yaml
+
+    read = read_json if path.suffix == ".json" else read_yaml
+    return read(path, f"vocoder {path.suffix[1:]} config")
 
 
 def _open(source: Any, allow_download: bool = False) -> tuple[Checkpoint, Mapping[str, Any] | None, Any]:

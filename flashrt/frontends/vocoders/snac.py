@@ -30,7 +30,6 @@ Shape legend:
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -123,7 +122,9 @@ def load_config(path: str | Path) -> SnacConfig:
     found = path if path.suffix == ".json" else (path if path.is_dir() else path.parent) / "config.json"
     if not found.is_file():
         raise CheckpointError(f"snac: no config.json at {found}")
-    return SnacConfig.from_dict(json.loads(found.read_text()))
+    from flashrt.io.files import read_json
+
+    return SnacConfig.from_dict(read_json(found, "SNAC config"))
 
 
 PRESETS: dict[str, SnacConfig] = {

@@ -165,8 +165,8 @@ BAD_FOLDERS = {  # case -> (files, what the error says)
                        "no known vocoder family"),
     "garbage weights": ({JSON: SNAC / JSON, BIN: b"\x80\x02not a pickle" * 50}, "weights-only"),
     "garbage safetensors": ({YAML: VOCOS / YAML, "model.safetensors": b"\xff" * 64}, "corrupt"),
-    "garbage yaml": ({YAML: "backbone: [unclosed\n  - :", BIN: VOCOS / BIN}, "not a readable yaml"),
-    "json list": ({JSON: "[1, 2]", BIN: SNAC / BIN}, "expected a mapping"),
+    "garbage yaml": ({YAML: "backbone: [unclosed\n  - :", BIN: VOCOS / BIN}, "not valid YAML"),
+    "json list": ({JSON: "[1, 2]", BIN: SNAC / BIN}, "must be a mapping"),
     "no weights": ({JSON: SNAC / JSON}, "no checkpoint file"),
 }
 
