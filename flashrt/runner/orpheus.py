@@ -53,6 +53,7 @@ from flashrt.frontends.tts.orpheus import (
     read_layout,
     stack_frames,
 )
+from flashrt.io.inputs import check_seed
 from flashrt.runtime.decode import Decoder, Generation, Sampling
 
 __all__ = ["OrpheusTTS", "load_orpheus", "detect", "FAMILY", "ORPHEUS_SAMPLING", "to_pcm16",
@@ -103,7 +104,7 @@ class OrpheusTTS:
                              "and repetition penalty speak faster); use speed=1")
         sampling = sampling or self.sampling
         if seed is not None:
-            sampling = replace(sampling, seed=seed)
+            sampling = replace(sampling, seed=check_seed(seed))
         prompt = self.prompt_ids(text, voice)
         room = self.decoder.model.cache_len - len(prompt)  # the default fills the cache at most
         limit = max_new_tokens or min(self.decoder.max_new_tokens, room)

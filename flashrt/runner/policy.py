@@ -39,9 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashrt.errors import CheckpointError, ConfigError, InputError, NumericalError
+from flashrt.errors import CheckpointError, ConfigError, NumericalError
 from flashrt.frontends.registry import policy_families
 from flashrt.io.hub import resolve_checkpoint
+from flashrt.io.inputs import check_seed
 from flashrt.profile import StageTimer
 from flashrt.runtime.frontend import PolicyFamily, PolicyFrontend
 
@@ -49,18 +50,6 @@ __all__ = ["Policy", "load_policy", "detect_family", "check_seed"]
 
 log = logging.getLogger(__name__)
 HOST = "cpu"  # the clock of the runner's own stage timer: host wall-clock, no per-call CUDA events
-
-
-def check_seed(seed: Any) -> int | None:
-    """None, or a non-negative int below 2**63 (bools, floats and numpy floats are refused, not
-    truncated)."""
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise InputError(f"seed must be an int (or None), got {type(seed).__name__} {seed!r}")
-    if not 0 <= int(seed) < 2**63:
-        raise InputError(f"seed must lie in [0, 2**63), got {seed}")
-    return int(seed)
 
 
 def _replan_period(frontend: PolicyFrontend, n_action_steps: Any) -> int:

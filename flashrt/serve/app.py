@@ -51,6 +51,7 @@ from typing import Any
 
 from flashrt.chain import Chain, ChainFull, SlowConsumer, Stage, StageError
 from flashrt.errors import InputError
+from flashrt.io.inputs import SEED_MAX
 from flashrt.runner.tts import pcm16
 
 __all__ = ["ServerLimits", "SpeechServer", "build_app", "wav_header", "OPENAI_MODELS"]
@@ -263,9 +264,6 @@ class SpeechServer:
     def close(self) -> None:
         for chain in self.chains.values():
             chain.close()
-
-
-SEED_MAX = 2**63 - 1  # seeds are non-negative 64-bit integers (torch.Generator.manual_seed's range)
 
 
 def _check_text(name: str, value: str) -> None:

@@ -41,6 +41,7 @@ from typing import Any, Protocol
 import torch
 
 from flashrt.errors import CheckpointError, ConfigError, FlashRTError, InputError
+from flashrt.io.inputs import check_text_chars
 
 __all__ = ["OrpheusLayout", "AudioTokenError", "FrameDecoder", "ByteTokenizer", "load_text_tokenizer",
            "read_layout", "format_prompt", "FRAME", "FRAME_PLACES", "VOICES"]
@@ -167,6 +168,9 @@ def format_prompt(layout: OrpheusLayout, tokenizer: TextTokenizer, text: str, vo
         raise InputError("text: expected a non-empty string")
     if voice is not None and (not isinstance(voice, str) or not voice.strip()):
         raise InputError(f"voice: expected a non-empty name or None, got {voice!r}")
+    check_text_chars(text)
+    if voice is not None:
+        check_text_chars(voice, "voice")
     spoken = f"{voice}: {text}" if voice else text
     return [layout.start_of_human, *tokenizer.encode(spoken), layout.eot_token_id, layout.end_of_human,
             layout.start_of_ai, layout.start_of_speech]

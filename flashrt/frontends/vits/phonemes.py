@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from flashrt.errors import ConfigError, InputError
+from flashrt.io.inputs import check_text_chars
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ def check_text(text: Any, limit: int) -> str:
     """A non-empty string of at most `limit` characters (InputError otherwise)."""
     if not isinstance(text, str):
         raise InputError(f"text: expected a string, got {type(text).__name__}")
+    check_text_chars(text)
     if not text.strip():
         raise InputError("text: empty")
     if len(text) > limit:

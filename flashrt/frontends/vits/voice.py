@@ -42,7 +42,9 @@ from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.frontend import FRAME_BUCKETS, PHONEME_BUCKETS, Plan, VitsFrontend
 from flashrt.frontends.vits.model import load_weights
 from flashrt.frontends.vits.phonemes import PhonemeMap, check_text, phonemizer_for
+from flashrt.frontends.vits.voice_config import check_voice_config
 from flashrt.io.files import read_json
+from flashrt.io.inputs import SEED_MAX, check_seed
 from flashrt.quant.precision import compute_dtype
 
 __all__ = ["VitsVoice", "VoiceFiles", "find_voice", "load_voice", "VOICE_PACKAGES", "MAX_TEXT"]
@@ -176,6 +178,7 @@ class VitsVoice:
         self, ids: list[int], seed: int | None = None, speed: float = 1.0, **scales: float | None
     ) -> np.ndarray:
         """One sentence of phoneme ids -> its audio in one decode."""
+        seed = check_seed(seed)
         resolved = self._scales(speed, scales)
         with self._lock, torch.inference_mode():
             plan = self._plan(ids, resolved, seed)
@@ -192,6 +195,7 @@ class VitsVoice:
         **scales: float | None,
     ) -> Iterator[np.ndarray]:
         """One sentence of phoneme ids -> audio chunks (decoder windows; they concatenate to the one-shot)."""
+        seed = check_seed(seed)
         resolved = self._scales(speed, scales)
         with self._lock, torch.inference_mode():
             fe, plan = self.frontend, self._plan(ids, resolved, seed)
@@ -206,6 +210,7 @@ class VitsVoice:
     def __call__(
         self, text: str, seed: int | None = None, speed: float = 1.0, **scales: float | None
     ) -> np.ndarray:
+        seed = check_seed(seed)
         parts = [
             self.synthesize_ids(ids, seed=_sentence_seed(seed, i), speed=speed, **scales)
             for i, ids in enumerate(self.sentence_ids(text))
@@ -222,6 +227,7 @@ class VitsVoice:
         **scales: float | None,
     ) -> Iterator[np.ndarray]:
         """Audio chunks as they are decoded, sentence by sentence; text is checked before the first yield."""
+        seed = check_seed(seed)
         self._scales(speed, scales)
         sentences = self.sentence_ids(text)
 
@@ -261,7 +267,9 @@ def split_long(phonemes: list[str], limit: int) -> list[list[str]]:
 
 
 def _sentence_seed(seed: int | None, index: int) -> int | None:
-    return None if seed is None else int(seed) + 7919 * index
+    """Sentence `index`'s seed: the request's plus 7919 per sentence, within [0, 2**63) (a seed near the
+    top wraps instead of overflowing the generator)."""
+    return None if seed is None else (int(seed) + 7919 * index) % (SEED_MAX + 1)
 
 
 def load_voice(
@@ -281,6 +289,7 @@ def load_voice(
     ``capture=True``)."""
     files = VoiceFiles(Path(voice), Path(config)) if config is not None else find_voice(voice)
     voice_json = read_json(files.config, "voice config")
+    check_voice_config(voice_json, str(files.config))
     cfg = VitsConfig.from_voice(voice_json)
     device = torch.device(device)
     dtype = compute_dtype(precision)
