@@ -237,3 +237,18 @@ def test_histories_stay_bounded_within_an_episode(monkeypatch):
         last = ap.chunks[-1].index
         assert 16 <= len(ap.chunks) < 32 and last >= 99  # 400 ticks, a chunk every 4
         assert [c.index for c in ap.chunks] == list(range(last + 1 - len(ap.chunks), last + 1))
+
+
+def test_the_queue_length_branch_requests_at_equality():
+    """chunk 8 = n_action_steps (the executed-count branch would wait until 8 - d = 6 executed), d = 2,
+    margin 1: the request comes at the tick where the actions left (this tick's included) equal
+    d + margin = 3, i.e. tick 5; with '<' instead of '<=' it would come one tick late, at 6."""
+
+    class Long(Toy):
+        n_action_steps = 8
+
+    with AsyncPolicy(Long(), transition="none", delay_steps=2, margin=1, on_late="wait") as ap:
+        for _ in range(7):
+            ap.step({})
+        assert [c.request_step for c in ap.chunks[:2]] == [0, 5]
+        assert ap.chunks[1].frozen == 3  # the queue it was requested with: 3 actions left
