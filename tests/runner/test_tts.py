@@ -276,3 +276,20 @@ def test_load_tts_refuses_an_unknown_device_before_loading():
 
     with pytest.raises(DeviceError, match="unknown device 'tpu'"):
         load_tts("no-such-voice", device="tpu")
+
+
+def test_the_last_partial_chunk_is_streamed(io, one_thread):
+    """An utterance whose frame count is not a multiple of frames_per_chunk: the frames left over at the
+    end are streamed as a last, shorter chunk, so the stream still equals the one-shot audio."""
+    voice, text = CASES[0]
+    frames = io["tokens.0"].numel() // 7
+    per_chunk = next(k for k in range(2, 9) if frames % k)
+    model = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=400, cache_len=512, frames_per_chunk=per_chunk)
+    try:
+        one_shot = model(text, voice=voice, sampling=GREEDY)
+        chunks = list(model.stream(text, voice=voice, sampling=GREEDY))
+        assert model.report()["frames"] == frames and frames % per_chunk
+        np.testing.assert_allclose(np.concatenate(chunks), one_shot, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(one_shot, _reference(io, 0), atol=1e-4, rtol=0)
+    finally:
+        model.close()
