@@ -14,6 +14,7 @@ whether a source is its own), or named with ``family=``.
 from __future__ import annotations
 
 import os
+import sys
 import wave
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,7 +24,7 @@ import typer
 
 from flashrt.errors import CheckpointError, ConfigError
 
-__all__ = ["load_tts", "say", "write_wav", "pcm16", "check_writable_file"]
+__all__ = ["load_tts", "say", "write_wav", "pcm16", "check_writable_file", "peak_normalize"]
 
 
 def load_tts(
@@ -100,37 +101,77 @@ def snac_options(snac_noise: str | None) -> dict[str, Any]:
     return {"snac_noise": snac_noise} if snac_noise is not None else {}
 
 
+STDIN_LIMIT = 1 << 20  # characters of text read from standard input
+
+
 def say(
-    text: Annotated[str, typer.Argument(help="what to say")],
+    text: Annotated[str | None, typer.Argument(help="what to say; '-' or none: read it from standard input")]
+    = None,
     voice: Annotated[
         str, typer.Option("--voice", "--model", "-v", help="voice/model: a folder, a file or a name")
     ] = "en_US-joe-medium",
-    out: Annotated[Path, typer.Option("--out", "-o", help="the WAV file to write")] = Path("out.wav"),
+    out: Annotated[Path, typer.Option(
+        "--out", "-o", help="the WAV file to write; '-': raw 16-bit little-endian PCM on standard output "
+        "(as piper's --output-raw; messages go to standard error)")] = Path("out.wav"),
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     speed: Annotated[float, typer.Option(help="speaking rate, 0.25-4")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="noise seed (reproducible speech)")] = None,
     speaker: Annotated[str | None, typer.Option(help="speaker of a multi-voice model (Orpheus: tara, leo)")]
     = None,
+    normalize: Annotated[bool, typer.Option(
+        help="scale the audio so its peak is at -1 dBFS (quiet voices, clipped ones)")] = False,
     snac_noise: SnacNoiseOpt = None,
 ) -> None:
-    """Speak TEXT into a WAV file."""
-    check_writable_file(out)
+    """Speak TEXT (or standard input) into a WAV file, or as raw PCM to standard output."""
+    raw = str(out) == "-"
+    if not raw:
+        check_writable_file(out)
+    text = _text_or_stdin(text)
     tts = load_tts(voice, device=device, **snac_options(snac_noise))
     extra = {"voice": speaker} if speaker else {}
-    audio = np.concatenate(list(tts.stream(text, seed=seed, speed=speed, **extra)))
-    write_wav(out, audio, tts.sample_rate)
-    typer.echo(f"{out}: {audio.size / tts.sample_rate:.2f} s at {tts.sample_rate} Hz")
+    chunks = list(tts.stream(text, seed=seed, speed=speed, **extra))
+    audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+    if normalize:
+        audio = peak_normalize(audio)
+    seconds = f"{audio.size / tts.sample_rate:.2f} s at {tts.sample_rate} Hz"
+    if raw:
+        sys.stdout.buffer.write(pcm16(audio))
+        sys.stdout.buffer.flush()
+        typer.echo(f"raw 16-bit mono PCM: {seconds}", err=True)
+    else:
+        write_wav(out, audio, tts.sample_rate)
+        typer.echo(f"{out}: {seconds}")
     report = getattr(tts, "report", None)
     if callable(report):
-        _echo_report(report())
+        _echo_report(report(), err=raw)
 
 
-def _echo_report(report: dict[str, Any]) -> None:
+def _text_or_stdin(text: str | None) -> str:
+    if text is not None and text != "-":
+        return text
+    data = sys.stdin.read(STDIN_LIMIT + 1)
+    if len(data) > STDIN_LIMIT:
+        raise ConfigError(f"standard input holds more than {STDIN_LIMIT} characters; split the text")
+    if not data.strip():
+        raise ConfigError("no text: give it as an argument or on standard input")
+    return data
+
+
+def peak_normalize(audio: np.ndarray, peak_db: float = -1.0) -> np.ndarray:
+    """`audio` scaled so that its largest magnitude sits at ``peak_db`` dBFS (silence stays silence)."""
+    top = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if top == 0.0:
+        return audio
+    return (audio * (10 ** (peak_db / 20) / top)).astype(np.float32)
+
+
+def _echo_report(report: dict[str, Any], err: bool = False) -> None:
     """TTFA, RTF and per-stage times of a family that reports them (e.g. the Orpheus chain)."""
     if report.get("ttfa_ms") is not None:
-        typer.echo(f"TTFA {report['ttfa_ms']:.1f} ms, RTF {report.get('rtf') or float('nan'):.3f}")
+        typer.echo(f"TTFA {report['ttfa_ms']:.1f} ms, RTF {report.get('rtf') or float('nan'):.3f}", err=err)
     for name, stage in (report.get("stages") or {}).items():
         service = stage.get("service_ms", {})
         if service.get("count"):
+            total = service["mean"] * service["count"]
             typer.echo(f"  {name:8} {service['count']:5d} items  p50 {service['p50']:.2f} ms  "
-                       f"p99 {service['p99']:.2f} ms  total {service['mean'] * service['count']:.1f} ms")
+                       f"p99 {service['p99']:.2f} ms  total {total:.1f} ms", err=err)

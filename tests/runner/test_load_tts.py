@@ -80,3 +80,43 @@ def test_an_option_the_family_does_not_take_is_refused_in_one_line(toy, tmp_path
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "snac_noise" in err and "Traceback" not in err and not (tmp_path / "x.wav").exists()
+
+
+def test_say_reads_stdin_and_writes_raw_pcm_to_stdout(toy):
+    """Like piper's CLI: text on standard input, `-o -` raw 16-bit PCM on standard output, the rate on
+    standard error."""
+    from flashrt.cli import app
+
+    result = CliRunner().invoke(app, ["say", "--voice", "toy:a", "-o", "-"], input="one two\n")
+    assert result.exit_code == 0, result.output
+    pcm = np.frombuffer(result.stdout_bytes, dtype="<i2")
+    spoken = np.concatenate([np.full(80, 0.1), np.full(80, 0.2)]).astype(np.float32)
+    want = np.frombuffer(pcm16(spoken), "<i2")
+    assert np.array_equal(pcm, want)
+    assert "8000 Hz" in result.stderr
+
+
+def test_say_normalizes_the_peak(toy, tmp_path):
+    from flashrt.cli import app
+
+    out = tmp_path / "x.wav"
+    result = CliRunner().invoke(app, ["say", "one two", "--voice", "toy:a", "--normalize", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with wave.open(str(out)) as w:
+        data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    assert abs(int(np.abs(data).max()) - round(32767 * 10 ** (-1 / 20))) <= 1
+    assert abs(int(data[0]) - round(32767 * 10 ** (-1 / 20) / 2)) <= 1  # the quieter word keeps its ratio
+
+
+def test_say_without_text_says_so(toy, capsys):
+    import io
+    import sys
+
+    from flashrt.cli import main
+
+    old, sys.stdin = sys.stdin, io.StringIO("  \n")
+    try:
+        assert main(["say", "--voice", "toy:a", "-o", "-"]) == 2
+    finally:
+        sys.stdin = old
+    assert "no text" in capsys.readouterr().err
