@@ -118,11 +118,30 @@ _HINTS: tuple[tuple[str, str], ...] = (  # (exception class name in the MRO, wha
 )
 
 
+# `flashrt bench <form> ...`: benchmarks with options of their own (not a registered frontend's), each a
+# plain Typer command run in place of `bench` (module, attribute)
+BENCH_FORMS: dict[str, tuple[str, str]] = {
+    "serve": ("flashrt.bench.serve", "bench_serve"),
+}
+
+
+def _bench_form(application: typer.Typer, args: list[str],
+                prog_name: str) -> tuple[typer.Typer, list[str], str]:
+    """The app, arguments and name to run: a `BENCH_FORMS` command for ``bench <form>``, else as given."""
+    if application is app and len(args) >= 2 and args[0] == "bench" and args[1] in BENCH_FORMS:
+        module, attribute = BENCH_FORMS[args[1]]
+        form = typer.Typer(pretty_exceptions_enable=False)
+        form.command()(getattr(import_module(module), attribute))
+        return form, args[2:], f"{prog_name} bench {args[1]}"
+    return application, args, prog_name
+
+
 def run_app(application: typer.Typer, argv: list[str] | None = None, prog_name: str = "flashrt") -> int:
     """Run a Typer app; user errors become one line and exit code 2 (see the module docstring)."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
+    application, args, prog_name = _bench_form(application, args, prog_name)
     try:
         application(args=args, prog_name=prog_name, standalone_mode=True)
     except SystemExit as exc:

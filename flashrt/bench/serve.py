@@ -1,0 +1,226 @@
+"""`flashrt bench serve`: the speech server under open-loop load (`flashrt.bench.serve_load`).
+
+    flashrt bench serve --voice en_US-joe-medium --loads 1,2,4,8 --requests 24 --compare-admission
+
+Without ``--url`` it serves the voice in this process (127.0.0.1, a free port) and measures that
+server; with ``--url`` it measures a running `flashrt serve` (give its ``--sample-rate``). Admission:
+"on" sends each request with ``ttfa_deadline_ms`` = the goodput deadline, so the server refuses at once
+what it cannot start in time (503 ``deadline_unmeetable``); ``--compare-admission`` runs both on the
+same trace, side by side. Tables on stderr, results.json and serve.png under ``--out``, one JSON line
+last on stdout. The policy server is not covered yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["bench_serve"]
+
+
+def bench_serve(
+    voice: Annotated[str, typer.Option(help="voice to serve in-process (a name, folder or file)")]
+    = "en_US-joe-medium",
+    url: Annotated[str | None, typer.Option(help="measure this running server instead (http://127.0.0.1:8000)")]
+    = None,
+    sample_rate: Annotated[int | None, typer.Option(help="the voice's rate, with --url")] = None,
+    loads: Annotated[str, typer.Option(help="offered loads, multiples of single-stream capacity")]
+    = "1,2,4,8",
+    requests: Annotated[int, typer.Option(help="requests offered per load level")] = 24,
+    warm: Annotated[int, typer.Option(help="sequential warm requests that measure the capacity")] = 4,
+    ttfa_factor: Annotated[float, typer.Option(help="goodput deadline: this x the single-stream TTFA")] = 3.0,
+    admission: Annotated[bool, typer.Option(help="send the deadline with each request")] = False,
+    compare_admission: Annotated[bool, typer.Option(help="run without and with admission")] = False,
+    cancel_every: Annotated[int, typer.Option(help="every Nth client hangs up after its first audio")] = 0,
+    timeout: Annotated[float, typer.Option(help="client timeout per request, s")] = 60.0,
+    level_cap: Annotated[float, typer.Option(help="wall-clock cap per load level, s")] = 180.0,
+    max_pending: Annotated[int, typer.Option(help="in-process server: requests held at once")] = 16,
+    seed: Annotated[int, typer.Option(help="seed of the arrival schedules")] = 0,
+    out: Annotated[Path | None, typer.Option(help="output folder [bench/results/serve-...]")] = None,
+    plot: Annotated[bool, typer.Option(help="write serve.png")] = True,
+) -> None:
+    """Open-loop load against the speech server: goodput, TTFA and refusals against offered load."""
+    from flashrt.bench.cli import _finish, _out_dir
+    from flashrt.errors import ConfigError
+
+    levels = _loads(loads)
+    if requests < 1 or warm < 1 or not ttfa_factor > 0 or not timeout > 0 or not level_cap > 0:
+        raise ConfigError("--requests and --warm must be >= 1; --ttfa-factor, --timeout, --level-cap > 0")
+    folder = _out_dir(out, "serve", Path(voice).name or voice, "speech")
+    with _target(voice, url, sample_rate, max_pending) as (base, name, rate):
+        record = asyncio.run(_measure(base, name, rate, levels, requests, warm, ttfa_factor,
+                                      _modes(admission, compare_admission), cancel_every, timeout,
+                                      level_cap, seed))
+    _render(record)
+    files = {}
+    if plot:
+        files["png"] = _plot(record, folder / "serve.png")
+    record["status"] = "ok"
+    line = {"bench": "serve", "voice": record["voice"], "capacity_rps": record["capacity_rps"],
+            "deadline_ms": record["deadline_ms"],
+            "goodput": {m: [lv["goodput"] for lv in r] for m, r in record["modes"].items()},
+            "loads": levels, "status": "ok"}
+    _finish({**record, "line": line}, folder, files)
+
+
+def _loads(text: str) -> list[float]:
+    from flashrt.errors import ConfigError
+
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not v > 0 for v in values):
+        raise ConfigError(f"--loads {text!r}: give positive multiples, e.g. 1,2,4,8")
+    return values
+
+
+def _modes(admission: bool, compare: bool) -> list[str]:
+    return ["off", "on"] if compare else (["on"] if admission else ["off"])
+
+
+class _target:
+    """(url, voice name, sample rate) of the server to measure; an in-process one is started and
+    stopped around the run."""
+
+    def __init__(self, voice: str, url: str | None, sample_rate: int | None, max_pending: int) -> None:
+        self.voice, self.url, self.rate, self.max_pending = voice, url, sample_rate, max_pending
+        self.thread = self.server = None
+
+    def __enter__(self) -> tuple[str, str, int]:
+        from flashrt.errors import ConfigError
+
+        if self.url is not None:
+            if self.rate is None:
+                raise ConfigError("--url needs --sample-rate (the voice's audio rate)")
+            return self.url.rstrip("/"), self.voice, self.rate
+        from flashrt.runner.tts import load_tts
+        from flashrt.serve.app import ServerLimits, SpeechServer
+        from flashrt.serve.cli import voice_name
+        from flashrt.serve.thread import ServerThread
+
+        name = voice_name(self.voice)
+        model = load_tts(self.voice)
+        self.server = SpeechServer({name: model}, ServerLimits(max_pending=self.max_pending))
+        self.thread = ServerThread(self.server)
+        return self.thread.url, name, int(model.sample_rate)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+        if self.server is not None:
+            self.server.close()
+
+
+async def _measure(url: str, voice: str, rate: int, levels: list[float], requests: int, warm: int,
+                   factor: float, modes: list[str], cancel_every: int, timeout: float, cap: float,
+                   seed: int) -> dict[str, Any]:
+    from flashrt.bench.serve_load import TEXTS, poisson_schedule, run_level, single_stream, summarize
+
+    bps = 2.0 * rate
+    cold, warm_runs = await single_stream(url, voice, TEXTS, warm, timeout, bps)
+    served = [o for o in warm_runs if o.served]
+    if not served:
+        from flashrt.errors import ConfigError
+
+        raise ConfigError(f"the server at {url} served none of {warm} sequential requests "
+                          f"({[o.status or o.error for o in warm_runs]})")
+    mean_total_s = sum(o.total_ms for o in served) / len(served) / 1e3
+    ttfa = sorted(o.ttfa_ms for o in served)[len(served) // 2]
+    capacity, deadline = 1.0 / mean_total_s, factor * ttfa
+    record: dict[str, Any] = {
+        "voice": voice, "url": url, "capacity_rps": capacity, "deadline_ms": deadline,
+        "single_stream": {"cold": _outcome(cold), "warm_ttfa_ms": ttfa, "warm_total_ms": mean_total_s * 1e3},
+        "requests_per_level": requests, "modes": {},
+    }
+    for mode in modes:
+        extra = {"ttfa_deadline_ms": deadline} if mode == "on" else None
+        results = []
+        for k, load in enumerate(levels):
+            schedule = poisson_schedule(load * capacity, requests, seed + k)
+            start = time.perf_counter()
+            outcomes = await run_level(url, voice, schedule, TEXTS, timeout, bps, cap, extra, cancel_every)
+            level = summarize(load, load * capacity, outcomes, deadline)
+            level.wall_s = time.perf_counter() - start
+            level.server = await _drained_health(url, voice, timeout)
+            results.append(level.to_dict())
+        record["modes"][mode] = results
+    return record
+
+
+def _outcome(o: Any) -> dict[str, Any]:
+    return {"status": o.status, "ttfa_ms": o.ttfa_ms, "total_ms": o.total_ms, "error": o.error}
+
+
+async def _drained_health(url: str, voice: str, timeout: float) -> dict[str, Any]:
+    """The server's statistics for `voice` once it holds no request (bounded wait)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        deadline = time.perf_counter() + timeout
+        while True:
+            health = (await client.get(f"{url}/health")).json()
+            chain = health.get("chains", {}).get(voice, {})
+            if chain.get("pending", 0) == 0 or time.perf_counter() > deadline:
+                stage = next(iter(chain.get("stages", {}).values()), {})
+                return {"refusals": health.get("refusals"), "outcomes": chain.get("outcomes"),
+                        "queue_ms": chain.get("queue_ms"), "service_ms": stage.get("service_ms"),
+                        "batch": stage.get("batch"), "fill": stage.get("fill")}
+            await asyncio.sleep(0.05)
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _render(record: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    single = record["single_stream"]
+    console = Console(stderr=True, width=140)
+    console.print(f"speech server, voice {record['voice']}: capacity {record['capacity_rps']:.2f} req/s "
+                  f"(warm request {single['warm_total_ms']:.0f} ms, TTFA {single['warm_ttfa_ms']:.0f} ms; "
+                  f"cold TTFA {_fmt(single['cold']['ttfa_ms'])} ms); goodput deadline "
+                  f"{record['deadline_ms']:.0f} ms")
+    for mode, levels in record["modes"].items():
+        table = Table(title=f"admission {mode}")
+        for col in ("load", "offered", "goodput", "served", "on time", "refused", "errors", "timeouts",
+                    "TTFA p50", "TTFA p99", "total p99", "RTF p50"):
+            table.add_column(col, justify="right")
+        for lv in levels:
+            table.add_row(f"{lv['load']:g}x", str(lv["offered"]), f"{lv['goodput']:.2f}", str(lv["served"]),
+                          str(lv["on_time"]), str(sum(lv["refused"].values())), str(lv["errors"]),
+                          str(lv["timeouts"]), _fmt(lv["ttfa_ms"]["p50"]), _fmt(lv["ttfa_ms"]["p99"]),
+                          _fmt(lv["total_ms"]["p99"]), _fmt(lv["rtf"]["p50"], 3))
+        console.print(table)
+
+
+def _plot(record: dict[str, Any], path: Path) -> str:
+    try:
+        from flashrt.profile.plots import _pyplot
+
+        plt = _pyplot()
+    except ImportError:
+        return "none (matplotlib not installed: pip install 'flashrt[plot]')"
+    fig, (good, p99) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, levels in record["modes"].items():
+        x = [lv["load"] for lv in levels]
+        good.plot(x, [lv["goodput"] for lv in levels], marker="o", label=f"admission {mode}")
+        tail = [lv["ttfa_ms"]["p99"] or float("nan") for lv in levels]
+        p99.plot(x, tail, marker="o", label=f"admission {mode}")
+    good.set(xlabel="offered load (x single-stream capacity)", ylabel="goodput", ylim=(0, 1.05), xscale="log")
+    p99.set(xlabel="offered load (x single-stream capacity)", ylabel="TTFA p99 of served (ms)", xscale="log")
+    p99.axhline(record["deadline_ms"], color="gray", linestyle="--", label="deadline")
+    for ax in (good, p99):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"flashrt serve, voice {record['voice']}: {record['requests_per_level']} requests per level")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
