@@ -216,7 +216,10 @@ def _plot(record: dict[str, Any], path: Path) -> str:
     good.set(xlabel="offered load (x single-stream capacity)", ylabel="goodput", ylim=(0, 1.05), xscale="log")
     p99.set(xlabel="offered load (x single-stream capacity)", ylabel="TTFA p99 of served (ms)", xscale="log")
     p99.axhline(record["deadline_ms"], color="gray", linestyle="--", label="deadline")
+    loads = [lv["load"] for lv in next(iter(record["modes"].values()))]
     for ax in (good, p99):
+        ax.set_xticks(loads, [f"{v:g}x" for v in loads])
+        ax.minorticks_off()
         ax.legend()
         ax.grid(alpha=0.3)
     fig.suptitle(f"flashrt serve, voice {record['voice']}: {record['requests_per_level']} requests per level")
