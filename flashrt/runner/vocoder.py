@@ -106,7 +106,18 @@ class Vocoder(StreamRunner):
     def buffer_specs(self) -> list:
         return self.frontend.buffer_specs()
 
-    def describe(self) -> str:
+    @property
+    def sample_rate(self) -> int:
+        """Audio samples per second of the output."""
+        return int(self.frontend.describe()["sample_rate"])
+
+    def describe(self) -> dict[str, Any]:
+        """What was chosen at load, as a dict (as every family's `describe()`; `summary()` is the line)."""
+        return {**self.frontend.describe(), "stream_chunk": self.stream_chunk,
+                "exact_stream": self.exact_stream}
+
+    def summary(self) -> str:
+        """`describe()` as one line for people."""
         d = self.frontend.describe()
         exact = ", one-shot through the stream windows" if self.exact_stream else ""
         length = " (each call at its own length)" if d["exact_length"] else ""

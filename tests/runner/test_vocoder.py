@@ -131,7 +131,8 @@ def test_the_runner_is_over_the_frontend_and_flashrt_points_here():
     voc = flashrt.load_vocoder(FIXTURES / "vocos_mel_tiny", buckets=(16,))
     assert isinstance(voc, Vocoder) and isinstance(voc.frontend, VocoderFrontend)
     assert isinstance(voc.frontend, StreamFrontend)
-    assert "vocos vocoder" in voc.describe() and voc.frontend.describe()["exact_length"] is True
+    assert "vocos vocoder" in voc.summary() and voc.describe()["exact_length"] is True
+    assert voc.sample_rate == voc.describe()["sample_rate"] and isinstance(voc.sample_rate, int)
 
 
 class _Largest(TorchDispatchMode):

@@ -162,7 +162,7 @@ def test_snac_noise_seeded_decodes_with_the_noise_blocks():
     bench = vb.FACTORIES["snac"](profile(model={"noise_mode": "seeded"}), None, "cpu")
     try:
         assert bench.voc.config.noise and bench.voc.config.noise_mode == "seeded"
-        assert "noise seeded" in bench.voc.describe()
+        assert "noise seeded" in bench.voc.summary()
         x = bench.make_inputs(0)[0]
         assert torch.equal(bench.run(x, StageTimer())["audio"], bench.run(x, StageTimer())["audio"])
         with pytest.raises(ReferenceUnavailable, match="unseeded noise"):

@@ -76,7 +76,7 @@ def test_default_stream_equals_one_shot_bit_for_bit(piece, chunk, backend):
     io = _io("bigvgan_tiny_wn")
     voc = load_vocoder(FIXTURES / "bigvgan_tiny_wn", batch=2, buckets=(37,), stream_chunk=chunk,
                        backend=backend)
-    assert "phase-split dilated convs" in voc.describe() and "spectral" not in voc.describe()
+    assert "phase-split dilated convs" in voc.summary() and "spectral" not in voc.summary()
     mel = io["mel"]
     parts = list(voc.stream(mel[..., i:i + piece] for i in range(0, 37, piece)))
     assert torch.equal(torch.cat(parts, -1), voc(mel))
@@ -203,7 +203,7 @@ def test_native_activations_stream_bit_for_bit_and_match_the_torch_form():
     module = prepare_module(fam, random_module(fam, cfg, 0, "cpu", torch.float32), "cpu", torch.float32)
     voc = Vocoder(fam, cfg, module, buckets=(60,), stream_chunk=8).capture()
     # 2 stages x 2 blocks x 6, and the last one
-    assert "25 anti-aliased activations in the native CPU kernel" in voc.describe()
+    assert "25 anti-aliased activations in the native CPU kernel" in voc.summary()
     mel = torch.randn(1, 20, 60, generator=torch.Generator().manual_seed(0))
     one_shot = voc(mel)
     parts = list(voc.stream(mel[..., i:i + 7] for i in range(0, 60, 7)))

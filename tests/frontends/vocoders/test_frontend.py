@@ -41,7 +41,7 @@ def test_describe_warns_when_a_call_is_padded_by_more_than_half():
     voc = load_vocoder(HIFIGAN, backend="trace", buckets=(64, 256), stream_chunk=4)
     voc(torch.randn(1, 16, 60))                          # 64: +7 %
     voc(torch.randn(1, 16, 171))                         # 256: +49.7 %, just under the limit
-    assert voc.frontend.describe()["warnings"] == [] and "WARNING" not in voc.describe()
+    assert voc.frontend.describe()["warnings"] == [] and "WARNING" not in voc.summary()
     voc(torch.randn(1, 16, 100))                         # 256: +156 %
     d = voc.frontend.describe()
     assert d["padding"] | {"worst_overhead": 0} == {"windows": 3, "over_limit": 1, "limit": PADDING_WARN,
@@ -49,7 +49,7 @@ def test_describe_warns_when_a_call_is_padded_by_more_than_half():
                                                      "worst_bucket": 256}
     assert d["padding"]["worst_overhead"] == pytest.approx(1.56)
     assert len(d["warnings"]) == 1 and "100 frames replayed at the 256-frame bucket" in d["warnings"][0]
-    assert "WARNING: 1 of 3 window(s) padded by more than 50 %" in voc.describe()
+    assert "WARNING: 1 of 3 window(s) padded by more than 50 %" in voc.summary()
 
 
 @pytest.mark.parametrize(("frames", "bucket", "warned"), [(2, 3, False), (2, 4, True), (10, 15, False),
