@@ -12,6 +12,7 @@ __all__ = ["OPTIONAL", "missing_package_hint"]
 OPTIONAL: dict[str, tuple[str, str]] = {  # import name -> (distribution, extra that installs it)
     "uvicorn": ("uvicorn", "serve"),
     "starlette": ("starlette", "serve"),
+    "prometheus_client": ("prometheus-client", "serve"),
     "websockets": ("websockets", "robot"),
     "msgpack": ("msgpack", "robot"),
     "onnx": ("onnx", "onnx"),

@@ -4,6 +4,11 @@
                             -> audio streamed as it is produced (chunked transfer)
     GET  /v1/models         the loaded voices, OpenAI list format
     GET  /health            status, voices, chain statistics
+    GET  /metrics           Prometheus metrics (`flashrt.serve.metrics`)
+
+With an API key (``SpeechServer(..., api_key=...)``, ``flashrt serve --api-key``) every ``/v1/`` route
+wants ``Authorization: Bearer <key>`` (what OpenAI's clients send) and answers 401 ``invalid_api_key``
+otherwise; ``/health`` and ``/metrics`` stay open for probes and scrapers.
 
 ASGI stack: Starlette + uvicorn (small, maintained, no extra schema layer; the request body is checked
 here field by field so each error names its field). Requests are validated, then submitted to the
@@ -45,6 +50,7 @@ import asyncio
 import json
 import math
 import struct
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -123,9 +129,13 @@ class Speech:
 class SpeechServer:
     """The voices, one chain each, and the request checks (module docstring)."""
 
-    def __init__(self, voices: Mapping[str, Any], limits: ServerLimits = ServerLimits()) -> None:
+    def __init__(self, voices: Mapping[str, Any], limits: ServerLimits = ServerLimits(),
+                 api_key: str | None = None) -> None:
         if not voices:
             raise ValueError("a speech server needs at least one voice")
+        if api_key is not None and not api_key.strip():
+            raise ValueError("an API key must not be empty")
+        self.api_key = api_key
         self.voices, self.limits = dict(voices), limits
         self.refusals = {"server_busy": 0, "deadline_unmeetable": 0}
         self.chains = {
@@ -137,7 +147,22 @@ class SpeechServer:
             )
             for name, model in self.voices.items()
         }
+        from flashrt.serve import metrics
 
+        self.metrics = metrics.SpeechMetrics(self.chains) if metrics.available() else None
+
+    def authorized(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` header carries this server's key (always, without a key)."""
+        if self.api_key is None:
+            return True
+        import hmac
+
+        scheme, _, key = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), self.api_key.encode())
+
+    def answered(self, voice: str, status: int, code: str = "") -> None:
+        if self.metrics is not None:
+            self.metrics.answered(voice, status, code)
     @staticmethod
     def _stage(model: Any):
         def speak(items, request):
@@ -347,16 +372,22 @@ async def _cancel_on_disconnect(request: Any, handle: Any) -> None:
 def build_app(server: SpeechServer):
     """The Starlette application of `server` (routes of the module docstring)."""
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, StreamingResponse
+    from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
     async def speech(request):
+        arrived, job = time.perf_counter(), None
         try:
+            if not server.authorized(request.headers.get("authorization")):
+                raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
             job = server.parse(await _read_body(request, server.limits.max_body_bytes))
             head, chunks, handle = await server.speak(job)
         except ApiError as exc:
+            server.answered(job.voice if job else "", exc.status, exc.code)
             return _error(exc, server.limits.retry_after_s)
         watcher = asyncio.ensure_future(_cancel_on_disconnect(request, handle))
+        if server.metrics is not None:
+            server.metrics.ttfa.labels(job.voice).observe(time.perf_counter() - arrived)
 
         async def body():
             try:
@@ -369,10 +400,15 @@ def build_app(server: SpeechServer):
                 watcher.cancel()
                 handle.cancel()  # a disconnect lands here too: every stage stops
                 await chunks.aclose()
+                server.answered(job.voice, 200, "" if handle.state == "done" else handle.state)
+                if server.metrics is not None:
+                    server.metrics.total.labels(job.voice).observe(time.perf_counter() - arrived)
 
         return StreamingResponse(body(), media_type=FORMATS[job.fmt])
 
     async def models(request):
+        if not server.authorized(request.headers.get("authorization")):
+            return _error(ApiError(401, "Incorrect API key provided", code="invalid_api_key"))
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "flashrt"} for name in server.voices
         ]
@@ -380,6 +416,13 @@ def build_app(server: SpeechServer):
 
     async def health(request):
         return JSONResponse(server.health())
+
+    async def metrics(request):
+        if server.metrics is None:
+            return _error(ApiError(501, "metrics need the prometheus_client package (pip install "
+                                   "'flashrt[serve]')", code="not_implemented"))
+        body, content_type = server.metrics.render()
+        return Response(body, media_type=content_type)
 
     async def unexpected(request, exc):
         return _error(ApiError(500, f"internal error: {type(exc).__name__}", code="server_error"))
@@ -390,5 +433,6 @@ def build_app(server: SpeechServer):
             Route("/v1/audio/speech", speech, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
         ]
     )

@@ -45,9 +45,12 @@ def serve(
             "call of each shape pays its kernel setup)"
         ),
     ] = True,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", help="require 'Authorization: Bearer KEY' on /v1/ routes (set it when binding beyond "
+        "this machine)")] = None,
     snac_noise: SnacNoiseOpt = None,
 ) -> None:
-    """Serve POST /v1/audio/speech, GET /v1/models and GET /health (OpenAI-compatible)."""
+    """Serve POST /v1/audio/speech, GET /v1/models, GET /health and GET /metrics (OpenAI-compatible)."""
     import uvicorn
 
     from flashrt.runner.tts import load_tts, snac_options
@@ -57,6 +60,9 @@ def serve(
     check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)  # before any voice loads
     resolve_device(device)
     sources = named_sources(voice or ["en_US-joe-medium"])
+    if api_key is None and not _loopback(host):
+        typer.echo(f"flashrt serve: WARNING: {host} is reachable from other machines and no --api-key is "
+                   "set: anyone who can connect may use these voices", err=True)
     sock = bind(host, port)
     server = None
     try:
@@ -69,7 +75,7 @@ def serve(
                     pass
         limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout,
                               ttfa_deadline_ms=ttfa_deadline_ms)
-        server = SpeechServer(voices, limits)
+        server = SpeechServer(voices, limits, api_key=api_key)
         bound = sock.getsockname()[1]
         typer.echo(f"flashrt serve: voices {sorted(voices)} on http://{host}:{bound}")
         config = uvicorn.Config(build_app(server), log_level="warning")
@@ -106,6 +112,17 @@ def named_sources(specs: list[str]) -> dict[str, str]:
                               f"name them with NAME=SOURCE")
         named[name] = source
     return named
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -267,3 +267,49 @@ def test_a_bad_deadline_is_a_422(fake, value):
     body = json.dumps({"model": "fake", "voice": "fake", "input": "hi", "ttfa_deadline_ms": value})
     r = _raw(fake.url, body.replace("Infinity", "1e400").encode())
     assert r.status_code == 422 and r.json()["error"]["param"] == "ttfa_deadline_ms"
+
+
+# ------------------------------------------------------------------------------- API key and /metrics
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    speech = SpeechServer({"fake": _Refuses()}, api_key="s3cret")
+    running = RunningServer(speech)
+    yield running, speech
+    running.stop()
+    speech.close()
+
+
+def test_with_a_key_the_v1_routes_want_it(keyed):
+    running, _ = keyed
+    body = {"model": "fake", "voice": "fake", "input": "hi"}
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic s3cret"}):
+        r = httpx.post(running.url + "/v1/audio/speech", json=body, headers=headers, timeout=WAIT)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(running.url + "/v1/models", headers=headers).status_code == 401
+    ok = httpx.post(running.url + "/v1/audio/speech", json=body, headers={"authorization": "Bearer s3cret"},
+                    timeout=WAIT)
+    assert ok.status_code == 200 and len(ok.content) == 44 + 1600
+    assert httpx.get(running.url + "/health").status_code == 200  # probes stay open
+
+
+def test_metrics_parse_with_prometheus_client_and_count_what_happened(fake):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert _raw(fake.url, _req()).status_code == 200
+    assert _raw(fake.url, _req(input="this is forbidden")).status_code == 400
+    r = httpx.get(fake.url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for s in families["flashrt_speech_requests"].samples}
+    ok = samples[("flashrt_speech_requests_total", (("code", ""), ("status", "200"), ("voice", "fake")))]
+    refused = samples[("flashrt_speech_requests_total",
+                       (("code", "invalid_input"), ("status", "400"), ("voice", "fake")))]
+    assert ok >= 1 and refused >= 1
+    ttfa = [s for s in families["flashrt_speech_ttfa_seconds"].samples if s.name.endswith("_count")]
+    assert ttfa and ttfa[0].value >= 1
+    depth = {s.labels["state"]: s.value for s in families["flashrt_speech_queue_depth"].samples
+             if s.labels["voice"] == "fake"}
+    assert depth == {"queued": 0, "running": 0}
