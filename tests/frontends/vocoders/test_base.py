@@ -231,7 +231,7 @@ def test_buffers_are_declared_once(voc):
     assert set(names) == {"features", "length", "offset", "audio"}
     assert names["audio"].shape == (2, voc.max_frames * 16)
     assert "features" in voc.buffers.summary() and voc.buffers.nbytes() > 0
-    assert "hifigan vocoder" in voc.describe()
+    assert "hifigan vocoder" in voc.summary()
 
 
 # -------------------------------------------------------------------------------------------- cards

@@ -34,7 +34,7 @@ def test_the_eager_path_runs_each_call_at_its_own_length():
     eager(torch.randn(1, 16, 100))
     d = eager.frontend.describe()
     assert d["padding"]["windows"] == 1 and d["padding"]["worst_overhead"] == 0 and d["warnings"] == []
-    assert "WARNING" not in eager.describe()
+    assert "WARNING" not in eager.summary()
 
 
 def test_describe_warns_when_a_call_is_padded_by_more_than_half():

@@ -35,7 +35,7 @@ def _io(name: str) -> dict[str, torch.Tensor]:
 def test_parity_with_reference(name, conv):
     io = _io(name)
     voc = load_vocoder(FIXTURES / name, batch=2, buckets=(40,), conv=conv, **CASES[name])
-    assert voc.describe().count("spectral convs") == (conv == "spectral")   # tiny sizes: auto is all direct
+    assert voc.summary().count("spectral convs") == (conv == "spectral")   # tiny sizes: auto is all direct
     got = voc(io["mel"])
     assert got.shape == io["audio"].shape
     assert (got - io["audio"]).abs().max() <= 1e-5

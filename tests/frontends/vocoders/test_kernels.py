@@ -19,5 +19,5 @@ def test_meta_count_does_not_depend_on_the_bucket_and_is_described(name):
     counts = {b: kernels_per_replay(voc.frontend, b) for b in (40, 64)}
     assert counts[40].by_op == counts[64].by_op and counts[64].total > 20
     assert voc.frontend.describe()["kernels_per_replay"] == counts[64].total
-    assert f"{counts[64].total:,d} kernels per replay" in voc.describe()
+    assert f"{counts[64].total:,d} kernels per replay" in voc.summary()
 

@@ -82,7 +82,7 @@ def test_spectral_convs_match_reference(name):
     """Every family with every eligible conv forced onto the block-spectral path (`conv="spectral"`)."""
     voc = _load(FIXTURES / name, conv="spectral")
     if EXPECTED[name][0] in ("hifigan", "bigvgan"):                    # SNAC and Vocos have no such convs
-        assert "spectral convs" in voc.describe()
+        assert "spectral convs" in voc.summary()
     inputs, want = _reference(name)
     got = voc(*inputs)
     assert float((got - want).abs().max()) <= TOL

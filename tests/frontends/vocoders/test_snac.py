@@ -187,8 +187,8 @@ def test_noise_is_chosen_at_load_and_described():
     off = load_vocoder(FIXTURES / name, buckets=(16,))
     seeded = load_vocoder(FIXTURES / name, buckets=(16,), overrides={"noise_mode": "seeded", "noise_seed": 3})
     assert off.config.noise_mode == "off" and "noise off: the released decoder's noise is dropped" in \
-        off.describe() and "--snac-noise seeded" in off.describe()
-    assert "noise seeded (noise_seed 3)" in seeded.describe()
+        off.summary() and "--snac-noise seeded" in off.summary()
+    assert "noise seeded (noise_seed 3)" in seeded.summary()
     assert seeded.frontend.describe()["notes"] == get_family("snac").notes(seeded.config)
     codes = _random_codes(off.config, 12, seed=1)
     assert _max_diff(seeded(codes), off(codes)) > 1e-3
