@@ -13,6 +13,7 @@ OPTIONAL: dict[str, tuple[str, str]] = {  # import name -> (distribution, extra 
     "uvicorn": ("uvicorn", "serve"),
     "starlette": ("starlette", "serve"),
     "prometheus_client": ("prometheus-client", "serve"),
+    "soxr": ("soxr", "serve"),
     "websockets": ("websockets", "robot"),
     "msgpack": ("msgpack", "robot"),
     "onnx": ("onnx", "onnx"),

@@ -3,7 +3,7 @@
     flashrt bench serve --voice en_US-joe-medium --loads 1,2,4,8 --requests 24 --compare-admission
 
 Without ``--url`` it serves the voice in this process (127.0.0.1, a free port) and measures that
-server; with ``--url`` it measures a running `flashrt serve` (give its ``--sample-rate``). Admission:
+server; with ``--url`` it measures a running `flashrt serve`. Requests ask for ``pcm`` (24 kHz). Admission:
 "on" sends each request with ``ttfa_deadline_ms`` = the goodput deadline, so the server refuses at once
 what it cannot start in time (503 ``deadline_unmeetable``); ``--compare-admission`` runs both on the
 same trace, side by side. Tables on stderr, results.json and serve.png under ``--out``, one JSON line
@@ -27,7 +27,6 @@ def bench_serve(
     = "en_US-joe-medium",
     url: Annotated[str | None, typer.Option(help="measure this running server instead (http://127.0.0.1:8000)")]
     = None,
-    sample_rate: Annotated[int | None, typer.Option(help="the voice's rate, with --url")] = None,
     loads: Annotated[str, typer.Option(help="offered loads, multiples of single-stream capacity")]
     = "1,2,4,8",
     requests: Annotated[int, typer.Option(help="requests offered per load level")] = 24,
@@ -51,8 +50,8 @@ def bench_serve(
     if requests < 1 or warm < 1 or not ttfa_factor > 0 or not timeout > 0 or not level_cap > 0:
         raise ConfigError("--requests and --warm must be >= 1; --ttfa-factor, --timeout, --level-cap > 0")
     folder = _out_dir(out, "serve", Path(voice).name or voice, "speech")
-    with _target(voice, url, sample_rate, max_pending) as (base, name, rate):
-        record = asyncio.run(_measure(base, name, rate, levels, requests, warm, ttfa_factor,
+    with _target(voice, url, max_pending) as (base, name):
+        record = asyncio.run(_measure(base, name, levels, requests, warm, ttfa_factor,
                                       _modes(admission, compare_admission), cancel_every, timeout,
                                       level_cap, seed))
     _render(record)
@@ -87,17 +86,13 @@ class _target:
     """(url, voice name, sample rate) of the server to measure; an in-process one is started and
     stopped around the run."""
 
-    def __init__(self, voice: str, url: str | None, sample_rate: int | None, max_pending: int) -> None:
-        self.voice, self.url, self.rate, self.max_pending = voice, url, sample_rate, max_pending
+    def __init__(self, voice: str, url: str | None, max_pending: int) -> None:
+        self.voice, self.url, self.max_pending = voice, url, max_pending
         self.thread = self.server = None
 
-    def __enter__(self) -> tuple[str, str, int]:
-        from flashrt.errors import ConfigError
-
+    def __enter__(self) -> tuple[str, str]:
         if self.url is not None:
-            if self.rate is None:
-                raise ConfigError("--url needs --sample-rate (the voice's audio rate)")
-            return self.url.rstrip("/"), self.voice, self.rate
+            return self.url.rstrip("/"), self.voice
         from flashrt.runner.tts import load_tts
         from flashrt.serve.app import ServerLimits, SpeechServer
         from flashrt.serve.cli import voice_name
@@ -107,7 +102,7 @@ class _target:
         model = load_tts(self.voice)
         self.server = SpeechServer({name: model}, ServerLimits(max_pending=self.max_pending))
         self.thread = ServerThread(self.server)
-        return self.thread.url, name, int(model.sample_rate)
+        return self.thread.url, name
 
     def __exit__(self, *exc: object) -> None:
         if self.thread is not None:
@@ -116,12 +111,13 @@ class _target:
             self.server.close()
 
 
-async def _measure(url: str, voice: str, rate: int, levels: list[float], requests: int, warm: int,
+async def _measure(url: str, voice: str, levels: list[float], requests: int, warm: int,
                    factor: float, modes: list[str], cancel_every: int, timeout: float, cap: float,
                    seed: int) -> dict[str, Any]:
     from flashrt.bench.serve_load import TEXTS, poisson_schedule, run_level, single_stream, summarize
+    from flashrt.serve.app import PCM_RATE
 
-    bps = 2.0 * rate
+    bps = 2.0 * PCM_RATE  # the requests ask for OpenAI's pcm: 16-bit mono at 24 kHz
     cold, warm_runs = await single_stream(url, voice, TEXTS, warm, timeout, bps)
     served = [o for o in warm_runs if o.served]
     if not served:

@@ -36,7 +36,10 @@ size is served or refused, never wedged. A client that disconnects cancels its r
 watcher on the connection, not the next chunk's failed write); a client that stops reading has its
 request cancelled after ``send_timeout_s`` without a read, so the voice serves the next one.
 Streamed WAV: a 44-byte header with unknown length (0xFFFFFFFF, as streaming encoders write), then
-16-bit PCM; ``pcm`` is the raw 16-bit little-endian samples.
+16-bit PCM at the voice's own rate; ``pcm`` is raw 16-bit little-endian mono at 24 kHz, as OpenAI
+defines it: a voice of another rate is resampled on the fly with soxr (`soxr.ResampleStream`, its
+chunks concatenate to the one-shot resampling bit for bit), so clients written for OpenAI play it at
+the right speed. Every audio response says its rate in an ``X-Sample-Rate`` header.
 ``model`` may be a voice name, ``flashrt`` or an OpenAI model name (tts-1, tts-1-hd, gpt-4o-mini-tts);
 ``voice`` picks the loaded voice, or, when ``model`` names a loaded model that lists ``speakers``, one of
 those (passed to its ``stream(..., voice=speaker)``). ``ttfa_deadline_ms`` (a flashrt extension, like
@@ -64,6 +67,7 @@ __all__ = ["ServerLimits", "SpeechServer", "build_app", "wav_header", "OPENAI_MO
 
 OPENAI_MODELS = ("flashrt", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
+PCM_RATE = 24_000  # OpenAI's pcm: 24 kHz, 16-bit little-endian, mono
 FIELDS = {
     "model": str,
     "input": str,
@@ -96,6 +100,39 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.retry_after_s = retry_after_s
+
+
+class _Encoder:
+    """Audio chunks -> response bytes: WAV at the voice's rate, or OpenAI's 24 kHz pcm (resampled with
+    a soxr stream whose tail `end()` flushes)."""
+
+    def __init__(self, fmt: str, voice_rate: int) -> None:
+        self.fmt, self.voice_rate = fmt, voice_rate
+        self.rate = PCM_RATE if fmt == "pcm" else voice_rate
+        self._stream = None
+        if self.rate != voice_rate:
+            import soxr
+
+            self._stream = soxr.ResampleStream(voice_rate, self.rate, 1, dtype="float32", quality="HQ")
+
+    def head(self) -> bytes:
+        return wav_header(self.rate) if self.fmt == "wav" else b""
+
+    def __call__(self, chunk: Any) -> bytes:
+        if self._stream is None:
+            return pcm16(chunk)
+        return pcm16(self._stream.resample_chunk(_float32(chunk), last=False))
+
+    def end(self) -> bytes:
+        if self._stream is None:
+            return b""
+        return pcm16(self._stream.resample_chunk(_float32([]), last=True))
+
+
+def _float32(chunk: Any) -> Any:
+    import numpy as np
+
+    return np.ascontiguousarray(np.asarray(chunk, dtype=np.float32).reshape(-1))
 
 
 def wav_header(sample_rate: int) -> bytes:
@@ -238,8 +275,9 @@ class SpeechServer:
 
     # ---------------------------------------------------------------------------------- serving
 
-    async def speak(self, job: Speech) -> tuple[bytes, AsyncIterator[Any], Any]:
-        """Submit, wait for the first chunk; (first bytes, the rest, the chain request)."""
+    async def speak(self, job: Speech) -> tuple[bytes, AsyncIterator[Any], Any, _Encoder]:
+        """Submit, wait for the first chunk; (first bytes, the rest, the chain request, the encoder of
+        the rest)."""
         chain = self.chains[job.voice]
         self._admit(chain, job)
         try:
@@ -262,9 +300,8 @@ class SpeechServer:
         except BaseException:
             request.cancel()
             raise
-        rate = self.voices[job.voice].sample_rate
-        head = (wav_header(rate) if job.fmt == "wav" else b"") + pcm16(first)
-        return head, chunks, request
+        encoder = _Encoder(job.fmt, int(self.voices[job.voice].sample_rate))
+        return encoder.head() + encoder(first), chunks, request, encoder
 
     def _admit(self, chain: Chain, job: Speech) -> None:
         """503 at once when the first audio could not come within the request's deadline."""
@@ -381,7 +418,7 @@ def build_app(server: SpeechServer):
             if not server.authorized(request.headers.get("authorization")):
                 raise ApiError(401, "Incorrect API key provided", code="invalid_api_key")
             job = server.parse(await _read_body(request, server.limits.max_body_bytes))
-            head, chunks, handle = await server.speak(job)
+            head, chunks, handle, encoder = await server.speak(job)
         except ApiError as exc:
             server.answered(job.voice if job else "", exc.status, exc.code)
             return _error(exc, server.limits.retry_after_s)
@@ -393,7 +430,8 @@ def build_app(server: SpeechServer):
             try:
                 yield head
                 async for chunk in chunks:
-                    yield pcm16(chunk)
+                    yield encoder(chunk)
+                yield encoder.end()
             except SlowConsumer:
                 return  # the client stopped reading: its request is gone, the response ends here
             finally:
@@ -404,7 +442,8 @@ def build_app(server: SpeechServer):
                 if server.metrics is not None:
                     server.metrics.total.labels(job.voice).observe(time.perf_counter() - arrived)
 
-        return StreamingResponse(body(), media_type=FORMATS[job.fmt])
+        return StreamingResponse(body(), media_type=FORMATS[job.fmt],
+                                 headers={"X-Sample-Rate": str(encoder.rate)})
 
     async def models(request):
         if not server.authorized(request.headers.get("authorization")):

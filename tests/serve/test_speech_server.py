@@ -79,12 +79,20 @@ def test_models_and_health(client, server):
     assert health["status"] == "ok" and health["voices"] == [VOICE]
 
 
-def test_pcm_format(client, tts):
+def test_pcm_is_24khz_as_openai_defines_it(client, tts):
+    """pcm: 16-bit mono at 24 kHz (OpenAI's definition): the 22,050 Hz voice resampled on the fly, equal
+    to soxr's one-shot resampling of the whole utterance; the rate is in X-Sample-Rate."""
+    import soxr
+
     with client.audio.speech.with_streaming_response.create(
-        model=VOICE, voice=VOICE, input="Raw samples.", response_format="pcm", extra_body={"seed": 2}
+        model=VOICE, voice=VOICE, input="Raw samples. Two sentences.", response_format="pcm",
+        extra_body={"seed": 2}
     ) as r:
+        assert r.headers["x-sample-rate"] == "24000"
         got = np.frombuffer(r.read(), dtype="<i2")
-    assert np.abs(got.astype(np.int32) - _want(tts, "Raw samples.", 2)).max() <= 1
+    want = np.frombuffer(pcm16(soxr.resample(tts("Raw samples. Two sentences.", seed=2), 22050, 24000,
+                                             quality="HQ")), dtype="<i2")
+    assert got.shape == want.shape and np.abs(got.astype(np.int32) - want).max() <= 1
 
 
 def test_eight_concurrent_clients(client, tts):

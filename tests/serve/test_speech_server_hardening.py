@@ -44,7 +44,7 @@ def _want(tts, text: str, seed: int) -> np.ndarray:
     return np.frombuffer(pcm16(tts(text, seed=seed)), dtype="<i2")
 
 
-def _post(url: str, text: str, seed: int, fmt: str = "pcm") -> httpx.Response:
+def _post(url: str, text: str, seed: int, fmt: str = "wav") -> httpx.Response:
     body = {"model": "tts-1", "voice": VOICE, "input": text, "response_format": fmt, "seed": seed}
     return httpx.post(url + "/v1/audio/speech", json=body, timeout=WAIT)
 
@@ -62,7 +62,7 @@ def test_a_burst_beyond_slots_and_executor_threads_is_served_or_refused_never_we
         served = [i for i, r in enumerate(replies) if r.status_code == 200]
         assert served and all(r.status_code in (200, 503) for r in replies)
         for i in served:
-            got = np.frombuffer(replies[i].content, dtype="<i2")
+            got = np.frombuffer(replies[i].content[44:], dtype="<i2")
             want = _want(tts, texts[i], i)
             assert got.shape == want.shape and np.abs(got.astype(np.int32) - want).max() <= 1
         for r in replies:
@@ -70,7 +70,7 @@ def test_a_burst_beyond_slots_and_executor_threads_is_served_or_refused_never_we
                 assert r.json()["error"]["code"] == "server_busy"
         after = _post(running.url, "Still serving.", 7)  # and the server is not left full
         assert after.status_code == 200
-        got = np.frombuffer(after.content, "<i2").astype(np.int32)
+        got = np.frombuffer(after.content[44:], "<i2").astype(np.int32)
         assert np.abs(got - _want(tts, "Still serving.", 7)).max() <= 1
         assert speech.chains[VOICE].stats()["pending"] == 0
     finally:
@@ -104,7 +104,7 @@ def test_a_client_that_never_reads_loses_its_request_and_the_others_are_served_e
         for i, r in enumerate(replies):
             assert r.status_code == 200
             want = _want(tts, f"Reader {i} reads.", i)
-            assert np.abs(np.frombuffer(r.content, "<i2").astype(np.int32) - want).max() <= 1
+            assert np.abs(np.frombuffer(r.content[44:], "<i2").astype(np.int32) - want).max() <= 1
         outcomes = speech.chains[VOICE].stats()["outcomes"]
         assert outcomes["send_timeout"] == 1 and outcomes["done"] == 2
     finally:
