@@ -21,7 +21,8 @@ QUANTIZED = ("int8", "fp8")
 
 
 def calibrate(
-    path: Annotated[Path, typer.Argument(help="checkpoint folder")],
+    path: Annotated[str, typer.Argument(help="checkpoint folder, or a hub id in the local Hugging Face "
+                                        "cache")],
     recipe: Annotated[str, typer.Option(help="recipe name (calibration/NAME.toml) or TOML path; "
                                              "default: the family's")] = "",
     samples: Annotated[int | None, typer.Option(help="calibration samples (default: the recipe's)")] = None,
@@ -47,7 +48,9 @@ def calibrate(
     from flashrt.runner.policy import cli_options
 
     options = cli_options(tokenizer, embodiment)
-    policy = flashrt.load_policy(path, device=device, precision=precision, **options,
+    from flashrt.io.hub import resolve_checkpoint
+
+    policy = flashrt.load_policy(resolve_checkpoint(path), device=device, precision=precision, **options,
                                  calibration=Calibration(recipe=recipe, samples=samples, data=observations,
                                                          cache_dir=cache_dir, progress=not as_json))
     info = dict(policy.frontend.quantization or {})

@@ -107,7 +107,8 @@ def export_graphs(path: Path, out: Path, buckets: list[int] | None = None, kind:
 
 
 def export(
-    path: Annotated[Path, typer.Argument(help="policy folder or vocoder checkpoint/folder")],
+    path: Annotated[str, typer.Argument(help="policy folder or vocoder checkpoint/folder, or a hub id in "
+                                        "the local Hugging Face cache")],
     out: Annotated[Path, typer.Option("-o", "--out", help="output folder")],
     format: Annotated[str, typer.Option("--format", help="onnx")] = "onnx",
     bucket: Annotated[list[int] | None, typer.Option("--bucket", help="a shape bucket (repeat); "
@@ -138,7 +139,9 @@ def export(
         options["calibration"] = {"recipe": recipe, "progress": not as_json}
     elif precision in ("int8", "fp8"):
         options["calibration"] = {"progress": not as_json}
-    manifest = export_graphs(path, out, bucket, kind, cache_dir, **options)
+    from flashrt.io.hub import resolve_checkpoint
+
+    manifest = export_graphs(resolve_checkpoint(path), out, bucket, kind, cache_dir, **options)
     if as_json:
         typer.echo(json.dumps(manifest, indent=1))
         return

@@ -11,7 +11,8 @@ __all__ = ["serve_policy"]
 
 
 def serve_policy(
-    path: Annotated[Path, typer.Argument(help="a policy checkpoint folder (lerobot or openpi layout)")],
+    path: Annotated[str, typer.Argument(help="a policy checkpoint folder (lerobot or openpi layout), or a "
+                                        "hub id in the local Hugging Face cache")],
     host: Annotated[str, typer.Option(help="address to bind (127.0.0.1: this machine only)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0: any free port)")] = 8000,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto")] = "cpu",
@@ -34,7 +35,10 @@ def serve_policy(
         raise ConfigError(f"--max-message-mb {max_message_mb} must lie in (0, 4096]")
     if max_connections < 1:
         raise ConfigError(f"--max-connections {max_connections} must be at least 1")
-    policy = load_policy(path, device=device, precision=precision, **cli_options(tokenizer, embodiment))
+    from flashrt.io.hub import resolve_checkpoint
+
+    policy = load_policy(resolve_checkpoint(path), device=device, precision=precision,
+                         **cli_options(tokenizer, embodiment))
     limit = None if max_message_mb is None else int(max_message_mb * 2**20)
     server = PolicyServer(policy, host, port, max_message_bytes=limit, max_connections=max_connections)
     typer.echo(f"flashrt serve-policy: {path} on ws://{server.host}:{server.port} (GET /healthz; messages "

@@ -88,3 +88,41 @@ def test_hf_hub_offline_is_honoured_even_when_downloads_are_allowed(hub_cache, n
     with pytest.raises(CheckpointError, match="hubertsiuzdak/snac_44khz"):
         load_vocoder("hubertsiuzdak/snac_44khz", allow_download=True)
     assert not no_network  # offline: huggingface_hub never opened a connection
+
+
+def test_the_cli_takes_hub_ids_like_the_python_api(hub_cache, no_network, tmp_path, monkeypatch, capsys):
+    """serve-policy, calibrate and export resolve a hub id from the local cache, as load_policy does
+    (#33.3); a Path-typed argument used to turn the id into a missing local folder."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from support import pi0_e2e as E2E
+
+    from flashrt.cli import main
+    from flashrt.serve import policy_server
+
+    root, _ = hub_cache
+    policy_dir = E2E.case("pi05_cam1").policy_dir
+    write_hub_cache(root, "someone/pi05_tiny", policy_dir)
+    served = []
+
+    class Stub:
+        def __init__(self, policy, *args, **kwargs):
+            served.append(policy)
+            self.host, self.port, self.max_message_bytes = "127.0.0.1", 0, 1
+
+        def serve_forever(self):
+            return None
+
+        def close(self):
+            return None
+
+    monkeypatch.setattr(policy_server, "PolicyServer", Stub)
+    code = main(["serve-policy", "someone/pi05_tiny", "--tokenizer", str(E2E.TOKENIZER)])
+    assert code == 0, capsys.readouterr().err
+    assert served and served[0].chunk_size == 6
+    out = tmp_path / "onnx"
+    code = main(["export", "hubertsiuzdak/snac_24khz", "-o", str(out), "--bucket", "8", "--json"])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "manifest.json").is_file()
+    assert not no_network
