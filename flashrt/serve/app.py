@@ -35,11 +35,13 @@ async wait is an asyncio future), so any number of clients beyond ``max_pending`
 size is served or refused, never wedged. A client that disconnects cancels its request at once (a
 watcher on the connection, not the next chunk's failed write); a client that stops reading has its
 request cancelled after ``send_timeout_s`` without a read, so the voice serves the next one.
-Streamed WAV: a 44-byte header with unknown length (0xFFFFFFFF, as streaming encoders write), then
-16-bit PCM at the voice's own rate; ``pcm`` is raw 16-bit little-endian mono at 24 kHz, as OpenAI
-defines it: a voice of another rate is resampled on the fly with soxr (`soxr.ResampleStream`, its
-chunks concatenate to the one-shot resampling bit for bit), so clients written for OpenAI play it at
-the right speed. Every audio response says its rate in an ``X-Sample-Rate`` header.
+``wav``: one complete file at the voice's own rate with its true length in the header, sent once the
+utterance is done (a reader that trusts the header gets the right duration); for audio as it is
+synthesized ask for ``pcm`` (as OpenAI advises for low latency): raw 16-bit little-endian mono at
+24 kHz, as OpenAI defines it, streamed chunk by chunk: a voice of another rate is resampled on the
+fly with soxr (`soxr.ResampleStream`, its chunks concatenate to the one-shot resampling bit for bit),
+so clients written for OpenAI play it at the right speed. Every audio response says its rate in an
+``X-Sample-Rate`` header.
 ``model`` may be a voice name, ``flashrt`` or an OpenAI model name (tts-1, tts-1-hd, gpt-4o-mini-tts);
 ``voice`` picks the loaded voice, or, when ``model`` names a loaded model that lists ``speakers``, one of
 those (passed to its ``stream(..., voice=speaker)``). ``ttfa_deadline_ms`` (a flashrt extension, like
@@ -63,7 +65,7 @@ from flashrt.errors import InputError
 from flashrt.io.inputs import SEED_MAX
 from flashrt.runner.tts import pcm16
 
-__all__ = ["ServerLimits", "SpeechServer", "build_app", "wav_header", "OPENAI_MODELS"]
+__all__ = ["ServerLimits", "SpeechServer", "build_app", "wav_header", "sized_wav", "OPENAI_MODELS"]
 
 OPENAI_MODELS = ("flashrt", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
@@ -396,6 +398,31 @@ async def _read_body(request: Any, limit: int) -> bytes:
     return bytes(body)
 
 
+async def _whole_wav(head: bytes, chunks: AsyncIterator[Any], encoder: _Encoder, finished: Any) -> Any:
+    """A WAV file with its true length (one response once the utterance is done): readers that trust
+    the header (Python's `wave`) get the right duration. A failure after the first chunk is a 500."""
+    from starlette.responses import Response
+
+    parts = [head]
+    try:
+        async for chunk in chunks:
+            parts.append(encoder(chunk))
+        parts.append(encoder.end())
+    except StageError as exc:
+        return _error(ApiError(500, f"synthesis failed: {exc.original}", code="server_error"))
+    finally:
+        await chunks.aclose()
+        finished()
+    return Response(sized_wav(b"".join(parts)), media_type=FORMATS["wav"],
+                    headers={"X-Sample-Rate": str(encoder.rate)})
+
+
+def sized_wav(data: bytes) -> bytes:
+    """`data` (a `wav_header` and its samples) with the RIFF and data sizes filled in."""
+    return (data[:4] + struct.pack("<I", len(data) - 8) + data[8:40] + struct.pack("<I", len(data) - 44)
+            + data[44:])
+
+
 async def _cancel_on_disconnect(request: Any, handle: Any) -> None:
     """Cancel `handle` the moment the client hangs up (the body was read: the next message on the
     connection is its ``http.disconnect``), not when the next chunk's write fails."""
@@ -426,6 +453,16 @@ def build_app(server: SpeechServer):
         if server.metrics is not None:
             server.metrics.ttfa.labels(job.voice).observe(time.perf_counter() - arrived)
 
+        def finished() -> None:
+            watcher.cancel()
+            handle.cancel()  # a disconnect lands here too: every stage stops
+            server.answered(job.voice, 200, "" if handle.state == "done" else handle.state)
+            if server.metrics is not None:
+                server.metrics.total.labels(job.voice).observe(time.perf_counter() - arrived)
+
+        if job.fmt == "wav":
+            return await _whole_wav(head, chunks, encoder, finished)
+
         async def body():
             try:
                 yield head
@@ -435,12 +472,8 @@ def build_app(server: SpeechServer):
             except SlowConsumer:
                 return  # the client stopped reading: its request is gone, the response ends here
             finally:
-                watcher.cancel()
-                handle.cancel()  # a disconnect lands here too: every stage stops
                 await chunks.aclose()
-                server.answered(job.voice, 200, "" if handle.state == "done" else handle.state)
-                if server.metrics is not None:
-                    server.metrics.total.labels(job.voice).observe(time.perf_counter() - arrived)
+                finished()
 
         return StreamingResponse(body(), media_type=FORMATS[job.fmt],
                                  headers={"X-Sample-Rate": str(encoder.rate)})

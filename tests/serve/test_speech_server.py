@@ -58,6 +58,7 @@ def _stream_wav(client, text: str, seed: int = 1) -> np.ndarray:
         data = b"".join(r.iter_bytes(4096))
     with wave.open(io.BytesIO(data)) as w:
         assert w.getframerate() == 22050 and w.getsampwidth() == 2 and w.getnchannels() == 1
+        assert w.getnframes() == (len(data) - 44) // 2  # the header's length is the true one
         frames = w.readframes(w.getnframes())
     return np.frombuffer(frames, dtype="<i2")
 
@@ -138,7 +139,8 @@ def test_disconnect_cancels_and_server_keeps_serving(server, client, tts):
     running, speech = server
     text = "This is a long sentence that the client will not wait for. " * 4
     with httpx.stream(
-        "POST", running.url + "/v1/audio/speech", json={"model": "tts-1", "voice": VOICE, "input": text}
+        "POST", running.url + "/v1/audio/speech",
+        json={"model": "tts-1", "voice": VOICE, "input": text, "response_format": "pcm"},  # streamed
     ) as r:
         assert r.status_code == 200
         next(r.iter_bytes())  # one chunk, then hang up
@@ -156,7 +158,8 @@ def test_full_queue_answers_503_with_retry_after(tts):
     try:
         text = "A request that holds the only slot while its client reads slowly. " * 3
         with httpx.stream(
-            "POST", running.url + "/v1/audio/speech", json={"model": "tts-1", "voice": VOICE, "input": text}
+            "POST", running.url + "/v1/audio/speech",
+            json={"model": "tts-1", "voice": VOICE, "input": text, "response_format": "pcm"},
         ) as held:
             assert held.status_code == 200
             r = httpx.post(

@@ -132,7 +132,7 @@ def test_a_hang_up_cancels_the_request_at_once_while_the_model_is_still_busy():
     speech = SpeechServer({"slow": voice})
     running = RunningServer(speech)
     try:
-        body = {"model": "slow", "voice": "slow", "input": "hello"}
+        body = {"model": "slow", "voice": "slow", "input": "hello", "response_format": "pcm"}
         with httpx.stream("POST", running.url + "/v1/audio/speech", json=body, timeout=WAIT) as r:
             assert r.status_code == 200
             next(r.iter_bytes())
@@ -313,3 +313,31 @@ def test_metrics_parse_with_prometheus_client_and_count_what_happened(fake):
     depth = {s.labels["state"]: s.value for s in families["flashrt_speech_queue_depth"].samples
              if s.labels["voice"] == "fake"}
     assert depth == {"queued": 0, "running": 0}
+
+
+class _FailsLate:
+    sample_rate = 8000
+
+    def stream(self, text, seed=None, speed=1.0):
+        yield np.zeros(800, np.float32)
+        raise RuntimeError("the model broke after its first chunk")
+
+
+def test_wav_is_one_file_with_its_true_length_and_a_late_failure_is_a_500():
+    import io
+    import wave
+
+    speech = SpeechServer({"fake": _Refuses(), "late": _FailsLate()})
+    running = RunningServer(speech)
+    try:
+        url = running.url + "/v1/audio/speech"
+        r = httpx.post(url, json={"model": "fake", "voice": "fake", "input": "hi"}, timeout=WAIT)
+        assert r.status_code == 200 and r.headers["x-sample-rate"] == "8000"
+        assert int(r.headers["content-length"]) == 44 + 1600
+        with wave.open(io.BytesIO(r.content)) as w:
+            assert w.getnframes() == 800 and w.getframerate() == 8000  # 0.1 s, not 0xFFFFFFFF / 2 frames
+        r = httpx.post(url, json={"model": "late", "voice": "late", "input": "hi"}, timeout=WAIT)
+        assert r.status_code == 500 and r.json()["error"]["code"] == "server_error"
+    finally:
+        running.stop()
+        speech.close()
