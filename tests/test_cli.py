@@ -217,3 +217,11 @@ def test_quiet_by_default(capsys, monkeypatch):
     code, out, err = _run(capsys, ["info", "--json"])
     assert code == 0 and calls == [] and err == ""
     assert not logging.getLogger("flashrt.runtime.buckets").isEnabledFor(logging.INFO)
+
+
+def test_a_mistyped_bench_name_writes_nothing(capsys, tmp_path):
+    out = tmp_path / "o"
+    code, stdout, err = _run(capsys, ["bench", "nope", "--out", str(out)])
+    assert code == 2 and "no benchmark named 'nope'" in err
+    assert stdout.strip().splitlines()[-1].startswith("{")  # the bench contract: the JSON line last
+    assert not out.exists()

@@ -142,8 +142,13 @@ def bench(
                       plot)
     from flashrt.bench.harness import BenchOptions, render, run_benchmark, write_outputs
     from flashrt.bench.profiles import load_profile
+    from flashrt.bench.registry import get_benchmark
     from flashrt.errors import FlashRTError
 
+    try:
+        get_benchmark(name)
+    except FlashRTError as exc:  # a mistyped name: the error line and the JSON line, no output folder
+        return _finish(_failure("bench", name, profile, exc), None)
     folder = _out_dir(out, "bench", name, profile)
     try:
         options = BenchOptions(checkpoint, vs, iters, warmup, backend, trace, progress, precision, tokenizer,
