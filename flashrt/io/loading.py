@@ -64,10 +64,30 @@ def load_module(
     return module.eval().requires_grad_(False)
 
 
+class _SkipInit(torch.overrides.TorchFunctionMode):
+    """Inside `build_on_meta`: ``torch.nn.init`` functions return their tensor untouched. On meta they
+    compute nothing anyway (every value comes from the checkpoint, strictly), but torch runs them
+    through its Python references, whose first use imports torch._dynamo (over a second of a cold
+    start). A torch function mode is per thread: another thread's modules are initialised as usual."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _INIT_FUNCS:
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+_INIT_FUNCS = frozenset(getattr(nn.init, name) for name in dir(nn.init) if name.endswith("_")
+                        and not name.startswith("_") and callable(getattr(nn.init, name)))
+
+
 def build_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
-    """``build()`` under the meta device; refuses a builder that returns something other than a Module."""
+    """``build()`` under the meta device, ``torch.nn.init`` skipped (`_SkipInit`); refuses a builder
+    that returns something other than a Module."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _SkipInit():
             module = build()
     except Exception as exc:
         exc.add_note("(raised by build() under the meta device: a constructor must not read tensor values "

@@ -182,3 +182,30 @@ def test_build_failure_on_meta_gets_a_hint():
     with pytest.raises(RuntimeError) as err:
         load_module(Bad, {}, WeightMap([]))
     assert "reset_derived" in "".join(getattr(err.value, "__notes__", []))
+
+
+def test_build_on_meta_skips_init_and_never_imports_dynamo():
+    """nn.init on meta computes nothing, but torch runs it through references whose first use imports
+    torch._dynamo (over a second of `flashrt say`'s cold start): build_on_meta skips it (#33.4)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, torch.nn as nn\n"
+            "from flashrt.io.loading import build_on_meta\n"
+            "m = build_on_meta(lambda: nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 8),\n"
+            "                                        nn.Conv1d(8, 8, 3)))\n"
+            "assert all(p.is_meta for p in m.parameters())\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_init_outside_build_on_meta_is_untouched():
+    import torch.nn as nn
+
+    from flashrt.io.loading import build_on_meta
+
+    build_on_meta(lambda: nn.Linear(4, 4))
+    real = nn.Linear(64, 64)  # after (and outside) a meta build: initialised as torch does
+    assert real.weight.abs().sum() > 0 and real.weight.std() > 0
