@@ -128,7 +128,7 @@ def test_cache_rm_in_a_read_only_folder(capsys, tmp_path, monkeypatch):
 
 
 def test_cache_rm_all_in_a_missing_folder_is_one_line(capsys, tmp_path):
-    """An explicitly named --dir that does not exist is a mistyped path (#28.11), for rm as for ls and
+    """An explicitly named --dir that does not exist is a mistyped path, for rm as for ls and
     verify: one line naming it, exit 2, nothing touched."""
     code, _, err = _run(capsys, ["cache", "rm", "--all", "--dir", str(tmp_path / "absent")])
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1

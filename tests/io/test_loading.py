@@ -186,7 +186,7 @@ def test_build_failure_on_meta_gets_a_hint():
 
 def test_build_on_meta_skips_init_and_never_imports_dynamo():
     """nn.init on meta computes nothing, but torch runs it through references whose first use imports
-    torch._dynamo (over a second of `flashrt say`'s cold start): build_on_meta skips it (#33.4)."""
+    torch._dynamo (over a second of `flashrt say`'s cold start): build_on_meta skips it."""
     import subprocess
     import sys
 

@@ -141,7 +141,7 @@ def test_bad_options(kwargs):
         AsyncPolicy(Toy(), **kwargs).close()
 
 
-# ------------------------------------------------------------------------------- hardening (#28.4, #28.9)
+# ------------------------------------------------ inputs copied on entry, lifecycle, bounded histories
 
 
 class Echo:

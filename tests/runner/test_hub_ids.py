@@ -92,7 +92,7 @@ def test_hf_hub_offline_is_honoured_even_when_downloads_are_allowed(hub_cache, n
 
 def test_the_cli_takes_hub_ids_like_the_python_api(hub_cache, no_network, tmp_path, monkeypatch, capsys):
     """serve-policy, calibrate and export resolve a hub id from the local cache, as load_policy does
-    (#33.3); a Path-typed argument used to turn the id into a missing local folder."""
+    (a Path-typed argument would turn the id into a missing local folder)."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

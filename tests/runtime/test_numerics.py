@@ -50,7 +50,7 @@ def caller_flags():
 @pytest.mark.parametrize("tf32", [False, True])
 def test_a_caller_on_the_new_fp32_precision_api_keeps_working(caller_flags, tf32):
     """torch >= 2.9: once a caller set ``fp32_precision``, reading the legacy ``allow_tf32`` raises; the
-    scope must use the new API (#28.16) and restore the caller's strings."""
+    scope must use the new API and restore the caller's strings."""
     with Numerics(tf32=tf32).scope("cuda"):
         assert _tf32() == (tf32, tf32)
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"

@@ -211,7 +211,7 @@ def test_cli_passes_the_embodiment_to_the_family(capsys):
     assert "take no option(s) ['embodiment']" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------- hardening (#28.6, .13, .15)
+# ------------------------------------------------------------ resources, server paths, wire dtypes
 
 
 def test_metadata_names_no_server_path(server):

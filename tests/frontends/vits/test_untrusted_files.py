@@ -1,4 +1,4 @@
-"""Untrusted voice and model files (#28.5): a FIFO, a link to /dev/zero, a corrupt or oversized file is a
+"""Untrusted voice and model files: a FIFO, a link to /dev/zero, a corrupt or oversized file is a
 CheckpointError naming the file, at once: never a hang, unbounded memory or a raw library error."""
 
 from __future__ import annotations

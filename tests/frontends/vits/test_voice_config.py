@@ -1,5 +1,5 @@
-"""Malformed Piper voice configs fail at load with a CheckpointError naming the field (#28.8); seeds and
-text are checked the same way everywhere (#28.7)."""
+"""Malformed Piper voice configs fail at load with a CheckpointError naming the field; seeds and
+text are checked the same way everywhere."""
 
 from __future__ import annotations
 
