@@ -43,7 +43,7 @@ import torch
 
 from flashrt.errors import CheckpointError, ConfigError, FlashRTError, InputError
 from flashrt.io.fields import Fields
-from flashrt.io.files import read_json, read_text
+from flashrt.io.files import TOKENIZER_LIMIT, read_json, read_tokenizer_json
 from flashrt.io.inputs import check_text_chars
 
 __all__ = ["OrpheusLayout", "AudioTokenError", "FrameDecoder", "ByteTokenizer", "load_text_tokenizer",
@@ -158,22 +158,14 @@ class JSONTokenizer:
 
     def __init__(self, path: Path) -> None:
         try:
-            from tokenizers import Tokenizer
+            import tokenizers  # noqa: F401
         except ImportError:
             raise ConfigError(f"{path}: reading tokenizer.json needs the 'tokenizers' package "
                               "(pip install tokenizers)") from None
-        text = read_text(path, "text tokenizer", limit=TOKENIZER_LIMIT)
-        try:
-            self.tokenizer = Tokenizer.from_str(text)
-        except Exception as exc:  # noqa: BLE001 - the Rust side raises a plain Exception
-            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise CheckpointError(f"text tokenizer {path} is not a tokenizers JSON file ({detail})") from None
+        self.tokenizer = read_tokenizer_json(path, "text tokenizer", limit=TOKENIZER_LIMIT)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text).ids)
-
-
-TOKENIZER_LIMIT = 64 << 20  # bytes: Llama-3's tokenizer.json is 9 MB, the largest released ones ~35 MB
 
 
 def load_text_tokenizer(folder: Path, layout: OrpheusLayout) -> TextTokenizer:
