@@ -34,10 +34,11 @@ from typing import Any, BinaryIO
 
 from flashrt.errors import CheckpointError, ConfigError
 
-__all__ = ["CONFIG_LIMIT", "check_regular", "open_regular", "read_bytes_capped", "read_text", "read_json",
-           "read_toml", "read_yaml", "resolve_inside"]
+__all__ = ["CONFIG_LIMIT", "TOKENIZER_LIMIT", "check_regular", "open_regular", "read_bytes_capped",
+           "read_text", "read_json", "read_toml", "read_yaml", "read_tokenizer_json", "resolve_inside"]
 
 CONFIG_LIMIT = 64 << 20  # bytes: no JSON / YAML / TOML config or statistics file flashrt reads is near this
+TOKENIZER_LIMIT = 64 << 20  # bytes: Llama-3's tokenizer.json is 9 MB, the largest released ones ~35 MB
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
@@ -156,6 +157,21 @@ def read_yaml(path: str | os.PathLike[str], what: str, error: ErrorType = Checkp
     except (yaml.YAMLError, RecursionError) as exc:
         raise error(f"{what} {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
     return _expect(data, expect, path, what, error)
+
+
+def read_tokenizer_json(path: str | os.PathLike[str], what: str, error: ErrorType = CheckpointError,
+                        limit: int | None = None) -> Any:
+    """A Hugging Face ``tokenizers.Tokenizer`` from a ``tokenizer.json`` read as a regular file of at most
+    ``limit`` bytes (default `TOKENIZER_LIMIT`); one that does not parse is ``error`` naming the file
+    (``Tokenizer.from_file`` would open a FIFO, read /dev/zero and raise a bare Exception)."""
+    from tokenizers import Tokenizer
+
+    text = read_text(path, what, error, TOKENIZER_LIMIT if limit is None else limit)
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as exc:  # noqa: BLE001 - the Rust side raises a plain Exception
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise error(f"{what} {path} is not a tokenizers JSON file ({detail})") from None
 
 
 def _expect(data: Any, expect: type, path: Any, what: str, error: ErrorType) -> Any:

@@ -5,6 +5,8 @@
   wrapped. Policies, Piper, Orpheus, `flashrt say` and both servers use `check_seed`.
 - Text: a string without NUL characters or lone surrogates (which no phonemizer, tokenizer or log can
   take), `check_text_chars`.
+- Speed (OpenAI's speaking-rate factor): a finite real number (not a bool) in [SPEED_MIN, SPEED_MAX],
+  `check_speed`; a family may accept less (Orpheus: 1 only).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import numpy as np
 
 from flashrt.errors import InputError
 
-__all__ = ["SEED_MAX", "check_seed", "check_text_chars"]
+__all__ = ["SEED_MAX", "SPEED_MIN", "SPEED_MAX", "check_seed", "check_speed", "check_text_chars"]
 
 SEED_MAX = 2**63 - 1
+SPEED_MIN, SPEED_MAX = 0.25, 4.0
 
 
 def check_seed(seed: Any) -> int | None:
@@ -40,3 +43,11 @@ def check_text_chars(text: str, what: str = "text") -> str:
     except UnicodeEncodeError as exc:
         raise InputError(f"{what}: a lone surrogate at {exc.start} is not text") from None
     return text
+
+
+def check_speed(speed: Any) -> float:
+    """A speaking-rate factor in [SPEED_MIN, SPEED_MAX] as a float (module docstring); else InputError."""
+    ok = isinstance(speed, int | float | np.integer | np.floating) and not isinstance(speed, bool | np.bool_)
+    if not ok or not SPEED_MIN <= float(speed) <= SPEED_MAX:  # NaN fails the comparison too
+        raise InputError(f"speed: expected a number in [{SPEED_MIN}, {SPEED_MAX}], got {speed!r}")
+    return float(speed)

@@ -23,8 +23,9 @@ import numpy as np
 import typer
 
 from flashrt.errors import CheckpointError, ConfigError
+from flashrt.io.inputs import check_seed, check_speed, check_text_chars
 
-__all__ = ["load_tts", "say", "write_wav", "pcm16", "check_writable_file", "peak_normalize"]
+__all__ = ["load_tts", "say", "write_wav", "pcm16", "check_writable_file", "check_request", "peak_normalize"]
 
 
 def load_tts(
@@ -127,6 +128,7 @@ def say(
     if not raw:
         check_writable_file(out)
     text = _text_or_stdin(text)
+    check_request(text, seed, speed)
     tts = load_tts(voice, device=device, **snac_options(snac_noise))
     extra = {"voice": speaker} if speaker else {}
     chunks = list(tts.stream(text, seed=seed, speed=speed, **extra))
@@ -144,6 +146,14 @@ def say(
     report = getattr(tts, "report", None)
     if callable(report):
         _echo_report(report(), err=raw)
+
+
+def check_request(text: str, seed: Any, speed: Any) -> None:
+    """The checks every family applies to a request (`flashrt.io.inputs`: text characters, the seed rule,
+    the speed range), run before a model is loaded so a bad request fails in a second, not after it."""
+    check_text_chars(text)
+    check_seed(seed)
+    check_speed(speed)
 
 
 def _text_or_stdin(text: str | None) -> str:

@@ -69,6 +69,7 @@ from flashrt.frontends.groot.frontend import (
 from flashrt.frontends.groot.n15 import N15_MODEL_TYPE, GrootN15Model, load_n15, n15_config
 from flashrt.frontends.groot.n16_frontend import MEDIA_PLACEHOLDER, eagle_normalize, eagle_tokenizer
 from flashrt.frontends.groot.preprocess import DEFAULT_PROMPT, MinMax, _resize
+from flashrt.io.files import CONFIG_LIMIT, read_bytes_capped, resolve_inside
 from flashrt.runtime.graphs import backend_for_device
 
 ASSETS_REPO = "lerobot/eagle2hg-processor-groot-n1p5"  # GrootConfig.tokenizer_assets_repo's default
@@ -155,13 +156,24 @@ def _pipeline_step(folder: Path, pipeline: str, name: str) -> tuple[dict[str, An
         raise CheckpointError(f"{path}: expected one {name!r} step (lerobot 0.5.1's groot pipeline)")
     state: dict[str, np.ndarray] = {}
     if steps[0].get("state_file"):
-        from safetensors.numpy import load_file
-
-        state_path = folder / steps[0]["state_file"]
-        if not state_path.is_file():
-            raise CheckpointError(f"{path}: state file {state_path.name} missing")
-        state = load_file(str(state_path))
+        state = _read_state(folder, steps[0]["state_file"], f"{path}: {name} state_file")
     return dict(steps[0].get("config") or {}), state
+
+
+def _read_state(folder: Path, name: Any, field: str) -> dict[str, np.ndarray]:
+    """The statistics a pipeline step names: a file inside ``folder`` (`resolve_inside`), read as a
+    regular file (never a FIFO or a device); a corrupt one is a CheckpointError naming it."""
+    from safetensors.numpy import load as load_bytes
+
+    state_path = resolve_inside(folder, name, field)
+    if not os.path.lexists(state_path):
+        raise CheckpointError(f"{field}: state file {state_path.name} missing")
+    data = read_bytes_capped(state_path, "GR00T normalization statistics", limit=CONFIG_LIMIT)
+    try:
+        return load_bytes(data)
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own Rust-side error types
+        raise CheckpointError(f"GR00T normalization statistics {state_path} are not a safetensors file "
+                              f"({exc})") from None
 
 
 def _minmax(state: dict[str, np.ndarray], key: str, dim: int, where: str) -> MinMax | None:

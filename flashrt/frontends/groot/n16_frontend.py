@@ -28,6 +28,7 @@ Buffers, hot path and ownership as `flashrt.frontends.groot.frontend` (the N1.7 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from flashrt.frontends.groot.frontend import (
 )
 from flashrt.frontends.groot.n16 import GrootN16Model, load_n16, n16_config
 from flashrt.frontends.groot.preprocess import _area_resize, _centre_crop
-from flashrt.io.files import check_regular, read_json
+from flashrt.io.files import TOKENIZER_LIMIT, read_json, read_text, read_tokenizer_json
 from flashrt.runtime.graphs import backend_for_device
 
 EAGLE_FACTOR, EAGLE_MIN_PIXELS, EAGLE_MAX_PIXELS = 28, 4 * 28 * 28, 4096 * 28 * 28  # processing_eagle3_vl
@@ -181,15 +182,15 @@ def eagle_tokenizer(folder: Path) -> Any:
     Eagle-Block2A-2B-v2 ships."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    if (folder / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(check_regular(folder / "tokenizer.json", "GR00T N1.6 tokenizer")))
+    if os.path.lexists(folder / "tokenizer.json"):  # a non-regular one is refused, not skipped
+        return read_tokenizer_json(folder / "tokenizer.json", "GR00T N1.6 tokenizer")
     vocab_path, merges_path = folder / "vocab.json", folder / "merges.txt"
     if not vocab_path.is_file() or not merges_path.is_file():
         raise CheckpointError(
             f"{folder}: no tokenizer.json and no vocab.json + merges.txt (the Eagle backbone's)"
         )
     vocab = read_json(vocab_path, "GR00T N1.6 vocabulary")
-    lines = check_regular(merges_path, "GR00T N1.6 merges").read_text(encoding="utf-8").splitlines()
+    lines = read_text(merges_path, "GR00T N1.6 merges", limit=TOKENIZER_LIMIT).splitlines()
     merges = [tuple(line.split(" ", 1)) for line in lines if line and not line.startswith("#version")]
     tok = Tokenizer(
         models.BPE(

@@ -20,6 +20,7 @@ As lerobot 0.6.1's N1.7 processor does it (``processor_groot.py``), for one obse
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from flashrt.errors import CheckpointError, InputError
-from flashrt.io.files import check_regular
+from flashrt.io.files import read_tokenizer_json
 
 DEFAULT_PROMPT = "Perform the task."
 
@@ -213,14 +214,14 @@ class PromptTokenizer:
 
     def __init__(self, path: Path) -> None:
         try:
-            from tokenizers import Tokenizer
+            import tokenizers  # noqa: F401
         except ModuleNotFoundError as exc:  # pragma: no cover - a declared dependency
             raise CheckpointError("GR00T needs the 'tokenizers' package (pip install tokenizers)") from exc
-        if not path.is_file():
+        if not os.path.lexists(path):  # there but not a regular file: read_tokenizer_json says what it is
             raise CheckpointError(f"{path}: tokenizer.json not found (pass tokenizer=PATH; "
                                   "CLI: --tokenizer PATH)")
         self.path = path
-        self.tok = Tokenizer.from_file(str(check_regular(path, "GR00T tokenizer")))
+        self.tok = read_tokenizer_json(path, "GR00T tokenizer")
         self.ids = {s: self.tok.token_to_id(s) for s in self.SPECIALS}
         missing = [s for s, i in self.ids.items() if i is None]
         if missing:

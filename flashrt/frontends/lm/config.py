@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flashrt.errors import CheckpointError, ConfigError
+from flashrt.io.fields import Fields
 from flashrt.nn.llama import LayerShape, RopeScaling
 
 __all__ = ["LMConfig", "ARCHITECTURES", "PRESETS"]
@@ -61,30 +62,38 @@ class LMConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "config.json") -> LMConfig:
-        """A transformers config.json (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig)."""
+        """A transformers config.json (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig). Every field
+        read is checked for its type and range (`flashrt.io.fields`): CheckpointError naming the field."""
+        f = Fields(d, where)
         kind = d.get("model_type")
         if kind not in ARCHITECTURES:
             raise CheckpointError(f"{where}: model_type {kind!r} is not a supported causal LM "
                                   f"(supported: {sorted(ARCHITECTURES)})")
         _refuse(d, where)
-        heads = _need(d, "num_attention_heads", where)
-        width = _need(d, "hidden_size", where)
+        heads = f.int("num_attention_heads", lo=1, hi=_MAX_HEADS)
+        width = f.int("hidden_size", lo=1, hi=_MAX_DIM)
         flags = dict(ARCHITECTURES[kind])
-        if d.get("attention_bias"):
+        if f.bool("attention_bias", False):
             flags.update(qkv_bias=True, o_bias=kind != "qwen3")
-        theta, rope = _rope(d, where)
-        return cls(model_type=kind, vocab_size=_need(d, "vocab_size", where), width=width,
-                   depth=_need(d, "num_hidden_layers", where), mlp=_need(d, "intermediate_size", where),
-                   heads=heads, kv_heads=d.get("num_key_value_heads") or heads,
-                   head_dim=d.get("head_dim") or width // heads, eps=float(d.get("rms_norm_eps", 1e-6)),
-                   rope_theta=theta, rope=rope, tied=bool(d.get("tie_word_embeddings", False)),
-                   max_positions=int(d.get("max_position_embeddings", 2048)), **flags)
+        theta, rope = _rope(f, where)
+        kv_heads = f.int("num_key_value_heads", heads, lo=1, hi=heads)
+        if heads % kv_heads:
+            raise CheckpointError(f"{where}: num_key_value_heads: {kv_heads} does not divide the {heads} "
+                                  "attention heads")
+        head_dim = f.int("head_dim", width // heads, lo=2, hi=_MAX_DIM)
+        if head_dim % 2:
+            raise CheckpointError(f"{where}: head_dim: {head_dim} must be even (RoPE pairs)")
+        return cls(model_type=kind, vocab_size=f.int("vocab_size", lo=1, hi=_MAX_VOCAB), width=width,
+                   depth=f.int("num_hidden_layers", lo=1, hi=_MAX_DEPTH),
+                   mlp=f.int("intermediate_size", lo=1, hi=_MAX_DIM), heads=heads, kv_heads=kv_heads,
+                   head_dim=head_dim, eps=f.float("rms_norm_eps", 1e-6, lo=0.0, hi=1.0, lo_open=True),
+                   rope_theta=theta, rope=rope, tied=f.bool("tie_word_embeddings", False),
+                   max_positions=f.int("max_position_embeddings", 2048, lo=1, hi=_MAX_POSITIONS), **flags)
 
 
-def _need(d: Mapping[str, Any], key: str, where: str) -> int:
-    if key not in d:
-        raise CheckpointError(f"{where}: missing {key!r}")
-    return int(d[key])
+# Bounds of the sizes a config.json may declare: far above any released model, low enough that a typo
+# or a hostile file cannot ask for an absurd allocation before the weights are even opened.
+_MAX_VOCAB, _MAX_DIM, _MAX_DEPTH, _MAX_HEADS, _MAX_POSITIONS = 1 << 22, 1 << 17, 1024, 1024, 1 << 24
 
 
 def _refuse(d: Mapping[str, Any], where: str) -> None:
@@ -97,12 +106,21 @@ def _refuse(d: Mapping[str, Any], where: str) -> None:
         raise CheckpointError(f"{where}: mlp_bias=true is not supported")
 
 
-def _rope(d: Mapping[str, Any], where: str) -> tuple[float, RopeScaling]:
-    params = d.get("rope_parameters")
-    if isinstance(params, Mapping):
-        theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
-        return float(theta), RopeScaling.from_dict(params, where)
-    return float(d.get("rope_theta", 10000.0)), RopeScaling.from_dict(d.get("rope_scaling"), where)
+_ROPE_NUMBERS = ("factor", "low_freq_factor", "high_freq_factor")
+
+
+def _rope(f: Fields, where: str) -> tuple[float, RopeScaling]:
+    """(theta, scaling) from ``rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling``."""
+    theta = f.float("rope_theta", 10000.0, lo=0.0, lo_open=True)
+    if f.has("rope_parameters"):
+        params = f.table("rope_parameters")
+        theta = params.float("rope_theta", theta, lo=0.0, lo_open=True)
+    else:
+        params = f.table("rope_scaling", {})
+    for name in _ROPE_NUMBERS:
+        params.float(name, None, lo=0.0, lo_open=True)
+    params.int("original_max_position_embeddings", None, lo=1, hi=_MAX_POSITIONS)
+    return theta, RopeScaling.from_dict(params.data, where)
 
 
 _LLAMA3 = RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)

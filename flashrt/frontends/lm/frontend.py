@@ -22,6 +22,7 @@ decode bias masks until the position reaches (and overwrites) them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ class CausalLM:
 def read_config(folder: str | Path) -> LMConfig:
     """The `LMConfig` of a transformers folder's config.json (CheckpointError naming the file)."""
     path = Path(folder) / "config.json"
-    if not path.is_file():
+    if not os.path.lexists(path):  # there but not a regular file: read_json says what it is
         raise CheckpointError(f"{folder}: no config.json (expected a transformers save_pretrained folder)")
     from flashrt.io.files import read_json
 

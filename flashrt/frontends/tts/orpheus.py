@@ -33,6 +33,7 @@ smaller offsets; ``orpheus.json`` next to the checkpoint may override them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -41,6 +42,8 @@ from typing import Any, Protocol
 import torch
 
 from flashrt.errors import CheckpointError, ConfigError, FlashRTError, InputError
+from flashrt.io.fields import Fields
+from flashrt.io.files import TOKENIZER_LIMIT, read_json, read_tokenizer_json
 from flashrt.io.inputs import check_text_chars
 
 __all__ = ["OrpheusLayout", "AudioTokenError", "FrameDecoder", "ByteTokenizer", "load_text_tokenizer",
@@ -100,23 +103,34 @@ class OrpheusLayout:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = LAYOUT_FILE) -> OrpheusLayout:
-        known = {f.name for f in fields(cls)}
-        if set(d) - known:
-            raise CheckpointError(f"{where}: unknown keys {sorted(set(d) - known)}; known: {sorted(known)}")
-        return cls(**d)
+        """From ``orpheus.json`` over the defaults; every field is checked (CheckpointError naming it):
+        ids are ints, the two text ids lie below ``base_vocab`` (they are text tokens), and
+        ``text_tokenizer`` is ``"bytes"`` or a file name (kept inside the folder by `load_text_tokenizer`)."""
+        f = Fields(d, where)
+        f.unknown([x.name for x in fields(cls)])
+        base = f.int("base_vocab", cls.base_vocab, lo=1, hi=MAX_ID)
+        layout = cls(base_vocab=base, bos_token_id=f.int("bos_token_id", cls.bos_token_id, lo=0, hi=base - 1),
+                     eot_token_id=f.int("eot_token_id", cls.eot_token_id, lo=0, hi=base - 1),
+                     codebook_size=f.int("codebook_size", cls.codebook_size, lo=1, hi=MAX_CODEBOOK),
+                     text_tokenizer=f.str("text_tokenizer", cls.text_tokenizer))
+        if not layout.text_tokenizer.strip():
+            raise CheckpointError(f"{where}: text_tokenizer: expected 'bytes' or a file name, got ''")
+        return layout
+
+
+MAX_ID, MAX_CODEBOOK = 1 << 24, 1 << 16  # far above Orpheus' 128,256 + 28,682 ids and SNAC's 4096 codes
 
 
 def read_layout(folder: Path, codebook_size: int) -> OrpheusLayout:
     """The layout of a checkpoint folder: ``orpheus.json`` if present over the defaults; the codebook
-    size comes from the SNAC decoder's config."""
+    size comes from the SNAC decoder's config. A layout file that is there but not a readable regular
+    JSON file is a CheckpointError (never silently replaced by the defaults)."""
     path = folder / LAYOUT_FILE
     data: dict[str, Any] = {}
-    if path.is_file():
-        from flashrt.io.files import read_json
-
+    if os.path.lexists(path):
         data = read_json(path, "Orpheus layout")
     if data.get("codebook_size", codebook_size) != codebook_size:
-        raise CheckpointError(f"{path}: codebook_size {data['codebook_size']} differs from the SNAC "
+        raise CheckpointError(f"{path}: codebook_size {data['codebook_size']!r} differs from the SNAC "
                               f"decoder's {codebook_size}")
     return OrpheusLayout.from_dict({**data, "codebook_size": codebook_size}, str(path))
 
@@ -139,25 +153,32 @@ class ByteTokenizer:
 
 class JSONTokenizer:
     """A Hugging Face ``tokenizer.json`` read by the ``tokenizers`` package (its post-processor adds
-    Llama-3's BOS, as ``AutoTokenizer`` does)."""
+    Llama-3's BOS, as ``AutoTokenizer`` does). The file is read through `flashrt.io.files` (a regular
+    file of at most `TOKENIZER_LIMIT` bytes); one that does not parse is a CheckpointError naming it."""
 
     def __init__(self, path: Path) -> None:
         try:
-            from tokenizers import Tokenizer
+            import tokenizers  # noqa: F401
         except ImportError:
             raise ConfigError(f"{path}: reading tokenizer.json needs the 'tokenizers' package "
                               "(pip install tokenizers)") from None
-        self.tokenizer = Tokenizer.from_file(str(path))
+        self.tokenizer = read_tokenizer_json(path, "text tokenizer", limit=TOKENIZER_LIMIT)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text).ids)
 
 
 def load_text_tokenizer(folder: Path, layout: OrpheusLayout) -> TextTokenizer:
-    if layout.text_tokenizer == "bytes":
+    """The layout's text tokenizer: UTF-8 bytes, or a file of ``folder`` named by a plain file name (no
+    folder part, so a layout cannot point it elsewhere; the file itself may be a link to a regular file)."""
+    name = layout.text_tokenizer
+    if name == "bytes":
         return ByteTokenizer(layout.bos_token_id)
-    path = folder / layout.text_tokenizer
-    if not path.is_file():
+    if "\0" in name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise CheckpointError(f"{folder / LAYOUT_FILE}: text_tokenizer: {name!r} must be 'bytes' or a plain "
+                              "file name in the model folder (no folder part)")
+    path = folder / name
+    if not os.path.lexists(path):
         raise CheckpointError(f"{folder}: no {layout.text_tokenizer} (the text tokenizer of the LM)")
     return JSONTokenizer(path)
 

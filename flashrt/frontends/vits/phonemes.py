@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from flashrt.errors import ConfigError, InputError
+from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.io.inputs import check_text_chars
 
 log = logging.getLogger(__name__)
@@ -63,8 +63,15 @@ class EspeakPhonemizer:
     vowel_clusters: frozenset[tuple[str, ...]] = frozenset()
 
     def __post_init__(self) -> None:
+        """Checks at load that espeak-ng has the voice (a config naming an unknown one would otherwise
+        load and then fail at every call). `sentences` sets the voice again before each use."""
         with _ESPEAK_LOCK:
-            _espeak()
+            bridge = _espeak()
+            try:
+                bridge.set_voice(self.voice)
+            except Exception as exc:  # the bridge raises a plain RuntimeError for unknown voices
+                raise CheckpointError(f"voice config: espeak.voice {self.voice!r}: espeak-ng has no such "
+                                      f"voice ({exc})") from None
 
     def sentences(self, text: str) -> list[list[str]]:
         with _ESPEAK_LOCK:

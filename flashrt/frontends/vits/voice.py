@@ -44,7 +44,7 @@ from flashrt.frontends.vits.model import load_weights
 from flashrt.frontends.vits.phonemes import PhonemeMap, check_text, phonemizer_for
 from flashrt.frontends.vits.voice_config import check_voice_config
 from flashrt.io.files import read_json
-from flashrt.io.inputs import SEED_MAX, check_seed
+from flashrt.io.inputs import SEED_MAX, check_seed, check_speed
 from flashrt.quant.precision import compute_dtype
 
 __all__ = ["VitsVoice", "VoiceFiles", "find_voice", "load_voice", "VOICE_PACKAGES", "MAX_TEXT"]
@@ -134,8 +134,7 @@ class VitsVoice:
 
     def _scales(self, speed: float, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """The frontend's options: the three scales (defaults, overrides, speed) and the speaker id."""
-        if not (isinstance(speed, (int, float)) and 0.25 <= float(speed) <= 4.0):
-            raise InputError(f"speed: expected a number in [0.25, 4.0], got {speed!r}")
+        speed = check_speed(speed)
         overrides = dict(overrides)
         speaker = self._speaker(overrides.pop("voice", None))
         unknown = set(overrides) - set(self.defaults)
@@ -143,10 +142,8 @@ class VitsVoice:
             raise InputError(
                 f"unknown option(s) {sorted(unknown)}; known: speed, seed, voice, {sorted(self.defaults)}"
             )
-        scales: dict[str, Any] = {
-            k: float(v)
-            for k, v in {**self.defaults, **{k: v for k, v in overrides.items() if v is not None}}.items()
-        }
+        given = {k: _number(k, v) for k, v in overrides.items() if v is not None}
+        scales: dict[str, Any] = {**self.defaults, **given}
         scales["length_scale"] /= float(speed)
         return {**scales, "speaker": speaker}
 
@@ -251,6 +248,16 @@ class VitsVoice:
             "defaults": dict(self.defaults),
             **self.frontend.describe(),
         }
+
+
+def _number(name: str, value: Any) -> float:
+    """A scale given by the caller: a finite real number (not a bool, a string or a list); the frontend
+    checks its range."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InputError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+    if not np.isfinite(float(value)):
+        raise InputError(f"{name}: expected a finite number, got {value!r}")
+    return float(value)
 
 
 def split_long(phonemes: list[str], limit: int) -> list[list[str]]:

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -191,7 +192,7 @@ def checkpoint_config(path: str | Path) -> dict[str, Any] | None:
     folder = path if path.is_dir() else path.parent
     for name in CONFIG_FILES:
         found = folder / name
-        if found.is_file():
+        if os.path.lexists(found):  # a config that is there but not a regular file is refused, not skipped
             return _parse_config(found)
     return None
 

@@ -24,6 +24,11 @@ The loaded model's buffers, buckets and hot-path verbs are `flashrt.frontends.vo
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,6 +151,61 @@ def _check_values(spec: FeatureInput, t: torch.Tensor) -> torch.Tensor:
 def as_tuples(value: Any) -> Any:
     """JSON lists (nested too) as tuples, for frozen config dataclasses read from config files."""
     return tuple(as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+CONFIG_INT_LIMIT = 1 << 24  # no size, rate or kernel of a vocoder comes near this
+
+
+def check_field_types(cfg: Any, family: str, zero_ok: Sequence[str] = ()) -> None:
+    """ConfigError naming the first field of the config dataclass ``cfg`` whose value does not match its
+    annotation: ints (not bools) in [1, CONFIG_INT_LIMIT] (0 allowed for the ``zero_ok`` fields), finite
+    numbers for floats, true/false for bools, strings, tuples of those, ``None`` where the type allows.
+    Run first in each family config's ``__post_init__``, so a config.json / config.yaml value of the
+    wrong type or an absurd size fails at load, naming the field, not deep inside module construction."""
+    hints = _type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        problem = _type_problem(value, hints[f.name], f.name in zero_ok)
+        if problem:
+            raise ConfigError(f"{family}: {f.name}: expected {problem}, got {value!r}")
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_problem(value: Any, hint: Any, zero_ok: bool = False) -> str | None:
+    """What ``value`` should have been for annotation ``hint`` (None when it matches)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _type_problem(value, inner, zero_ok)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        ok = isinstance(value, tuple) and not any(_type_problem(v, args[0]) for v in value)
+        return None if ok else f"a list, each entry {_describe(args[0])}"
+    return _scalar_problem(value, hint, zero_ok)
+
+
+def _scalar_problem(value: Any, hint: Any, zero_ok: bool) -> str | None:
+    if hint is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if hint is int:
+        lo = 0 if zero_ok else 1
+        ok = isinstance(value, int) and not isinstance(value, bool) and lo <= value <= CONFIG_INT_LIMIT
+        return None if ok else f"an integer in [{lo}, {CONFIG_INT_LIMIT}]"
+    if hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        return None if ok else "a finite number"
+    if hint is str:
+        return None if isinstance(value, str) else "a string"
+    return None  # nested configs and other types check themselves
+
+
+def _describe(hint: Any) -> str:
+    return _type_problem(object(), hint) or str(hint)
 
 
 def check_upsampler_pairs(family: str, cfg: Any) -> None:

@@ -44,6 +44,7 @@ from flashrt.frontends.vocoders.base import (
     VocoderFamily,
     VocoderSignature,
     as_tuples,
+    check_field_types,
     check_upsampler_pairs,
 )
 from flashrt.io import build_on_meta
@@ -86,6 +87,7 @@ class BigVGANConfig:
     sample_rate: int = 24000
 
     def __post_init__(self) -> None:
+        check_field_types(self, "bigvgan")
         if self.resblock not in ("1", "2") or self.activation not in ACTIVATIONS:
             raise ConfigError(f"bigvgan: resblock {self.resblock!r} (1 or 2), activation {self.activation!r} "
                               f"(one of {sorted(ACTIVATIONS)})")

@@ -48,6 +48,7 @@ from flashrt.frontends.vocoders.base import (
     VocoderFamily,
     VocoderSignature,
     as_tuples,
+    check_field_types,
     check_upsampler_pairs,
 )
 from flashrt.io import build_on_meta
@@ -90,6 +91,7 @@ class HifiGanConfig:
     sample_rate: int = 22050
 
     def __post_init__(self) -> None:
+        check_field_types(self, "hifigan")
         if self.resblock not in RESBLOCKS or self.layout not in LAYOUTS:
             raise ConfigError(f"hifigan: resblock {self.resblock!r} (one of {sorted(RESBLOCKS)}), layout "
                               f"{self.layout!r} (one of {sorted(LAYOUTS)})")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -47,6 +48,7 @@ from flashrt.frontends.vocoders.base import (
     VocoderFamily,
     VocoderSignature,
     as_tuples,
+    check_field_types,
 )
 from flashrt.io import build_on_meta
 from flashrt.io.transforms import weight_norm
@@ -80,6 +82,7 @@ class SnacConfig:
     noise_seed: int = 0
 
     def __post_init__(self) -> None:
+        check_field_types(self, "snac", zero_ok=("noise_seed",))
         if self.noise_mode not in NOISE_MODES:
             raise ConfigError(f"snac: noise_mode {self.noise_mode!r} is not one of {NOISE_MODES}")
         if self.noise_mode == "seeded" and not self.noise:
@@ -120,7 +123,7 @@ def load_config(path: str | Path) -> SnacConfig:
     """The config.json of a SNAC checkpoint folder (or the file itself)."""
     path = Path(path)
     found = path if path.suffix == ".json" else (path if path.is_dir() else path.parent) / "config.json"
-    if not found.is_file():
+    if not os.path.lexists(found):  # there but not a regular file: read_json says what it is
         raise CheckpointError(f"snac: no config.json at {found}")
     from flashrt.io.files import read_json
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +41,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders import register_vocoder
-from flashrt.frontends.vocoders.base import CheckpointSource, FeatureInput, VocoderFamily, VocoderSignature
+from flashrt.frontends.vocoders.base import (
+    CheckpointSource,
+    FeatureInput,
+    VocoderFamily,
+    VocoderSignature,
+    check_field_types,
+)
 from flashrt.io import build_on_meta
 from flashrt.io.weightmap import Rule, WeightMap
 from flashrt.nn.audio import EXACT, Reach
@@ -109,6 +115,7 @@ class VocosConfig:
     input: str = "codes"
 
     def __post_init__(self) -> None:
+        check_field_types(self, "vocos", zero_ok=("bandwidth_id",))
         if self.variant not in VARIANTS or self.padding not in PADDINGS or self.input not in INPUTS:
             raise ConfigError(f"vocos: variant {self.variant!r} {VARIANTS}, padding {self.padding!r} "
                               f"{PADDINGS}, input {self.input!r} {INPUTS}")
@@ -169,15 +176,17 @@ class VocosConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> VocosConfig:
-        with open(path) as f:
-            return cls.from_dict(yaml.safe_load(f))
+        """From a config.yaml: a regular, size-capped file (`flashrt.io.files.read_yaml`)."""
+        from flashrt.io.files import read_yaml
+
+        return cls.from_dict(read_yaml(path, "vocos config.yaml"))
 
 
 def load_config(path: str | Path) -> VocosConfig:
     """The config of a Vocos checkpoint folder (its config.yaml) or of a config.yaml path."""
     path = Path(path)
     found = path if path.suffix == ".yaml" else (path if path.is_dir() else path.parent) / "config.yaml"
-    if not found.is_file():
+    if not os.path.lexists(found):  # there but not a regular file: read_yaml says what it is
         raise CheckpointError(f"vocos: no config.yaml at {found}")
     return VocosConfig.from_yaml(found)
 

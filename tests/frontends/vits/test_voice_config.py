@@ -117,3 +117,61 @@ def test_the_largest_seed_speaks_every_sentence(voice):
 
     a = voice("One. Two.", seed=SEED_MAX)
     assert a.size and np.isfinite(a).all()
+
+
+def test_an_espeak_voice_espeak_does_not_have_fails_at_load(tmp_path):
+    pytest.importorskip("piper")
+    from flashrt.frontends.vits.voice import load_voice
+
+    onnx, cfg = _real()
+    folder = tmp_path / "voice"
+    folder.mkdir()
+    os.symlink(onnx, folder / "v.onnx")
+    cfg["espeak"]["voice"] = "xx-no-such-voice"
+    (folder / "v.onnx.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="espeak.voice 'xx-no-such-voice'"):
+        load_voice(folder)
+
+
+@pytest.mark.parametrize("option", [{"noise_scale": "loud"}, {"length_scale": [1.0]}, {"noise_w": True},
+                                    {"noise_scale": float("nan")}, {"speed": True}, {"speed": "2"},
+                                    {"speed": 4.5}, {"speed": float("inf")}])
+def test_piper_refuses_bad_scales_and_speeds_as_input_errors(voice, option):
+    name = next(iter(option))
+    with pytest.raises(InputError, match=name):
+        voice("Hello.", **option)
+    with pytest.raises(InputError, match=name):
+        voice.stream("Hello.", **option)
+
+
+def test_piper_scales_given_as_ints_or_numpy_numbers_speak_as_floats(voice):
+    import numpy as np
+
+    a = voice("Hello.", seed=3, noise_scale=0.5, length_scale=1, speed=np.float32(1.0))
+    b = voice("Hello.", seed=3, noise_scale=np.float64(0.5), length_scale=1.0, speed=1)
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("argv, word", [(["--seed", "-1"], "seed"), (["--seed", str(SEED_MAX + 1)], "seed"),
+                                        (["--speed", "9"], "speed"), (["--speed", "nan"], "speed")])
+def test_say_checks_seed_and_speed_before_loading_a_model(monkeypatch, capsys, tmp_path, argv, word):
+    from flashrt import cli
+    from flashrt.runner import tts
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("say loaded a model for a request it must refuse")
+
+    monkeypatch.setattr(tts, "load_tts", no_load)
+    assert cli.main(["say", "Hello.", "-o", str(tmp_path / "x.wav"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert word in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("text", ["Hello\x00 there.", "Hello \udc80 there."])
+def test_say_checks_the_text_before_loading_a_model(monkeypatch, capsys, tmp_path, text):
+    from flashrt import cli
+    from flashrt.runner import tts
+
+    monkeypatch.setattr(tts, "load_tts", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    assert cli.main(["say", text, "-o", str(tmp_path / "x.wav")]) == 2
+    assert "text" in capsys.readouterr().err
