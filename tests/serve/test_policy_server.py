@@ -4,7 +4,9 @@ oversize / disconnect cases, and the server still healthy after each."""
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import urllib.request
 from functools import cache
 
@@ -39,6 +41,22 @@ def server(one_thread):
 
 def _client(srv) -> websocket_client_policy.WebsocketClientPolicy:
     return websocket_client_policy.WebsocketClientPolicy(host="127.0.0.1", port=srv.port)
+
+
+def _error(reply, code: str) -> dict:
+    """The error of a text reply (`{"error": {"code", "type", "message"}}`), checked to carry `code`."""
+    assert isinstance(reply, str), reply
+    error = json.loads(reply)["error"]
+    assert error["code"] == code, error
+    assert isinstance(error["type"], str) and isinstance(error["message"], str)
+    return error
+
+
+def _good_call_on(ws, seed: int = 1) -> None:
+    """A good request on an open connection is answered exactly as in process."""
+    ws.send(msgpack_numpy.packb({**E2E.case(CASE).obs(0), "seed": seed}))
+    out = msgpack_numpy.unpackb(ws.recv(timeout=60))
+    assert np.array_equal(out["actions"], policy().infer(E2E.case(CASE).obs(0), seed=seed)["actions"])
 
 
 def _check_alive(srv) -> None:
@@ -78,8 +96,6 @@ def test_fifty_infers_equal_in_process(server):
 
 
 def test_concurrent_connections_get_their_own_results(server):
-    import threading
-
     obs = [E2E.case(CASE).obs(i) for i in range(3)]
     want = {(c, k): policy().infer(obs[c], seed=100 * c + k)["actions"] for c in range(3) for k in range(5)}
     got, errors = {}, []
@@ -121,30 +137,89 @@ def test_action_chunk_broker_steps_through_chunks(server):
     broker.reset()
 
 
-@pytest.mark.parametrize(("message", "expect"), [
-    (b"\xc1\x00garbage", "not a msgpack message"),
-    (msgpack.packb({"state": {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "|O", b"shape": [1]}}),
-     "dtype"),
-    (msgpack.packb({"state": {b"__ndarray__": True, b"data": b"\0" * 4, b"dtype": "<f4", b"shape": [9]}}),
-     "needs 36 bytes"),
-    (msgpack.packb([1, 2, 3]), "must be a map"),
-    ("a text frame", "expected a binary"),
+def _raw_array(dtype: str, data: bytes, shape: list) -> dict:
+    return {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}
+
+
+@pytest.mark.parametrize(("message", "code", "expect"), [
+    (b"\xc1\x00garbage", "invalid_message", "not a msgpack message"),
+    (msgpack.packb({"state": _raw_array("|O", b"\0" * 8, [1])}), "unsupported_dtype", "dtype"),
+    (msgpack.packb({"state": _raw_array("<f16", b"\0" * 96, [6])}), "unsupported_dtype", "float128"),
+    (msgpack.packb({"state": _raw_array("<c8", b"\0" * 48, [6])}), "unsupported_dtype", "complex64"),
+    (msgpack.packb({"state": _raw_array("<f4", b"\0" * 4, [9])}), "invalid_message", "needs 36 bytes"),
+    (msgpack.packb([1, 2, 3]), "invalid_observation", "must be a map"),
+    ("a text frame", "invalid_message", "expected a binary"),
 ])
-def test_malformed_message_gets_an_error_and_the_connection_stays(server, message, expect):
+def test_malformed_message_gets_an_error_and_the_connection_stays(server, message, code, expect):
     with connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
         assert unpackb(ws.recv(), 2**20)["server"] == "flashrt"
         ws.send(message)
-        reply = ws.recv()
-        assert isinstance(reply, str) and expect in reply
-        ws.send(msgpack_numpy.packb({**E2E.case(CASE).obs(0), "seed": 1}))  # same connection, good call
-        out = msgpack_numpy.unpackb(ws.recv())
-        assert np.array_equal(out["actions"], policy().infer(E2E.case(CASE).obs(0), seed=1)["actions"])
+        assert expect in _error(ws.recv(), code)["message"]
+        _good_call_on(ws)  # same connection, good call
+
+
+@pytest.mark.parametrize(("change", "code", "expect"), [
+    ({"state": np.full(2, np.nan, dtype=np.float32)}, "invalid_observation", "state"),
+    ({"seed": -1}, "invalid_observation", "seed"),
+    ({"seed": 1.5}, "invalid_observation", "seed"),
+    ({"images": {"nope": np.zeros((4, 4, 3), np.uint8)}}, "invalid_observation", "camera"),
+    ({"prompt": 5}, "invalid_observation", "prompt"),
+    ({"noise": "abc"}, "invalid_observation", "noise"),
+    ({"noise": {"x": 1}}, "invalid_observation", "noise"),
+    ({"noise": [[1.0] * 12] * 6}, "invalid_observation", "noise"),
+    ({"noise": np.zeros((3, 3), np.float32)}, "invalid_observation", "noise"),
+], ids=["nan-state", "negative-seed", "float-seed", "unknown-camera", "int-prompt", "text-noise", "map-noise",
+        "list-noise", "misshaped-noise"])
+def test_each_refusal_carries_its_code_and_the_connection_stays(server, change, code, expect):
+    with connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
+        ws.recv()
+        ws.send(msgpack_numpy.packb(_obs_with(**change)))
+        assert expect in _error(ws.recv(timeout=60), code)["message"]
+        _good_call_on(ws, seed=7)
+
+
+def test_error_codes_follow_the_error_class():
+    from flashrt.errors import CheckpointError, ConfigError, InputError, NumericalError
+    from flashrt.serve.policy_server import error_code
+
+    assert error_code(InputError("x")) == "invalid_observation"
+    assert error_code(ConfigError("x")) == "invalid_request"
+    assert error_code(NumericalError("x")) == "numerical_error"
+    assert error_code(CheckpointError("x")) == "policy_error"
+    assert error_code(WireError("x", "unsupported_dtype")) == "unsupported_dtype"
+    assert error_code(RuntimeError("x")) == "internal_error"
+
+
+def test_a_bug_is_answered_internal_error_and_closes_only_that_connection(one_thread, monkeypatch):
+    from websockets.exceptions import ConnectionClosed
+
+    with PolicyServer(policy(), port=0) as srv:
+        real = srv.policy.infer
+
+        def broken(obs, **kw):
+            if obs.get("prompt") == "boom":
+                raise RuntimeError("a bug")
+            return real(obs, **kw)
+
+        monkeypatch.setattr(srv.policy, "infer", broken)
+        with connect(f"ws://127.0.0.1:{srv.port}", max_size=None) as ws:
+            ws.recv()
+            ws.send(msgpack_numpy.packb(_obs_with(prompt="boom")))
+            assert "a bug" in _error(ws.recv(timeout=60), "internal_error")["message"]
+            with pytest.raises(ConnectionClosed) as info:
+                ws.recv(timeout=30)
+            assert info.value.rcvd.code == 1011
+        monkeypatch.undo()
+        with connect(f"ws://127.0.0.1:{srv.port}", max_size=None) as ws:
+            ws.recv()
+            _good_call_on(ws, seed=3)
 
 
 def test_bad_observation_through_openpi_client_raises_and_next_call_works(server):
     client, obs = _client(server), E2E.case(CASE).obs(0)
-    with pytest.raises(RuntimeError, match="InputError"):
+    with pytest.raises(RuntimeError, match='"code": "invalid_observation"') as info:
         client.infer({**obs, "state": np.full(2, np.nan, dtype=np.float32)})
+    assert "InputError" in str(info.value)
     with pytest.raises(RuntimeError, match="seed"):
         client.infer({**obs, "seed": -1})
     out = client.infer({**obs, "seed": 2})
@@ -251,18 +326,19 @@ def test_int_state_is_converted_exactly():
 
 @pytest.mark.parametrize(("sent", "expect"), [
     ({"images": {"top": np.full((37, 50, 3), 4000, np.uint16)}}, "does not fit uint8"),
+    ({"images": {"top": np.full((37, 50, 3), -1, np.int8)}}, "does not fit uint8"),
     ({"state": np.ones(6, bool)}, "bool array"),
     ({"state": np.full(6, 2**40, np.int64)}, "not exact in float32"),
-], ids=["uint16-image-out-of-range", "bool-state", "huge-int-state"])
+    ({"state": np.full(6, 2**25, np.uint32)}, "not exact in float32"),
+], ids=["uint16-image-out-of-range", "negative-int8-image", "bool-state", "huge-int-state",
+        "huge-uint32-state"])
 def test_lossy_dtypes_get_a_wire_error_and_the_connection_stays(server, sent, expect):
     with connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
         ws.recv()
         ws.send(msgpack_numpy.packb(_obs_with(**sent)))
-        reply = ws.recv()
-        assert isinstance(reply, str) and reply.startswith("WireError") and expect in reply
-        ws.send(msgpack_numpy.packb({**E2E.case(CASE).obs(0), "seed": 1}))
-        out = msgpack_numpy.unpackb(ws.recv())
-        assert np.array_equal(out["actions"], policy().infer(E2E.case(CASE).obs(0), seed=1)["actions"])
+        error = _error(ws.recv(), "unsupported_dtype")
+        assert error["type"] == "WireError" and expect in error["message"]
+        _good_call_on(ws)
 
 
 def test_the_default_message_limit_follows_the_policy():
@@ -300,6 +376,5 @@ def test_messages_beyond_the_byte_budget_are_refused_with_the_connection_kept(on
         with connect(f"ws://127.0.0.1:{srv.port}", max_size=None) as ws:
             ws.recv()
             ws.send(msgpack_numpy.packb(_obs_with(seed=1)))  # ~6 KB: twice its size is over 1000 bytes
-            reply = ws.recv(timeout=60)
-            assert isinstance(reply, str) and "server busy" in reply
+            assert "retry" in _error(ws.recv(timeout=60), "server_busy")["message"]
         assert srv._budget.held == 0
