@@ -378,3 +378,60 @@ def test_messages_beyond_the_byte_budget_are_refused_with_the_connection_kept(on
             ws.send(msgpack_numpy.packb(_obs_with(seed=1)))  # ~6 KB: twice its size is over 1000 bytes
             assert "retry" in _error(ws.recv(timeout=60), "server_busy")["message"]
         assert srv._budget.held == 0
+
+
+DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+          "float16", "float32", "float64"]
+
+
+def _dtype_case(role: str, dtype: str) -> tuple[dict, dict | None, str | None]:
+    """(what is sent, the observation in-process that must give the same chunk (None: refused), the
+    refusal's code). Values are chosen so that every integer dtype can hold them."""
+    obs = _obs_with(seed=9)
+    kind = np.dtype(dtype).kind
+    if role == "state":
+        value = np.arange(6) if kind in "biu" else obs["state"]
+        sent = {"state": value.astype(dtype)}
+        if kind == "b":
+            return sent, None, "unsupported_dtype"
+        return sent, {"state": sent["state"].astype(np.float32) if dtype != "float64" else sent["state"]}, None
+    if role == "image":  # 0..127 integer pixels: uint8 in-process; float data in 0..255 is not an image
+        img = obs["images"]["top"] // 2
+        sent = {"images": {"top": (img > 64) if kind == "b" else img.astype(dtype)}}
+        if kind == "f":
+            return sent, None, "invalid_observation"
+        return sent, {"images": {"top": sent["images"]["top"].astype(np.uint8)}}, None
+    if role == "unit-image":  # floats in [0, 1]: taken as they are (float16 widened exactly)
+        sent = {"images": {"top": (obs["images"]["top"] / 255.0).astype(dtype)}}
+        top = sent["images"]["top"]
+        return sent, {"images": {"top": top.astype(np.float32) if dtype == "float16" else top}}, None
+    noise = np.random.default_rng(0).standard_normal((1, 6, 12))  # the family's noise shape
+    sent = {"noise": (np.round(noise * 3) if kind in "iu" else noise).astype(dtype)}
+    if kind == "u":
+        sent["noise"] = np.abs(noise * 3).round().astype(dtype)
+    if kind == "b":
+        return sent, None, "unsupported_dtype"
+    return sent, {"noise": sent["noise"].astype(np.float32) if dtype != "float64" else sent["noise"]}, None
+
+
+DTYPE_CASES = [(role, dtype) for role in ("state", "image", "unit-image", "noise") for dtype in DTYPES
+               if role != "unit-image" or dtype.startswith("float")]
+
+
+@pytest.mark.parametrize(("role", "dtype"), DTYPE_CASES, ids=[f"{r}-{d}" for r, d in DTYPE_CASES])
+def test_every_dtype_is_converted_exactly_or_refused_with_the_connection_kept(server, role, dtype):
+    """Each wire dtype in each role: served bit-identically to the in-process call on the exactly
+    converted value, or refused with its code; then the same connection serves a good call."""
+    sent, want, code = _dtype_case(role, dtype)
+    with connect(f"ws://127.0.0.1:{server.port}", max_size=None) as ws:
+        ws.recv()
+        ws.send(msgpack_numpy.packb(_obs_with(seed=9, **sent)))
+        reply = ws.recv(timeout=60)
+        if want is None:
+            _error(reply, code)
+        else:
+            assert not isinstance(reply, str), reply
+            obs = _obs_with(**{k: v for k, v in want.items() if k != "noise"})
+            expect = policy().infer(obs, noise=want.get("noise"), seed=None if "noise" in want else 9)
+            assert np.array_equal(msgpack_numpy.unpackb(reply)["actions"], expect["actions"])
+        _good_call_on(ws, seed=2)
