@@ -394,7 +394,8 @@ def _dtype_case(role: str, dtype: str) -> tuple[dict, dict | None, str | None]:
         sent = {"state": value.astype(dtype)}
         if kind == "b":
             return sent, None, "unsupported_dtype"
-        return sent, {"state": sent["state"].astype(np.float32) if dtype != "float64" else sent["state"]}, None
+        state = sent["state"].astype(np.float32) if dtype != "float64" else sent["state"]
+        return sent, {"state": state}, None
     if role == "image":  # 0..127 integer pixels: uint8 in-process; float data in 0..255 is not an image
         img = obs["images"]["top"] // 2
         sent = {"images": {"top": (img > 64) if kind == "b" else img.astype(dtype)}}
@@ -435,3 +436,150 @@ def test_every_dtype_is_converted_exactly_or_refused_with_the_connection_kept(se
             expect = policy().infer(obs, noise=want.get("noise"), seed=None if "noise" in want else 9)
             assert np.array_equal(msgpack_numpy.unpackb(reply)["actions"], expect["actions"])
         _good_call_on(ws, seed=2)
+
+
+# ------------------------------------------------------------------------------- resources (#28.6)
+
+
+def _raw_handshake(port: int) -> socket.socket:
+    """A websocket opened by hand (to send a frame header without its payload); the metadata frame is
+    read and dropped."""
+    import base64
+    import os
+
+    raw = socket.create_connection(("127.0.0.1", port), timeout=30)
+    key = base64.b64encode(os.urandom(16)).decode()
+    raw.sendall(f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += raw.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    _raw_frame(raw)  # the metadata
+    return raw
+
+
+def _recv_exact(raw: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = raw.recv(n - len(data))
+        assert chunk, "connection closed mid-frame"
+        data += chunk
+    return data
+
+
+def _raw_frame(raw: socket.socket) -> tuple[int, bytes]:
+    """(opcode, payload) of the next unmasked server frame."""
+    b0, b1 = _recv_exact(raw, 2)
+    n = b1 & 0x7F
+    if n == 126:
+        n = int.from_bytes(_recv_exact(raw, 2), "big")
+    elif n == 127:
+        n = int.from_bytes(_recv_exact(raw, 8), "big")
+    return b0 & 0x0F, _recv_exact(raw, n)
+
+
+def test_an_oversized_message_is_refused_from_its_header_before_any_decoding(server, monkeypatch):
+    """A frame that announces more than the limit is refused (close 1009) before its payload arrives:
+    the server never buffers or decodes it, and goes on serving."""
+    from flashrt.serve import policy_server
+
+    decoded = []
+    monkeypatch.setattr(policy_server, "unpackb", lambda *a: decoded.append(a) or unpackb(*a))
+    with _raw_handshake(server.port) as raw:
+        raw.sendall(bytes([0x82, 0x80 | 127]) + (2**40).to_bytes(8, "big") + b"\0\0\0\0")  # no payload
+        opcode, payload = _raw_frame(raw)
+    assert opcode == 0x8 and int.from_bytes(payload[:2], "big") == 1009
+    assert decoded == []
+    _check_alive(server)
+
+
+def test_other_clients_are_served_while_a_large_message_is_decoded(one_thread, monkeypatch):
+    """Client A's 1080p message is held in decoding (a hook); meanwhile client B's pings are answered
+    and its requests served exactly; then A's message is served too."""
+    from flashrt.serve import policy_server
+
+    entered, release = threading.Event(), threading.Event()
+
+    def held(data, limit):
+        if len(data) > 2**20:
+            entered.set()
+            release.wait(60)
+        return unpackb(data, limit)
+
+    monkeypatch.setattr(policy_server, "unpackb", held)
+    big = np.random.default_rng(0).integers(0, 256, (1080, 1920, 3), dtype=np.uint8)
+    replies: list = []
+    with PolicyServer(policy(), port=0) as srv:
+        def client_a() -> None:
+            with connect(f"ws://127.0.0.1:{srv.port}", max_size=None) as ws:
+                ws.recv()
+                ws.send(msgpack_numpy.packb(_obs_with(images={"top": big}, seed=4)))
+                replies.append(ws.recv(timeout=60))
+
+        a = threading.Thread(target=client_a)
+        a.start()
+        try:
+            assert entered.wait(60)
+            with connect(f"ws://127.0.0.1:{srv.port}", max_size=None) as ws:
+                ws.recv()
+                assert ws.ping().wait(30)
+                for seed in (1, 2):
+                    _good_call_on(ws, seed=seed)
+                assert not replies  # A is still held in decoding
+        finally:
+            release.set()
+            a.join(60)
+    want = policy().infer(_obs_with(images={"top": big}), seed=4)["actions"]
+    assert len(replies) == 1 and np.array_equal(msgpack_numpy.unpackb(replies[0])["actions"], want)
+
+
+class _Described:
+    """A stand-in policy that only describes itself."""
+
+    chunk_size, action_dim, n_action_steps = 4, 2, 4
+
+    def __init__(self, described) -> None:
+        self.frontend = type("F", (), {"describe": lambda _self: described()})()
+
+
+def _fails():
+    raise ValueError("cannot describe")
+
+
+@pytest.mark.parametrize(("described", "frames"), [
+    (lambda: {"cameras": ["a", "b"]}, 2),
+    (lambda: {"cameras": ["a"], "frames_per_camera": 2}, 2),
+    (lambda: {"cameras": ["a", "b"], "frames_per_camera": 2}, None),  # 4 frames: over the 64 MiB cap
+    (lambda: {"cameras": 2}, 2),
+    (lambda: {"family": "x"}, None),
+    (lambda: {"cameras": []}, None),
+    (_fails, None),
+], ids=["two-cameras", "two-frames", "four-frames", "camera-count", "undescribed", "no-cameras",
+        "describe-fails"])
+def test_the_message_limit_counts_every_frame_the_policy_takes(described, frames):
+    """Each camera frame at up to 1080p float32 plus 1 MiB; the 64 MiB default when that is more or
+    when the policy does not say what it takes."""
+    from flashrt.serve.policy_server import DEFAULT_MAX_MESSAGE_BYTES, MAX_IMAGE_BYTES, message_limit
+
+    want = DEFAULT_MAX_MESSAGE_BYTES if frames is None else frames * MAX_IMAGE_BYTES + 2**20
+    assert message_limit(_Described(described)) == want
+
+
+def test_metadata_cuts_every_server_path_to_its_last_part(tmp_path):
+    from flashrt.serve.policy_server import policy_metadata
+
+    folder = tmp_path / "ckpt" / "pi05_libero"
+    folder.mkdir(parents=True)
+    meta = policy_metadata(_Described(lambda: {
+        "path": str(folder), "note": f"loaded from {folder} (lerobot)",
+        "files": [f"{folder}/model.safetensors"],
+        "home": "~/models/pi05_libero", "nested": {"tokenizer": f"tokenizer={tmp_path}/tok.model"},
+        "ratio": "3/4", "hub": "lerobot/pi05_base"}))
+    text = json.dumps(meta)
+    assert str(tmp_path) not in text and "~" not in text and "/ckpt" not in text
+    assert meta["policy"]["path"] == "pi05_libero"
+    assert meta["policy"]["note"] == "loaded from pi05_libero (lerobot)"
+    assert meta["policy"]["files"] == ["model.safetensors"] and meta["policy"]["home"] == "pi05_libero"
+    assert meta["policy"]["nested"]["tokenizer"] == "tokenizer=tok.model"
+    assert (meta["policy"]["ratio"], meta["policy"]["hub"]) == ("3/4", "lerobot/pi05_base")  # not paths
