@@ -273,8 +273,35 @@ def test_cli_user_errors_are_one_line(capsys, tmp_path):
 
     assert main(["serve-policy", str(tmp_path / "missing")]) == 2
     assert main(["serve-policy", str(tmp_path), "--port", "70000"]) == 2
+    assert main(["serve-policy", str(tmp_path), "--max-connections", "0"]) == 2
+    assert main(["serve-policy", str(tmp_path), "--max-held-mb", "0"]) == 2
     err = capsys.readouterr().err
-    assert "Traceback" not in err and err.count("flashrt: error") == 2
+    assert "Traceback" not in err and err.count("flashrt: error") == 4
+    assert "--max-connections" in err and "--max-held-mb" in err
+
+
+def test_cli_passes_the_resource_limits_to_the_server(monkeypatch):
+    from flashrt.cli import main
+    from flashrt.serve import policy_server
+
+    got = {}
+
+    class Stub:
+        host, port, max_message_bytes = "127.0.0.1", 0, 1
+
+        def __init__(self, policy, host, port, **kwargs):
+            got.update(kwargs)
+
+        def serve_forever(self):
+            return None
+
+        def close(self):
+            return None
+
+    monkeypatch.setattr(policy_server, "PolicyServer", Stub)
+    assert main(["serve-policy", str(E2E.case(CASE).policy_dir), "--tokenizer", str(E2E.TOKENIZER),
+                 "--max-connections", "5", "--max-held-mb", "3", "--max-message-mb", "2"]) == 0
+    assert got == {"max_connections": 5, "max_bytes_held": 3 * 2**20, "max_message_bytes": 2 * 2**20}
 
 
 def test_cli_passes_the_embodiment_to_the_family(capsys):
