@@ -185,6 +185,7 @@ def test_noise_is_copied_too():
 
     class Noisy(Echo):
         def infer(self, obs, noise=None, seed=None, guide=None):
+            self.entered.set()
             self.gate.wait(60)
             seen.append(np.array(noise, copy=True))
             return super().infer(obs)
@@ -195,6 +196,7 @@ def test_noise_is_copied_too():
         noise = np.ones((8, 3), np.float32)
         t = threading.Thread(target=lambda: ap.step({"state": np.zeros(3)}, noise=noise))
         t.start()
+        assert policy.entered.wait(60)  # the request is in the worker: `step` has taken its inputs
         noise[:] = -1  # written while the first request waits in the worker
         policy.gate.set()
         t.join(60)
