@@ -22,6 +22,9 @@ def serve_policy(
         help="largest observation message accepted, MiB (default: what the policy's cameras can need "
              "at 1080p float32, at most 64)")] = None,
     max_connections: Annotated[int, typer.Option(help="connections open at once; more are refused")] = 32,
+    max_held_mb: Annotated[float | None, typer.Option(
+        help="messages being decoded or waiting for the policy, all connections together, MiB; beyond "
+             "it a request is answered server_busy (default: 4 of the largest messages, decoded)")] = None,
     embodiment: Annotated[str | None, typer.Option(help="GROOT: the embodiment tag (or its id)")] = None,
 ) -> None:
     """Serve one policy to openpi-client over websockets (msgpack + numpy, metadata on connect)."""
@@ -35,12 +38,16 @@ def serve_policy(
         raise ConfigError(f"--max-message-mb {max_message_mb} must lie in (0, 4096]")
     if max_connections < 1:
         raise ConfigError(f"--max-connections {max_connections} must be at least 1")
+    if max_held_mb is not None and not 0 < max_held_mb <= 2**20:
+        raise ConfigError(f"--max-held-mb {max_held_mb} must lie in (0, 1048576]")
     from flashrt.io.hub import resolve_checkpoint
 
     policy = load_policy(resolve_checkpoint(path), device=device, precision=precision,
                          **cli_options(tokenizer, embodiment))
     limit = None if max_message_mb is None else int(max_message_mb * 2**20)
-    server = PolicyServer(policy, host, port, max_message_bytes=limit, max_connections=max_connections)
+    held = None if max_held_mb is None else int(max_held_mb * 2**20)
+    server = PolicyServer(policy, host, port, max_message_bytes=limit, max_connections=max_connections,
+                          max_bytes_held=held)
     typer.echo(f"flashrt serve-policy: {path} on ws://{server.host}:{server.port} (GET /healthz; messages "
                f"up to {server.max_message_bytes / 2**20:.1f} MiB)", err=True)
     try:

@@ -14,20 +14,37 @@ Observations are the ones `Policy.infer` takes (openpi style ``images`` / ``stat
 lerobot keys). Two optional keys are a flashrt extension: ``seed`` (int) and ``noise`` (the family's
 noise array) fix the randomness exactly as the in-process call does.
 
-Failure behaviour: a malformed message (not msgpack, a forbidden dtype, a bad observation) gets a text
-reply naming the problem and the connection stays usable; arrays in a dtype the policy cannot take are
-converted where no value changes (float16 -> float32, small integers -> float32, 0..255 integer images
--> uint8, `flashrt.serve.wire.coerce`), else refused the same way. A message over ``max_message_bytes``
-is refused by the websocket layer before any decoding (it closes that connection with code 1009); the
-default limit follows what the policy takes (`message_limit`: its cameras at up to 1920x1080 float32,
-plus 1 MiB), not a fixed 64 MiB. At most ``max_connections`` are open (more are closed at once with
-1013, try again later), and the messages held at once (received, decoding or waiting for the worker)
-stay within ``max_bytes_held``: a message beyond it gets a text reply and its connection stays. An
-unexpected error is answered and the connection closed with 1011; a client that disconnects while its
-request runs leaves the server healthy (the reply is dropped). Messages are decoded on their own
-connection's thread, so a large one never stalls other clients; inference runs one request at a time,
-in arrival order, on one worker thread (the only caller of the policy). Binds 127.0.0.1 unless told
-otherwise. The metadata sent on connect names the checkpoint by its folder's name, never a server path.
+Errors: a refused message gets a text reply, a JSON object in the speech server's shape,
+``{"error": {"code": .., "type": .., "message": ..}}`` (openpi-client raises it as a RuntimeError with
+that text). ``code`` is machine-readable (`ERROR_CODES`):
+
+    invalid_message       not msgpack, a text frame, a malformed array (`WireError`)
+    unsupported_dtype     an array the policy cannot take without changing its values (`WireError`)
+    invalid_observation   the observation is refused by the policy (`InputError`), or the server's own
+                          keys (``seed``, ``noise``) are malformed
+    invalid_request       a refused option (`ConfigError`)
+    numerical_error       the policy produced non-finite actions (`NumericalError`)
+    policy_error          any other flashrt error
+    server_busy           the messages held at once would exceed ``max_bytes_held``: retry
+    internal_error        a bug: the reply is followed by a close with 1011
+
+Every reply but ``internal_error`` keeps the connection usable, and the next good request on it is
+answered exactly as on a fresh connection. Arrays in a dtype the policy cannot take are converted
+where no value changes (float16 -> float32, small integers -> float32, 0..255 integer images -> uint8,
+`flashrt.serve.wire.coerce`), else refused (``unsupported_dtype``).
+
+Resources: a message over ``max_message_bytes`` is refused by the websocket layer from its frame header,
+before its payload is buffered or decoded (that connection is closed with 1009); the default limit
+follows what the policy takes (`message_limit`: each camera frame at up to 1920x1080 float32, plus
+1 MiB for state, prompt and noise; at most 64 MiB). At most ``max_connections`` are open (more are
+closed at once with 1013, "try again later"), so received messages hold at most max_connections x
+max_message_bytes; decoding one holds about `HELD_PER_BYTE` times its size, and the messages being
+decoded or waiting for the worker stay within ``max_bytes_held`` (beyond it: ``server_busy``, the
+connection stays). Messages are decoded on their own connection's thread, so a large one never stalls
+other clients (their pings and requests go on); inference runs one request at a time, in arrival order,
+on one worker thread (the only caller of the policy). A client that disconnects while its request runs
+leaves the server healthy (the reply is dropped). Binds 127.0.0.1 unless told otherwise. The metadata
+sent on connect names the checkpoint by its folder's name, never a path of the server.
 """
 
 from __future__ import annotations
@@ -35,6 +52,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -42,15 +60,40 @@ from concurrent.futures import Future
 from http import HTTPStatus
 from typing import Any
 
-from flashrt.errors import FlashRTError
+import numpy as np
+
+from flashrt.errors import ConfigError, FlashRTError, InputError, NumericalError
 from flashrt.serve.wire import WireError, coerce, packb, unpackb
 
-__all__ = ["PolicyServer", "policy_metadata", "message_limit", "DEFAULT_MAX_MESSAGE_BYTES"]
+__all__ = ["PolicyServer", "policy_metadata", "message_limit", "error_reply", "ERROR_CODES",
+           "DEFAULT_MAX_MESSAGE_BYTES"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
 MAX_IMAGE_BYTES = 1920 * 1080 * 3 * 4  # one camera frame at 1080p in float32
+HELD_PER_BYTE = 4  # a message being decoded: its bytes, msgpack's array bytes, the array copy, a conversion
+DEFAULT_HELD_MESSAGES = 4  # max_bytes_held defaults to this many largest messages being decoded at once
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_TRY_AGAIN_LATER = 1013
+SERVER_BUSY, INTERNAL_ERROR = "server_busy", "internal_error"
+# the code of each refused request's error class (the most specific class listed wins)
+ERROR_CODES: dict[type[BaseException], str] = {
+    InputError: "invalid_observation",
+    ConfigError: "invalid_request",
+    NumericalError: "numerical_error",
+    FlashRTError: "policy_error",
+}
+
+
+def error_code(exc: BaseException) -> str:
+    """The machine-readable code of a refused request (`ERROR_CODES`; a WireError names its own)."""
+    if isinstance(exc, WireError):
+        return exc.code
+    return next((ERROR_CODES[cls] for cls in type(exc).__mro__ if cls in ERROR_CODES), INTERNAL_ERROR)
+
+
+def error_reply(code: str, kind: str, message: str) -> str:
+    """The text reply of a refused request: ``{"error": {"code", "type", "message"}}`` as JSON."""
+    return json.dumps({"error": {"code": code, "type": kind, "message": message}})
 
 
 def policy_metadata(policy: Any) -> dict[str, Any]:
@@ -65,26 +108,43 @@ def policy_metadata(policy: Any) -> dict[str, Any]:
     return meta
 
 
+# an absolute or home-relative path inside a string: at its start or after a space, quote, '=' or '('
+_EMBEDDED_PATH = re.compile(r"(?:^|(?<=[\s=(\[\"']))(?:~|/)[^\s\"'()\[\],;]*")
+
+
 def _no_paths(value: Any) -> Any:
-    """A describe() nest with every string that names a path of this machine cut to its last part."""
+    """A describe() nest with every path of this machine cut to its last part: a string that is an
+    existing path, and any absolute or ``~`` path inside a string."""
     if isinstance(value, dict):
         return {k: _no_paths(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_no_paths(v) for v in value]
-    if isinstance(value, str) and (os.sep in value or value.startswith("~")) and (
-            os.path.isabs(value) or value.startswith("~") or os.path.exists(value)):
-        return os.path.basename(value.rstrip(os.sep)) or "."
-    return value
+    if not isinstance(value, str):
+        return value
+    if os.sep in value and os.path.exists(value):
+        return _last_part(value)
+    return _EMBEDDED_PATH.sub(lambda m: _last_part(m.group(0)), value)
+
+
+def _last_part(path: str) -> str:
+    return os.path.basename(path.rstrip(os.sep)) or "."
 
 
 def message_limit(policy: Any) -> int:
-    """The largest message an observation of `policy` can need: its cameras at up to 1080p float32
-    (`MAX_IMAGE_BYTES`), plus 1 MiB for state, prompt, noise and framing; at most the 64 MiB default."""
+    """The largest message an observation of `policy` can need: each of its camera frames (cameras x
+    ``frames_per_camera``) at up to 1080p float32 (`MAX_IMAGE_BYTES`), plus 1 MiB for state, prompt,
+    noise and framing; at most the 64 MiB default, which is also the limit of a policy that does not
+    describe its cameras."""
     try:
-        cameras = len(policy.frontend.describe().get("cameras") or []) or 1
+        described = policy.frontend.describe()
+        cameras = described.get("cameras")
+        frames = int(described.get("frames_per_camera") or 1)
     except (AttributeError, TypeError, ValueError):
         return DEFAULT_MAX_MESSAGE_BYTES
-    return min(DEFAULT_MAX_MESSAGE_BYTES, cameras * MAX_IMAGE_BYTES + 2**20)
+    count = len(cameras) if isinstance(cameras, list | tuple) else cameras
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1 or frames < 1:
+        return DEFAULT_MAX_MESSAGE_BYTES
+    return min(DEFAULT_MAX_MESSAGE_BYTES, count * frames * MAX_IMAGE_BYTES + 2**20)
 
 
 class _ByteBudget:
@@ -118,8 +178,11 @@ class PolicyServer:
         self.policy = policy
         self.max_message_bytes = int(max_message_bytes or message_limit(policy))
         self.max_connections = int(max_connections)
-        # a held message costs its bytes and its decoded copy
-        self._budget = _ByteBudget(max_bytes_held or 4 * 2 * self.max_message_bytes)
+        if self.max_message_bytes < 1 or self.max_connections < 1:
+            raise ConfigError(f"max_message_bytes ({self.max_message_bytes}) and max_connections "
+                              f"({self.max_connections}) must be positive")
+        held = max_bytes_held or DEFAULT_HELD_MESSAGES * HELD_PER_BYTE * self.max_message_bytes
+        self._budget = _ByteBudget(held)
         self._open = 0
         self._open_lock = threading.Lock()
         self.metadata = dict(metadata) if metadata is not None else policy_metadata(policy)
@@ -210,17 +273,17 @@ class PolicyServer:
 
     def _request(self, message: Any, prev_total_ms: float | None) -> tuple[bytes | str, bool]:
         """Decode on this connection's thread (within the byte budget), infer on the worker."""
-        cost = 2 * len(message)
+        cost = HELD_PER_BYTE * len(message)
         if not self._budget.take(cost):
             self.errors += 1
-            return (f"WireError: server busy: {self._budget.held} bytes of messages held "
-                    f"(limit {self._budget.limit}); retry", False)
+            return error_reply(SERVER_BUSY, "ServerBusy", f"{self._budget.held} bytes of messages held "
+                               f"(limit {self._budget.limit}); retry"), False
         try:
             try:
                 obs = coerce(unpackb(message, self.max_message_bytes))
             except WireError as exc:
                 self.errors += 1
-                return f"WireError: {exc}", False
+                return error_reply(exc.code, "WireError", str(exc)), False
             future: Future = Future()
             self._requests.put(((obs, prev_total_ms), future))
             return future.result()
@@ -233,22 +296,23 @@ class PolicyServer:
             reply = self._infer(obs)
         except (WireError, FlashRTError) as exc:
             self.errors += 1
-            return f"{type(exc).__name__}: {exc}", False
+            return error_reply(error_code(exc), type(exc).__name__, str(exc)), False
         except Exception as exc:  # a bug: say so, then close this connection (the server lives on)
             self.errors += 1
-            return f"internal error: {type(exc).__name__}: {exc}", True
+            return error_reply(INTERNAL_ERROR, type(exc).__name__, f"internal error: {exc}"), True
         if prev_total_ms is not None:
             reply["server_timing"]["prev_total_ms"] = prev_total_ms
         self.served += 1
         return packb(reply), False
 
     def _infer(self, obs: Any) -> dict[str, Any]:
-        from flashrt.errors import InputError
-
         if not isinstance(obs, dict):
             raise InputError(f"an observation must be a map, got {type(obs).__name__}")
         obs = dict(obs)
         seed, noise = obs.pop("seed", None), obs.pop("noise", None)
+        if noise is not None and not isinstance(noise, np.ndarray):  # a list, a map, text: not an array
+            raise WireError(f"noise must be a numeric array (or absent), got {type(noise).__name__}",
+                            "invalid_observation")
         start = time.perf_counter()
         out = self.policy.infer(obs, noise=noise, seed=seed)
         infer_ms = (time.perf_counter() - start) * 1e3

@@ -3,10 +3,15 @@
 An array travels as a map ``{b"__ndarray__": True, b"data": raw bytes, b"dtype": dtype.str,
 b"shape": [..]}`` and a numpy scalar as ``{b"__npgeneric__": True, b"data": value, b"dtype": ..}``.
 
-Decoding treats every message as untrusted: only bool, integer and float dtypes are rebuilt (an object
-or void dtype would have numpy read raw bytes as pointers), the byte count must equal shape x itemsize,
-nesting and sizes are capped, and anything else is a `WireError` (the server answers it and keeps the
-connection). Decoded arrays are copies (writable, owning their memory).
+Decoding treats every message as untrusted: only bool, integer and float dtypes of at most 8 bytes are
+rebuilt (an object or void dtype would have numpy read raw bytes as pointers; float128 is a type torch
+cannot hold), the byte count must equal shape x itemsize, nesting and sizes are capped, and anything else
+is a `WireError` (the server answers it and keeps the connection). Decoded arrays are copies (writable,
+owning their memory).
+
+Every `WireError` carries a machine-readable ``code``: "invalid_message" (not msgpack, a text frame, a
+malformed array), "unsupported_dtype" (a dtype, or values, the policy cannot take without changing
+them), "invalid_observation" (the server's own keys, e.g. ``noise`` that is not an array).
 """
 
 from __future__ import annotations
@@ -16,24 +21,36 @@ from typing import Any
 import msgpack
 import numpy as np
 
-__all__ = ["WireError", "packb", "unpackb", "MAX_DIMS", "coerce"]
+__all__ = ["WireError", "packb", "unpackb", "MAX_DIMS", "MAX_ITEMSIZE", "coerce"]
 
 ALLOWED_KINDS = frozenset("biuf")
+MAX_ITEMSIZE = 8  # float64 / int64: the widest dtypes both numpy and torch hold
 MAX_DIMS = 8
 
 
 class WireError(ValueError):
-    """A message that is not valid openpi msgpack (or asks for a forbidden dtype / shape)."""
+    """A message that is not valid openpi msgpack (or asks for a forbidden dtype / shape); ``code`` says
+    which kind (module docstring)."""
+
+    def __init__(self, message: str, code: str = "invalid_message") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _sendable(dtype: np.dtype) -> bool:
+    return dtype.kind in ALLOWED_KINDS and dtype.itemsize <= MAX_ITEMSIZE
 
 
 def _encode(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
-        if obj.dtype.kind not in ALLOWED_KINDS:
+        if not _sendable(obj.dtype):
             raise TypeError(f"cannot send an array of dtype {obj.dtype}")
         arr = np.ascontiguousarray(obj)
         return {b"__ndarray__": True, b"data": arr.tobytes(), b"dtype": arr.dtype.str,
                 b"shape": list(arr.shape)}
     if isinstance(obj, np.generic):
+        if not _sendable(obj.dtype):
+            raise TypeError(f"cannot send a scalar of dtype {obj.dtype}")
         return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
     raise TypeError(f"cannot send a {type(obj).__name__}")
 
@@ -50,8 +67,9 @@ def _dtype(spec: Any) -> np.dtype:
         dtype = np.dtype(spec.decode() if isinstance(spec, bytes) else spec)
     except (TypeError, ValueError, UnicodeDecodeError) as exc:
         raise WireError(f"unknown array dtype {spec!r}") from exc
-    if dtype.kind not in ALLOWED_KINDS or dtype.itemsize > 16:
-        raise WireError(f"array dtype {dtype} is not accepted (only bool, int, uint, float)")
+    if not _sendable(dtype):
+        raise WireError(f"array dtype {dtype} is not accepted (only bool, int, uint and float of at most "
+                        f"{8 * MAX_ITEMSIZE} bits)", "unsupported_dtype")
     return dtype
 
 
@@ -145,14 +163,14 @@ def _as_uint8(arr: np.ndarray, path: str) -> np.ndarray:
         return arr
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 255):
         raise WireError(f"{path}: a {arr.dtype} image with values in [{int(arr.min())}, {int(arr.max())}] "
-                        f"does not fit uint8; send uint8 (0..255) or float (0..1)")
+                        f"does not fit uint8; send uint8 (0..255) or float (0..1)", "unsupported_dtype")
     return arr.astype(np.uint8)
 
 
 def _as_float32(arr: np.ndarray, path: str) -> np.ndarray:
     if arr.dtype.kind == "b":
-        raise WireError(f"{path}: a bool array where numbers are expected; send float32")
+        raise WireError(f"{path}: a bool array where numbers are expected; send float32", "unsupported_dtype")
     if arr.size and int(np.abs(arr.astype(np.int64) if arr.dtype != np.uint64 else arr).max()) > FLOAT_EXACT:
         raise WireError(f"{path}: {arr.dtype} values beyond {FLOAT_EXACT} are not exact in float32; "
-                        f"send float32")
+                        f"send float32", "unsupported_dtype")
     return arr.astype(np.float32)

@@ -185,6 +185,7 @@ def test_noise_is_copied_too():
 
     class Noisy(Echo):
         def infer(self, obs, noise=None, seed=None, guide=None):
+            self.entered.set()
             self.gate.wait(60)
             seen.append(np.array(noise, copy=True))
             return super().infer(obs)
@@ -195,6 +196,7 @@ def test_noise_is_copied_too():
         noise = np.ones((8, 3), np.float32)
         t = threading.Thread(target=lambda: ap.step({"state": np.zeros(3)}, noise=noise))
         t.start()
+        assert policy.entered.wait(60)  # the request is in the worker: `step` has taken its inputs
         noise[:] = -1  # written while the first request waits in the worker
         policy.gate.set()
         t.join(60)
@@ -252,3 +254,52 @@ def test_the_queue_length_branch_requests_at_equality():
             ap.step({})
         assert [c.request_step for c in ap.chunks[:2]] == [0, 5]
         assert ap.chunks[1].frozen == 3  # the queue it was requested with: 3 actions left
+
+
+class _ReadsLate:
+    """Pi0.5 whose worker reads the observation of a request made at tick T only after the caller has
+    written tick T + 1's observation into the same arrays (`writes` counts them; the first chunk is
+    exempt: `step` waits for it, so the caller cannot write meanwhile)."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.frontend = policy, policy.frontend
+        self.chunk_size, self.n_action_steps = policy.chunk_size, policy.n_action_steps
+        self.writes, self.calls, self.async_policy = 0, 0, None
+        self.written = threading.Condition()
+
+    def wrote(self) -> None:
+        with self.written:
+            self.writes += 1
+            self.written.notify_all()
+
+    def infer(self, obs, noise=None, seed=None, guide=None):
+        requested = self.async_policy.chunks[-1].request_step  # the chunk in flight (one at a time)
+        with self.written:
+            self.calls += 1
+            if self.calls > 1:
+                assert self.written.wait_for(lambda: self.writes > requested, timeout=60)
+        return self.policy.infer(obs, noise=noise, seed=seed, guide=guide)
+
+
+def test_a_loop_that_reuses_its_arrays_gets_the_chunks_of_the_observations_it_gave():
+    """A robot loop writes each next observation into the same state and image arrays right after
+    `step` returns; every executed action equals the synchronous policy's chunk for a copy of the
+    observation of the tick it came from."""
+    late = _ReadsLate(policy())
+    first = _obs(0)
+    state, image = first["state"].copy(), first["images"]["top"].copy()
+    obs = {"images": {"top": image}, "state": state, "prompt": first["prompt"]}
+    given, executed = [], []
+    with AsyncPolicy(late, transition="none", delay_steps=1, margin=0, on_late="wait") as ap:
+        late.async_policy = ap
+        for tick in range(12):
+            given.append({"images": {"top": image.copy()}, "state": state.copy(), "prompt": obs["prompt"]})
+            executed.append((ap.step(obs, seed=20), ap.source_step))
+            state[:] = first["state"] + 0.25 * (tick + 1)  # the next observation, written in place
+            image[:] = np.roll(first["images"]["top"], 3 * (tick + 1), axis=1)
+            late.wrote()
+        index = {c.request_step: c.index for c in ap.chunks}
+    assert len(index) >= 3  # replanned from reused arrays more than once
+    for tick, (action, source) in enumerate(executed):
+        chunk = policy().infer(given[source], seed=20 + index[source])["actions"]
+        assert np.array_equal(action, chunk[tick - source]), tick
