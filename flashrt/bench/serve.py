@@ -260,20 +260,21 @@ def _render(record: dict[str, Any]) -> None:
         for lv in levels:
             apart = lv["cancelled"] + lv["slow"] + lv["unsent"]
             table.add_row(f"{lv['load']:.3g}x", str(lv["offered"]), f"{lv['goodput']:.2f}", str(lv["served"]),
-                          str(lv["on_time"]), _refusals(lv["refused"]), str(lv["errors"]),
+                          str(lv["on_time"]), str(sum(lv["refused"].values())), str(lv["errors"]),
                           str(lv["timeouts"]), str(apart), _fmt(lv["ttfa_ms"]["p50"]),
                           _fmt(lv["ttfa_ms"]["p99"]), _fmt(lv["total_ms"]["p99"]), _fmt(lv["rtf"]["p50"], 3),
                           _fmt(lv["client_lag_ms"]["p99"]))
         console.print(table)
+        codes = [f"{lv['load']:.3g}x {_refusals(lv['refused'])}" for lv in levels if lv["refused"]]
+        if codes:
+            console.print(f"refused by code: {'; '.join(codes)}")
     console.print("apart: clients that hang up or read nothing on purpose, or were not sent before the "
                   "level's cap (out of goodput's denominator); lag: how late the client sent a request "
                   "against its schedule (ms)")
 
 
 def _refusals(refused: dict[str, int]) -> str:
-    total = sum(refused.values())
-    codes = ", ".join(f"{k} {v}" for k, v in sorted(refused.items()))
-    return f"{total} ({codes})" if total else "0"
+    return ", ".join(f"{code} {n}" for code, n in sorted(refused.items()))
 
 
 def _plot(record: dict[str, Any], path: Path) -> str:
