@@ -1,19 +1,24 @@
 """`flashrt bench serve`: the speech server under open-loop load (`flashrt.bench.serve_load`).
 
     flashrt bench serve --voice en_US-joe-medium --loads 1,2,4,8 --requests 24 --compare-admission
+    flashrt bench serve --trace requests.jsonl --compare-admission      # a frozen trace, replayed as is
 
 Without ``--url`` it serves the voice in this process (127.0.0.1, a free port) and measures that
 server; with ``--url`` it measures a running `flashrt serve`. Requests ask for ``pcm`` (24 kHz). Admission:
-"on" sends each request with ``ttfa_deadline_ms`` = the goodput deadline, so the server refuses at once
+"on" sends each request with ``ttfa_deadline_ms`` = its goodput deadline, so the server refuses at once
 what it cannot start in time (503 ``deadline_unmeetable``); ``--compare-admission`` runs both on the
-same trace, side by side. Tables on stderr, results.json and serve.png under ``--out``, one JSON line
-last on stdout. The policy server is not covered yet.
+same arrivals, side by side. Variants: ``--cancel-every N`` (every Nth client hangs up after its first
+audio), ``--slow-consumer N`` (every Nth client reads no audio and holds its connection ``--slow-hold``
+seconds). Tables on stderr, results.json (every request's record) and serve.png under ``--out``, one
+JSON line last on stdout. Only the speech server (`flashrt serve`) for now: the policy server
+(`flashrt serve-policy`) is not covered yet.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,11 +35,15 @@ def bench_serve(
     loads: Annotated[str, typer.Option(help="offered loads, multiples of single-stream capacity")]
     = "1,2,4,8",
     requests: Annotated[int, typer.Option(help="requests offered per load level")] = 24,
+    trace: Annotated[Path | None, typer.Option(help="replay this frozen trace (JSONL: t, text, optional "
+                                               "deadline_ms, cancel_s) instead of Poisson levels")] = None,
     warm: Annotated[int, typer.Option(help="sequential warm requests that measure the capacity")] = 4,
     ttfa_factor: Annotated[float, typer.Option(help="goodput deadline: this x the single-stream TTFA")] = 3.0,
     admission: Annotated[bool, typer.Option(help="send the deadline with each request")] = False,
     compare_admission: Annotated[bool, typer.Option(help="run without and with admission")] = False,
     cancel_every: Annotated[int, typer.Option(help="every Nth client hangs up after its first audio")] = 0,
+    slow_consumer: Annotated[int, typer.Option(help="every Nth client reads no audio (a slow consumer)")] = 0,
+    slow_hold: Annotated[float, typer.Option(help="s a slow consumer holds its connection")] = 5.0,
     timeout: Annotated[float, typer.Option(help="client timeout per request, s")] = 60.0,
     level_cap: Annotated[float, typer.Option(help="wall-clock cap per load level, s")] = 180.0,
     max_pending: Annotated[int, typer.Option(help="in-process server: requests held at once")] = 16,
@@ -42,28 +51,72 @@ def bench_serve(
     out: Annotated[Path | None, typer.Option(help="output folder [bench/results/serve-...]")] = None,
     plot: Annotated[bool, typer.Option(help="write serve.png")] = True,
 ) -> None:
-    """Open-loop load against the speech server: goodput, TTFA and refusals against offered load."""
-    from flashrt.bench.cli import _finish, _out_dir
-    from flashrt.errors import ConfigError
+    """Open-loop load against the speech server (`flashrt serve`; the policy server is not covered yet):
+    goodput, TTFA and refusals against offered load."""
+    from flashrt.bench.cli import _failure, _finish, _out_dir, _save_then_plot
+    from flashrt.errors import ConfigError, FlashRTError
 
-    levels = _loads(loads)
-    if requests < 1 or warm < 1 or not ttfa_factor > 0 or not timeout > 0 or not level_cap > 0:
-        raise ConfigError("--requests and --warm must be >= 1; --ttfa-factor, --timeout, --level-cap > 0")
-    folder = _out_dir(out, "serve", Path(voice).name or voice, "speech")
-    with _target(voice, url, max_pending) as (base, name):
-        record = asyncio.run(_measure(base, name, levels, requests, warm, ttfa_factor,
-                                      _modes(admission, compare_admission), cancel_every, timeout,
-                                      level_cap, seed))
+    name = Path(voice).name or voice
+    try:
+        plan = _Plan(_loads(loads), requests, warm, ttfa_factor, _modes(admission, compare_admission),
+                     cancel_every, slow_consumer, slow_hold, timeout, level_cap, seed,
+                     None if trace is None else _trace(trace))
+        if min(requests, warm) < 1 or min(cancel_every, slow_consumer) < 0 \
+                or not min(ttfa_factor, timeout, level_cap) > 0 or not slow_hold >= 0:
+            raise ConfigError("--requests and --warm must be >= 1, --cancel-every and --slow-consumer >= 0, "
+                              "--slow-hold >= 0; --ttfa-factor, --timeout, --level-cap > 0")
+    except FlashRTError as exc:  # a bad option: its error and the JSON line, no output folder
+        return _finish(_failure("serve", name, "speech", exc), None)
+    folder = _out_dir(out, "serve", name, "speech")
+    try:
+        with _target(voice, url, max_pending) as (base, served_name):
+            record = asyncio.run(_measure(base, served_name, plan))
+    except (FlashRTError, ImportError) as exc:
+        return _finish(_failure("serve", name, "speech", exc), folder)
     _render(record)
-    files = {}
-    if plot:
-        files["png"] = _plot(record, folder / "serve.png")
     record["status"] = "ok"
+    files = _save_then_plot(record, folder, plot, "serve.png", _plot)
     line = {"bench": "serve", "voice": record["voice"], "capacity_rps": record["capacity_rps"],
-            "deadline_ms": record["deadline_ms"],
+            "deadline_ms": record["deadline_ms"], "trace": record["trace"],
             "goodput": {m: [lv["goodput"] for lv in r] for m, r in record["modes"].items()},
-            "loads": levels, "status": "ok"}
+            "loads": [lv["load"] for lv in next(iter(record["modes"].values()))], "status": "ok"}
     _finish({**record, "line": line}, folder, files)
+
+
+def _trace(path: Path) -> list[Any]:
+    from flashrt.bench.serve_load import parse_trace
+
+    return parse_trace(path)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What `_measure` runs (the command's options)."""
+
+    levels: list[float]
+    requests: int
+    warm: int
+    factor: float
+    modes: list[str]
+    cancel_every: int
+    slow_every: int
+    slow_hold_s: float
+    timeout_s: float
+    cap_s: float
+    seed: int
+    trace: list[Any] | None
+
+    def arrivals(self, capacity: float) -> list[tuple[float, list[Any]]]:
+        """(load as a multiple of `capacity`, arrivals) per level: the trace once, as recorded (its
+        load is its mean rate over its span), or one seeded Poisson schedule per load."""
+        from flashrt.bench.serve_load import TEXTS, poisson_arrivals
+
+        if self.trace is not None:
+            span = max(self.trace[-1].t, 1e-9)
+            return [(len(self.trace) / span / capacity, self.trace)]
+        return [(load, poisson_arrivals(load * capacity, self.requests, self.seed + k, TEXTS,
+                                        self.cancel_every, self.slow_every))
+                for k, load in enumerate(self.levels)]
 
 
 def _loads(text: str) -> list[float]:
@@ -111,38 +164,42 @@ class _target:
             self.server.close()
 
 
-async def _measure(url: str, voice: str, levels: list[float], requests: int, warm: int,
-                   factor: float, modes: list[str], cancel_every: int, timeout: float, cap: float,
-                   seed: int) -> dict[str, Any]:
-    from flashrt.bench.serve_load import TEXTS, poisson_schedule, run_level, single_stream, summarize
+async def _measure(url: str, voice: str, plan: _Plan) -> dict[str, Any]:
+    from flashrt.bench.serve_load import TEXTS, run_level, single_stream, summarize
     from flashrt.serve.app import PCM_RATE
 
     bps = 2.0 * PCM_RATE  # the requests ask for OpenAI's pcm: 16-bit mono at 24 kHz
-    cold, warm_runs = await single_stream(url, voice, TEXTS, warm, timeout, bps)
+    cold, warm_runs = await single_stream(url, voice, TEXTS, plan.warm, plan.timeout_s, bps)
     served = [o for o in warm_runs if o.served]
     if not served:
         from flashrt.errors import ConfigError
 
-        raise ConfigError(f"the server at {url} served none of {warm} sequential requests "
+        raise ConfigError(f"the server at {url} served none of {plan.warm} sequential requests "
                           f"({[o.status or o.error for o in warm_runs]})")
     mean_total_s = sum(o.total_ms for o in served) / len(served) / 1e3
     ttfa = sorted(o.ttfa_ms for o in served)[len(served) // 2]
-    capacity, deadline = 1.0 / mean_total_s, factor * ttfa
+    capacity, deadline = 1.0 / mean_total_s, plan.factor * ttfa
     record: dict[str, Any] = {
         "voice": voice, "url": url, "capacity_rps": capacity, "deadline_ms": deadline,
-        "single_stream": {"cold": _outcome(cold), "warm_ttfa_ms": ttfa, "warm_total_ms": mean_total_s * 1e3},
-        "requests_per_level": requests, "modes": {},
+        "single_stream": {"cold": _outcome(cold), "warm_ttfa_ms": ttfa, "warm_total_ms": mean_total_s * 1e3,
+                          "warm": [_outcome(o) for o in warm_runs]},
+        "requests_per_level": len(plan.trace) if plan.trace is not None else plan.requests,
+        "trace": plan.trace is not None, "variants": {"cancel_every": plan.cancel_every,
+                                                      "slow_consumer": plan.slow_every,
+                                                      "slow_hold_s": plan.slow_hold_s},
+        "modes": {},
     }
-    for mode in modes:
-        extra = {"ttfa_deadline_ms": deadline} if mode == "on" else None
+    levels = plan.arrivals(capacity)
+    for mode in plan.modes:
         results = []
-        for k, load in enumerate(levels):
-            schedule = poisson_schedule(load * capacity, requests, seed + k)
+        for load, arrivals in levels:
+            before = await _drained_health(url, voice, plan.timeout_s)
             start = time.perf_counter()
-            outcomes = await run_level(url, voice, schedule, TEXTS, timeout, bps, cap, extra, cancel_every)
+            outcomes = await run_level(url, voice, arrivals, plan.timeout_s, bps, plan.cap_s,
+                                       deadline if mode == "on" else None, plan.slow_hold_s)
             level = summarize(load, load * capacity, outcomes, deadline)
             level.wall_s = time.perf_counter() - start
-            level.server = await _drained_health(url, voice, timeout)
+            level.server = _since(before, await _drained_health(url, voice, plan.timeout_s))
             results.append(level.to_dict())
         record["modes"][mode] = results
     return record
@@ -153,7 +210,8 @@ def _outcome(o: Any) -> dict[str, Any]:
 
 
 async def _drained_health(url: str, voice: str, timeout: float) -> dict[str, Any]:
-    """The server's statistics for `voice` once it holds no request (bounded wait)."""
+    """The server's statistics for `voice` once it holds no request (bounded wait): refusals and
+    outcomes (counts since it started), queue time and each stage's service / batch / fill."""
     import httpx
 
     async with httpx.AsyncClient(timeout=10.0) as client:
@@ -162,11 +220,22 @@ async def _drained_health(url: str, voice: str, timeout: float) -> dict[str, Any
             health = (await client.get(f"{url}/health")).json()
             chain = health.get("chains", {}).get(voice, {})
             if chain.get("pending", 0) == 0 or time.perf_counter() > deadline:
-                stage = next(iter(chain.get("stages", {}).values()), {})
-                return {"refusals": health.get("refusals"), "outcomes": chain.get("outcomes"),
-                        "queue_ms": chain.get("queue_ms"), "service_ms": stage.get("service_ms"),
-                        "batch": stage.get("batch"), "fill": stage.get("fill")}
+                stages = {name: {k: s.get(k) for k in ("service_ms", "items", "batch", "fill") if k in s}
+                          for name, s in chain.get("stages", {}).items()}
+                return {"refusals": health.get("refusals") or {}, "outcomes": chain.get("outcomes") or {},
+                        "pending": chain.get("pending"), "queue_ms": chain.get("queue_ms"),
+                        "stages": stages}
             await asyncio.sleep(0.05)
+
+
+def _since(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """`after` with its counts (refusals, outcomes) made this level's: less those of `before`. The
+    latency figures (queue_ms, stages) stay the server's, over everything it has served."""
+    def delta(key: str) -> dict[str, int]:
+        return {k: v - before[key].get(k, 0) for k, v in after[key].items() if v - before[key].get(k, 0)}
+
+    return {**after, "refusals": delta("refusals"), "outcomes": delta("outcomes"),
+            "cumulative": {"refusals": after["refusals"], "outcomes": after["outcomes"]}}
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -186,23 +255,32 @@ def _render(record: dict[str, Any]) -> None:
     for mode, levels in record["modes"].items():
         table = Table(title=f"admission {mode}")
         for col in ("load", "offered", "goodput", "served", "on time", "refused", "errors", "timeouts",
-                    "TTFA p50", "TTFA p99", "total p99", "RTF p50"):
+                    "apart", "TTFA p50", "TTFA p99", "total p99", "RTF p50", "lag p99"):
             table.add_column(col, justify="right")
         for lv in levels:
-            table.add_row(f"{lv['load']:g}x", str(lv["offered"]), f"{lv['goodput']:.2f}", str(lv["served"]),
+            apart = lv["cancelled"] + lv["slow"] + lv["unsent"]
+            table.add_row(f"{lv['load']:.3g}x", str(lv["offered"]), f"{lv['goodput']:.2f}", str(lv["served"]),
                           str(lv["on_time"]), str(sum(lv["refused"].values())), str(lv["errors"]),
-                          str(lv["timeouts"]), _fmt(lv["ttfa_ms"]["p50"]), _fmt(lv["ttfa_ms"]["p99"]),
-                          _fmt(lv["total_ms"]["p99"]), _fmt(lv["rtf"]["p50"], 3))
+                          str(lv["timeouts"]), str(apart), _fmt(lv["ttfa_ms"]["p50"]),
+                          _fmt(lv["ttfa_ms"]["p99"]), _fmt(lv["total_ms"]["p99"]), _fmt(lv["rtf"]["p50"], 3),
+                          _fmt(lv["client_lag_ms"]["p99"]))
         console.print(table)
+        codes = [f"{lv['load']:.3g}x {_refusals(lv['refused'])}" for lv in levels if lv["refused"]]
+        if codes:
+            console.print(f"refused by code: {'; '.join(codes)}")
+    console.print("apart: clients that hang up or read nothing on purpose, or were not sent before the "
+                  "level's cap (out of goodput's denominator); lag: how late the client sent a request "
+                  "against its schedule (ms)")
+
+
+def _refusals(refused: dict[str, int]) -> str:
+    return ", ".join(f"{code} {n}" for code, n in sorted(refused.items()))
 
 
 def _plot(record: dict[str, Any], path: Path) -> str:
-    try:
-        from flashrt.profile.plots import _pyplot
+    from flashrt.profile.plots import _pyplot
 
-        plt = _pyplot()
-    except ImportError:
-        return "none (matplotlib not installed: pip install 'flashrt[plot]')"
+    plt = _pyplot()  # ImportError without matplotlib: `_save_then_plot` records why there is no figure
     fig, (good, p99) = plt.subplots(1, 2, figsize=(11, 4))
     for mode, levels in record["modes"].items():
         x = [lv["load"] for lv in levels]
@@ -214,7 +292,7 @@ def _plot(record: dict[str, Any], path: Path) -> str:
     p99.axhline(record["deadline_ms"], color="gray", linestyle="--", label="deadline")
     loads = [lv["load"] for lv in next(iter(record["modes"].values()))]
     for ax in (good, p99):
-        ax.set_xticks(loads, [f"{v:g}x" for v in loads])
+        ax.set_xticks(loads, [f"{v:.3g}x" for v in loads])
         ax.minorticks_off()
         ax.legend()
         ax.grid(alpha=0.3)

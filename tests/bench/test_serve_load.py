@@ -11,8 +11,15 @@ import pytest
 pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from flashrt.bench.serve_load import Outcome, poisson_schedule, summarize  # noqa: E402
-from flashrt.errors import CheckpointError  # noqa: E402
+from flashrt.bench.serve_load import (  # noqa: E402
+    Arrival,
+    Outcome,
+    parse_trace,
+    poisson_arrivals,
+    poisson_schedule,
+    summarize,
+)
+from flashrt.errors import CheckpointError, ConfigError  # noqa: E402
 from flashrt.frontends.registry import TtsFamily, register_tts_family, unregister_tts_family  # noqa: E402
 
 
@@ -23,6 +30,16 @@ def test_the_poisson_schedule_is_seeded_increasing_and_at_its_rate():
     assert 3.6 < len(a) / a[-1] < 4.4  # 2000 arrivals: the mean rate is within 10 % of 4/s
     with pytest.raises(ValueError):
         poisson_schedule(0.0, 3, seed=0)
+    with pytest.raises(ValueError):
+        poisson_schedule(float("inf"), 3, seed=0)
+
+
+def test_poisson_arrivals_mark_every_nth_client():
+    arrivals = poisson_arrivals(2.0, 12, seed=1, texts=("a", "b"), hang_up_every=3, slow_every=4)
+    assert [a.t for a in arrivals] == poisson_schedule(2.0, 12, seed=1)
+    assert [a.text for a in arrivals[:3]] == ["a", "b", "a"]
+    assert [i for i, a in enumerate(arrivals) if a.slow] == [3, 7, 11]
+    assert [i for i, a in enumerate(arrivals) if a.hang_up] == [2, 5, 8]  # 11 is slow, not both
 
 
 def _served(i, ttfa, total=200.0, audio_s=1.0):
@@ -46,6 +63,65 @@ def test_goodput_counts_every_offered_request():
     assert level.errors == 2 and level.timeouts == 1
     assert level.ttfa_ms["count"] == 3 and level.ttfa_ms["max"] == 150.0
     assert level.rtf["p50"] == pytest.approx(0.2)
+    assert len(level.requests) == 9 and level.requests[3]["code"] == "server_busy"
+
+
+def test_slow_unsent_and_own_deadlines_in_the_accounting():
+    outcomes = [
+        _served(0, 150.0),                                             # late for the level's 100 ms
+        Outcome(1, 0.0, status=200, ttfa_ms=150.0, total_ms=300.0, audio_s=1.0, deadline_ms=200.0),  # on time
+        Outcome(2, 0.0, status=200, ttfa_ms=60.0, total_ms=90.0, audio_s=1.0, deadline_ms=50.0),     # late
+        Outcome(3, 0.0, status=200, error="slow"),
+        Outcome(4, 9.0, error="unsent"),
+        Outcome(5, 0.0, error="cancelled"),                              # hung up before any response
+        Outcome(6, 0.0, status=503, code="server_busy"),
+    ]
+    level = summarize(1.0, 1.0, outcomes, deadline_ms=100.0)
+    assert (level.served, level.on_time, level.slow, level.unsent, level.cancelled) == (3, 1, 1, 1, 1)
+    assert level.goodput == pytest.approx(1 / 4)  # 3 served + 1 refused are counted; 3 are apart
+    accounted = (level.served + sum(level.refused.values()) + level.errors + level.timeouts + level.cancelled
+                 + level.slow + level.unsent)
+    assert accounted == level.offered == 7
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "trace.jsonl"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_trace_is_parsed_and_sorted(tmp_path):
+    path = _write(tmp_path, '{"t": 0.5, "text": "b", "deadline_ms": 300}\n\n'
+                            '{"t": 0, "text": "a", "cancel_s": 1.5}\n')
+    assert parse_trace(path) == [Arrival(0.0, "a", None, 1.5), Arrival(0.5, "b", 300.0, None)]
+
+
+@pytest.mark.parametrize("line, words", [
+    ("not json", "not JSON"),
+    ("[1, 2]", "JSON object"),
+    ('{"t": 0, "text": "a", "speed": 2}', "unknown keys ['speed']"),
+    ('{"t": 0}', "'text'"),
+    ('{"t": 0, "text": "  "}', "'text'"),
+    ('{"text": "a"}', "'t' must be a finite number"),
+    ('{"t": -1, "text": "a"}', "'t' must be >= 0"),
+    ('{"t": true, "text": "a"}', "'t' must be a finite number"),
+    ('{"t": 0, "text": "a", "deadline_ms": 0}', "'deadline_ms' must be > 0"),
+    ('{"t": 0, "text": "a", "deadline_ms": NaN}', "'deadline_ms' must be a finite number"),
+    ('{"t": 0, "text": "a", "cancel_s": "1"}', "'cancel_s' must be a finite number"),
+])
+def test_a_bad_trace_line_is_one_error_naming_it(tmp_path, line, words):
+    path = _write(tmp_path, '{"t": 0, "text": "fine"}\n' + line + "\n")
+    with pytest.raises(ConfigError) as info:
+        parse_trace(path)
+    message = str(info.value)
+    assert f"{path}, line 2: " in message and words in message and "\n" not in message
+
+
+def test_an_empty_or_missing_trace_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="no requests"):
+        parse_trace(_write(tmp_path, "\n  \n"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        parse_trace(tmp_path / "absent.jsonl")
 
 
 class _Toy:
@@ -67,31 +143,84 @@ def toy():
     unregister_tts_family("toy-serve")
 
 
-def test_an_end_to_end_run_accounts_for_every_request(toy, tmp_path, capsys):
+_FIELDS = ("served", "refused", "errors", "timeouts", "cancelled", "slow", "unsent")
+
+
+def _category(r):
+    """The one bucket of a request record (an independent reading of `summarize`'s rules)."""
+    if r["status"] == 200 and r["error"] is None and r["total_ms"] is not None:
+        return "served"
+    if r["error"] in ("cancelled", "slow", "unsent", "timeout"):
+        return {"timeout": "timeouts"}.get(r["error"], r["error"])
+    return "refused" if r["status"] in (429, 503) else "errors"
+
+
+def _check_accounting(levels, offered):
+    for lv in levels:
+        records = lv["requests"]
+        assert lv["offered"] == offered == len(records)
+        assert [r["index"] for r in records] == list(range(offered))
+        counts = {k: lv[k] if k != "refused" else sum(lv["refused"].values()) for k in _FIELDS}
+        assert sum(counts.values()) == offered, lv
+        assert counts == {k: sum(1 for r in records if _category(r) == k) for k in _FIELDS}, lv
+        assert all(r["lag_ms"] is not None for r in records)
+
+
+def _run(args, capsys):
     from flashrt.cli import main
 
-    code = main(["bench", "serve", "--voice", "toyvoice", "--loads", "1,3", "--requests", "6", "--warm", "2",
-                 "--compare-admission", "--cancel-every", "3", "--out", str(tmp_path), "--no-plot",
-                 "--timeout", "30", "--level-cap", "60"])
+    code = main(["bench", "serve", "--voice", "toyvoice", "--warm", "2", "--no-plot", "--timeout", "30",
+                 "--level-cap", "60", *args])
     out, err = capsys.readouterr()
+    return code, json.loads(out.strip().splitlines()[-1]), err
+
+
+def test_an_end_to_end_run_accounts_for_every_request(toy, tmp_path, capsys):
+    code, line, err = _run(["--loads", "1,3", "--requests", "6", "--compare-admission", "--cancel-every", "3",
+                            "--slow-consumer", "4", "--slow-hold", "0.2", "--out", str(tmp_path)], capsys)
     assert code == 0, err
-    line = json.loads(out.strip().splitlines()[-1])
     assert line["bench"] == "serve" and line["loads"] == [1.0, 3.0] and set(line["goodput"]) == {"off", "on"}
+    assert line["status"] == "ok" and line["trace"] is False and line["results"].endswith("results.json")
     record = json.loads((tmp_path / "results.json").read_text())
     assert record["capacity_rps"] > 0 and record["deadline_ms"] > 0
+    assert record["single_stream"]["cold"]["status"] == 200 and len(record["single_stream"]["warm"]) == 2
     for levels in record["modes"].values():
         assert [lv["load"] for lv in levels] == [1.0, 3.0]
+        _check_accounting(levels, 6)
         for lv in levels:
-            refused = sum(lv["refused"].values())
-            accounted = lv["served"] + refused + lv["errors"] + lv["timeouts"] + lv["cancelled"]
-            assert lv["offered"] == 6 and accounted == 6, lv
-            assert lv["cancelled"] == 2 and lv["errors"] == 0 and lv["timeouts"] == 0
-            assert lv["server"]["outcomes"]["done"] >= lv["served"]
+            assert lv["cancelled"] == 2 and lv["slow"] == 1 and lv["errors"] == 0 and lv["timeouts"] == 0
+            assert lv["server"]["outcomes"].get("done", 0) >= lv["served"]  # this level's, not cumulative
+            assert sum(lv["server"]["outcomes"].values()) <= 6 and "speech" in lv["server"]["stages"]
     assert "admission on" in err and "goodput deadline" in err
+
+
+def test_a_frozen_trace_is_replayed_with_its_deadlines_and_cancels(toy, tmp_path, capsys):
+    trace = _write(tmp_path, "".join(json.dumps(item) + "\n" for item in [
+        {"t": 0.0, "text": "one"}, {"t": 0.05, "text": "two", "cancel_s": 0},
+        {"t": 0.1, "text": "three", "deadline_ms": 1e-6}, {"t": 0.15, "text": "four"}]))
+    code, line, err = _run(["--trace", str(trace), "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, err
+    assert line["trace"] is True and len(line["loads"]) == 1 and line["loads"][0] > 0
+    (level,) = json.loads((tmp_path / "out" / "results.json").read_text())["modes"]["off"]
+    _check_accounting([level], 4)
+    assert level["cancelled"] == 1 and level["requests"][1]["error"] == "cancelled"
+    assert level["requests"][2]["deadline_ms"] == 1e-6 and level["on_time"] <= level["served"] - 1
+
+
+def test_a_bad_trace_is_one_line_and_the_json_line(tmp_path, capsys):
+    from flashrt.cli import main
+
+    trace = _write(tmp_path, '{"t": 0, "text": "a", "deadline": 3}\n')
+    assert main(["bench", "serve", "--trace", str(trace), "--out", str(tmp_path / "out")]) == 2
+    out, err = capsys.readouterr()
+    assert "line 1: unknown keys ['deadline']" in err
+    assert json.loads(out.strip().splitlines()[-1])["status"] == "error"
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_loads_are_one_line(capsys):
     from flashrt.cli import main
 
     assert main(["bench", "serve", "--loads", "0,2"]) == 2
-    assert "--loads" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "--loads" in err and json.loads(out.strip().splitlines()[-1])["status"] == "error"
