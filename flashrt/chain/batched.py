@@ -3,7 +3,8 @@
     Stage.batched("snac", decode_windows, max_batch=8)   # decode_windows(items, requests) -> outputs
 
 A batched stage maps items one to one: ``fn(items, requests)`` gets up to ``max_batch`` items, each
-from a different request (its ``requests[i]``), and returns one output per item, in order. The worker
+from a different request (its ``requests[i]``), and returns one output per item, in order; an output
+of None sends nothing on (an item that completes no output yet, e.g. a codec window still filling). The worker
 watches every request that reached its stage (through the channels' listeners, holding no lock of
 theirs while it computes) and gathers, in priority then submission order, one ready item from each
 request whose output channel has room: a request whose consumer is slow is simply not picked (its
@@ -146,6 +147,9 @@ class BatchedWorker:
                 request._fail(self.stage.name, value)
                 continue
             out = request.channels[self.k]
+            if value is None:
+                stats.items += 1
+                continue
             try:
                 out.put(value)  # never blocks: only this worker puts, and the channel had room
             except Closed:

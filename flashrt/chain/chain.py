@@ -12,7 +12,10 @@ text -> tokens) or many one (frames -> audio chunk). `Stage.map` wraps a per-ite
 `Stage.batched(name, fn, max_batch)` declares a one-to-one stage whose ``fn(items, requests)`` serves
 items of several requests in one call (a codec decoding the windows of many streams): its worker
 (`flashrt.chain.batched`) gathers one ready item per request, routes each output back to its request,
-and keeps cancel, errors and backpressure per request. Other stages serve requests one after another.
+and keeps cancel, errors and backpressure per request. `Stage.continuous(name, engine)` declares a
+first stage whose requests join a running engine when a place is free and leave when done (an LM
+decoding many sequences in one captured step: `flashrt.chain.continuous`). Other stages serve
+requests one after another.
 
 Semantics, per request:
 
@@ -36,8 +39,9 @@ Semantics, per request:
   (a server answers 503).
 * Admission: `estimate_first_item_ms()` predicts when a request submitted now would give its first item,
   from the measured time each request held the first stage, the measured lag from a request's start to
-  its first item, and the requests queued or running now (None before anything was measured, or when
-  the first stage is batched). A server refuses at once what would miss its deadline.
+  its first item, and the requests queued or running now, with as many places as the first stage has
+  (one, or a continuous stage's capacity); None before anything was measured, or when the first stage
+  is batched. A server refuses at once what would miss its deadline.
 
 Threads, not asyncio (DESIGN.md section 7): the stages are blocking torch calls that release the GIL
 (graph replays, GEMMs), so threads overlap them for real with no executor hop; the async API waits on
@@ -47,6 +51,7 @@ thread of any executor, however many are queued.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import queue
@@ -61,6 +66,7 @@ from typing import Any
 
 from flashrt.chain.batched import BatchedWorker
 from flashrt.chain.channel import Channel, Closed, Finished, SendTimeout
+from flashrt.chain.continuous import ContinuousWorker, Engine
 from flashrt.errors import ConfigError, FlashRTError
 from flashrt.profile.stats import LatencyStats
 
@@ -100,8 +106,9 @@ class Stage:
     """One step of a chain: ``fn(items, request) -> iterable of items`` (module docstring)."""
 
     name: str
-    fn: Callable[..., Iterable[Any]]
+    fn: Any  # fn(items, request) -> iterable; a batched fn(items, requests); a continuous stage's Engine
     max_batch: int = 0  # 0: serves one request at a time; else a batched stage (`Stage.batched`)
+    is_continuous: bool = False  # an engine that requests join and leave (`Stage.continuous`)
 
     @classmethod
     def map(cls, name: str, fn: Callable[[Any], Any]) -> Stage:
@@ -116,6 +123,15 @@ class Stage:
         if int(max_batch) < 1:
             raise ConfigError(f"stage {name!r}: max_batch must be at least 1, got {max_batch}")
         return cls(name, fn, int(max_batch))
+
+    @classmethod
+    def continuous(cls, name: str, engine: Any) -> Stage:
+        """A first stage that steps up to ``engine.capacity`` requests together, each joining when a
+        place is free and leaving when done (`flashrt.chain.continuous`: the `Engine` protocol)."""
+        if not isinstance(engine, Engine) or int(engine.capacity) < 1:
+            raise ConfigError(f"stage {name!r}: a continuous stage needs an Engine (join, leave, pause, "
+                              f"step) with a capacity of at least 1, got {engine!r}")
+        return cls(name, engine, is_continuous=True)
 
 
 class _StageStats:
@@ -281,7 +297,10 @@ class Chain:
         self._seq = itertools.count()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._batched = {k: BatchedWorker(self, k) for k, s in enumerate(self.stages) if s.max_batch}
+        if any(s.is_continuous for s in self.stages[1:]):
+            raise ConfigError("a continuous stage must be the first stage of its chain")
+        self._batched = {k: (ContinuousWorker if s.is_continuous else BatchedWorker)(self, k)
+                         for k, s in enumerate(self.stages) if s.max_batch or s.is_continuous}
         self._closed = False
 
     # ------------------------------------------------------------------------------ requests
@@ -408,20 +427,24 @@ class Chain:
     # ------------------------------------------------------------------------------ admission
     def estimate_first_item_ms(self) -> float | None:
         """When a request submitted now would give its first item, in ms (module docstring)."""
-        if 0 in self._batched or not self._held_ms or not self._lag_ms:
+        first = self.stages[0]
+        if first.max_batch or not self._held_ms or not self._lag_ms:
             return None
         held = sum(self._held_ms) / len(self._held_ms)
         lag = sum(self._lag_ms) / len(self._lag_ms)
         now = time.perf_counter()
         with self._lock:
             pending = list(self._pending)
-        wait = 0.0
-        for request in pending:
-            if request.state == "queued":
-                wait += held
-            elif request.state == "running" and request.started is not None:
-                wait += max(0.0, held - (now - request.started) * 1e3)
-        return wait + lag
+        places = int(first.fn.capacity) if first.is_continuous else 1
+        # when each place of the first stage frees up: running requests end after the mean hold,
+        # queued ones (in order) take the earliest free place and hold it that long
+        free_at = sorted(max(0.0, held - (now - r.started) * 1e3) for r in pending
+                         if r.state == "running" and r.started is not None)[:places]
+        free_at += [0.0] * (places - len(free_at))
+        heapq.heapify(free_at)
+        for _ in range(sum(r.state == "queued" for r in pending)):
+            heapq.heappush(free_at, heapq.heappop(free_at) + held)
+        return free_at[0] + lag
 
     # ------------------------------------------------------------------------------ stats
     def stats(self) -> dict[str, Any]:

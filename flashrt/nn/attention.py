@@ -88,3 +88,25 @@ class StaticKV:
     def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Views of slots [0, end) of ``layer``: (B, KV, end, D) each."""
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+
+class RowKV(StaticKV):
+    """One row of a static K/V (N, B, KV, T, D), chosen by a device tensor ``row`` (1,) int64: the
+    prefill of one request into its slot of a slot-batched cache (`flashrt.runtime.slots`), while the
+    other rows keep their keys. ``write`` stores (1, L, KV, D) into that row; ``read`` returns that
+    row's slots [0, end) as (1, KV, end, D) copies. Owns nothing; the row is read at each call."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, row: torch.Tensor) -> None:
+        super().__init__(k, v)
+        self.row = row
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = start + k.shape[1]
+        if end > self.length:
+            raise ValueError(f"RowKV.write: slots [{start}, {end}) exceed the buffer length {self.length}")
+        self.k[layer, :, :, start:end].index_copy_(0, self.row, k.transpose(1, 2))
+        self.v[layer, :, :, start:end].index_copy_(0, self.row, v.transpose(1, 2))
+
+    def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.k[layer, :, :, :end].index_select(0, self.row),
+                self.v[layer, :, :, :end].index_select(0, self.row))

@@ -9,11 +9,12 @@ Differences from transformers' `LlamaForCausalLM` / `Qwen3ForCausalLM`, all exac
   Qwen2) and gate|up one ``gate_up`` (W -> 2M); the weight map concatenates the separate matrices.
 * RoPE tables for every cache slot are computed once at load (`rope_table`, float32, any scaling in
   `ROPE_SCALINGS`) and gathered by position inside the step, so positions can live in device tensors.
-* Two ways to store this call's keys/values (`Slot`): ``int start`` writes slots [start, start + L)
+* Three ways to store this call's keys/values (`Slot`): ``int start`` writes slots [start, start + L)
   (a prefill bucket, shapes fixed at capture) and attends to [0, start + L); a ``(1,) int64 tensor``
   writes the single decode token at that slot with ``index_copy_`` and attends to all T slots under a
-  bias that masks slots beyond the position. Either way nothing is concatenated per call and no value
-  is read on the host.
+  bias that masks slots beyond the position; `RowPositions` ((B,) int64) writes each row's decode token
+  at that row's own slot (``scatter_``: the rows of a slot-batched decode are different requests at
+  different positions). Either way nothing is concatenated per call and no value is read on the host.
 * Qwen3's q/k RMSNorms over head_dim run before RoPE, as in the reference.
 * Norms are the Llama form ``w * normalize(x)`` (statistics in float32, `rms_normalize`).
 
@@ -39,7 +40,16 @@ from flashrt.nn.norms import rms_normalize
 from flashrt.nn.rope import apply_rope
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin (B, L, 1, D) as in `flashrt.nn.rope`
-Slot = int | torch.Tensor                  # prefill start slot, or a (1,) int64 decode position
+
+
+@dataclass(frozen=True)
+class RowPositions:
+    """One decode token per row, each stored at its own cache slot: ``positions`` (B,) int64."""
+
+    positions: torch.Tensor
+
+
+Slot = int | torch.Tensor | RowPositions   # prefill start slot, a (1,) decode position, or one per row
 
 
 # ------------------------------------------------------------------------------------------ RoPE
@@ -117,11 +127,12 @@ def causal_bias(length: int, dtype: torch.dtype, device: torch.device) -> torch.
 
 
 def decode_bias(position: torch.Tensor, slots: int, dtype: torch.dtype) -> torch.Tensor:
-    """(1, 1, 1, T) additive bias for one token at ``position`` (a (1,) tensor): slots <= position."""
+    """(R, 1, 1, T) additive bias for one token per row at ``position`` ((R,), R = 1 for a shared
+    position): each row sees slots <= its position."""
     s = torch.arange(slots, device=position.device)
     zero = torch.zeros((), dtype=dtype, device=position.device)
     masked = torch.full((), mask_value(dtype), dtype=dtype, device=position.device)
-    return torch.where(s <= position, zero, masked)[None, None, None]
+    return torch.where(s[None, :] <= position[:, None], zero, masked)[:, None, None]
 
 
 # ------------------------------------------------------------------------------------------ layers
@@ -196,6 +207,12 @@ def _store(kv: StaticKV, index: int, slot: Slot, k: torch.Tensor,
     if isinstance(slot, int):
         kv.write(index, slot, k, v)
         return kv.read(index, slot + k.shape[1])
+    if isinstance(slot, RowPositions):
+        rows, _, heads, dim = k.shape
+        at = slot.positions.view(rows, 1, 1, 1).expand(rows, heads, 1, dim)
+        kv.k[index].scatter_(2, at, k.transpose(1, 2))
+        kv.v[index].scatter_(2, at, v.transpose(1, 2))
+        return kv.k[index], kv.v[index]
     kv.k[index].index_copy_(2, slot, k.transpose(1, 2))
     kv.v[index].index_copy_(2, slot, v.transpose(1, 2))
     return kv.k[index], kv.v[index]

@@ -10,18 +10,26 @@ Registered as the "orpheus" family of `flashrt.frontends.registry.TTS_FAMILIES` 
 (``sample_rate``, ``__call__``, ``stream``, ``seed``/``speed`` options, ``describe``) plus ``voice``
 (the speaker name of Orpheus' prompt), ``sampling`` and ``report()``.
 
-The chain (`flashrt.chain.Chain`, one worker thread per stage, bounded queues between them):
+The chain (`flashrt.chain.Chain`, bounded queues between the stages):
 
-    lm      prompt ids -> audio token ids       `flashrt.runtime.decode.Decoder` (captured prefill
-                                                buckets, one decode step replayed per token)
-    frames  token ids -> SNAC code chunks       `flashrt.frontends.tts.orpheus.FrameDecoder` (7 tokens
-                                                a frame, validated; `frames_per_chunk` frames a chunk)
-    snac    code chunks -> audio chunks         the vocoder's `stream()` (exact overlap windows, so the
-                                                chunks concatenate to the one-shot decode)
+    lm      prompt ids -> SNAC code chunks      a continuous stage (`Stage.continuous`): every request
+                                                is a row of one `flashrt.runtime.slots.SlotDecoder`
+                                                (``slots`` rows, one decode step captured per batch
+                                                bucket), joining when a row is free and leaving when it
+                                                stops; each step's tokens (a frame, 7 tokens) become
+                                                SNAC frames (`FrameDecoder`: validated), sent on in
+                                                chunks of ``frames_per_chunk`` frames
+    snac    code chunks -> audio chunks         a batched stage: each request's own SNAC stream
+                                                (`StreamRunner.open`: exact overlap windows, so the
+                                                chunks concatenate to the one-shot decode), requests'
+                                                windows interleaved
 
-`tts(text)` runs the same chain in one-shot mode (all frames, one `vocoder(codes)` call), so the two
-never use a frontend at the same time. Every stage runs one request at a time, requests in order; a
-bad token ends the request with a StageError naming "frames" (its cause an `AudioTokenError`).
+So several requests decode at once, each at its own pace, and each stage's batch follows its compute
+(live rows of the LM), not the arrival of requests. A request's tokens are those it would get alone
+(greedy: the same argmax; sampled: the same draws per seed, whatever shares its batch). `tts(text)`
+runs the same chain in one-shot mode (all frames, one `vocoder(codes)` call). A bad token ends only
+its request, with a StageError naming "lm" (its cause an `AudioTokenError`); a client that stops
+reading pauses only its own row.
 
 Facts about Orpheus (token layout, prompt, frame interleave, defaults) and where they come from:
 `flashrt.frontends.tts.orpheus`.
@@ -40,6 +48,7 @@ import torch
 
 import flashrt
 from flashrt.chain import Chain, Stage
+from flashrt.chain.continuous import Emit
 from flashrt.errors import CheckpointError, InputError
 from flashrt.frontends.lm import load_lm
 from flashrt.frontends.lm.frontend import read_config
@@ -54,7 +63,8 @@ from flashrt.frontends.tts.orpheus import (
     stack_frames,
 )
 from flashrt.io.inputs import check_seed
-from flashrt.runtime.decode import Decoder, Generation, Sampling
+from flashrt.runtime.decode import Generation, Sampling
+from flashrt.runtime.slots import DEFAULT_BATCH_BUCKETS, Seat, SlotDecoder
 
 __all__ = ["OrpheusTTS", "load_orpheus", "detect", "FAMILY", "ORPHEUS_SAMPLING", "to_pcm16",
            "frame_constraint"]
@@ -74,6 +84,72 @@ class _Job:
     generation: Generation = field(default_factory=Generation)
     frames: int = 0
     dropped_tokens: int = 0
+    snac: Any = None  # this request's SNAC stream (`StreamRunner.open`), made at its first chunk
+
+
+@dataclass
+class _Codes:
+    """What the lm stage sends the snac stage: stacked frames (None: none) and whether they are the last."""
+
+    codes: tuple[torch.Tensor, ...] | None
+    last: bool
+
+
+@dataclass
+class _Row:
+    seat: Seat
+    frames: FrameDecoder
+    held: list = field(default_factory=list)
+
+
+class _LMEngine:
+    """The lm stage's engine (`flashrt.chain.continuous.Engine`): requests are rows of the SlotDecoder;
+    each step's tokens become SNAC frames."""
+
+    def __init__(self, tts: OrpheusTTS) -> None:
+        self.tts, self.decoder = tts, tts.decoder
+        self.capacity = tts.decoder.rows
+        self.rows: dict[Any, _Row] = {}
+
+    def join(self, request: Any, job: _Job) -> None:
+        seat = self.decoder.join(job.prompt, job.max_new_tokens, self.tts.layout.stop_tokens, job.sampling)
+        job.generation = seat.generation
+        self.rows[request] = _Row(seat, FrameDecoder(self.tts.layout))
+
+    def leave(self, request: Any) -> None:
+        row = self.rows.pop(request, None)
+        if row is not None:
+            self.decoder.leave(row.seat)
+
+    def pause(self, request: Any, paused: bool) -> None:
+        row = self.rows.get(request)
+        if row is not None:
+            self.decoder.pause(row.seat, paused)
+
+    def step(self) -> list[Emit]:
+        seats = set(self.decoder.step(blocks=FRAME))
+        return [self._frames(request, row) for request, row in list(self.rows.items()) if row.seat in seats]
+
+    def _frames(self, request: Any, row: _Row) -> Emit:
+        job, seat = request.payload, row.seat
+        try:
+            for token in seat.new:
+                frame = row.frames.push(token)
+                if frame is not None:
+                    row.held.append(frame)
+                    job.frames += 1
+        except Exception as exc:  # noqa: BLE001 - a bad token ends only this request
+            self.leave(request)
+            return Emit(request, error=exc)
+        if seat.done:
+            self.rows.pop(request, None)
+            job.dropped_tokens = row.frames.pending
+        per_chunk = None if job.oneshot else self.tts.frames_per_chunk
+        if not seat.done and (per_chunk is None or len(row.held) < per_chunk):
+            return Emit(request)
+        codes = stack_frames(row.held) if row.held else None
+        row.held = []
+        return Emit(request, _Codes(codes, seat.done), done=seat.done)
 
 
 class OrpheusTTS:
@@ -81,15 +157,27 @@ class OrpheusTTS:
 
     family = "orpheus"
 
-    def __init__(self, decoder: Decoder, vocoder: Any, layout: OrpheusLayout, tokenizer: Any, *,
+    def __init__(self, decoder: SlotDecoder, vocoder: Any, layout: OrpheusLayout, tokenizer: Any, *,
                  sample_rate: int, frames_per_chunk: int = 1, queue_size: int = 8,
                  sampling: Sampling = ORPHEUS_SAMPLING) -> None:
         self.decoder, self.vocoder, self.layout, self.tokenizer = decoder, vocoder, layout, tokenizer
         self.sample_rate = int(sample_rate)
         self.frames_per_chunk, self.sampling = int(frames_per_chunk), sampling
-        self.chain = Chain([Stage("lm", self._lm), Stage("frames", self._frames), Stage("snac", self._snac)],
-                           queue_size=queue_size)
+        self.chain = self._build_chain(queue_size=queue_size)
         self._last: dict[str, Any] = {}
+
+    def _build_chain(self, **limits: Any) -> Chain:
+        stages = [Stage.continuous("lm", _LMEngine(self)), Stage.batched("snac", self._snac, 1)]
+        return Chain(stages, **limits)
+
+    def serving_chain(self, queue_size: int = 8, max_pending: int = 64,
+                      send_timeout_s: float | None = None) -> Chain:
+        """This model's chain rebuilt with a server's limits (the speech server submits `request` jobs
+        to it, so its requests decode together); `stream` and calls use it too from then on."""
+        self.chain.close()
+        self.chain = self._build_chain(queue_size=queue_size, max_pending=max_pending,
+                                       send_timeout_s=send_timeout_s)
+        return self.chain
 
     # ------------------------------------------------------------------------------ requests
     def prompt_ids(self, text: str, voice: str | None = None) -> list[int]:
@@ -158,34 +246,18 @@ class OrpheusTTS:
         return chunks[0] if chunks else np.zeros(0, dtype=np.float32)
 
     # ------------------------------------------------------------------------------ stages
-    def _lm(self, items: Iterator[_Job], request: Any) -> Iterator[int]:
-        job = next(items)
-        stop = self.layout.stop_tokens  # tokens read a frame (7) at a time: one host sync per frame
-        yield from self.decoder.generate(job.prompt, job.max_new_tokens, stop, job.sampling, sync_every=FRAME)
-        job.generation = self.decoder.last
+    def _snac(self, items: list[_Codes], requests: list[Any]) -> list[np.ndarray | None]:
+        return [self._snac_one(item, request.payload) for item, request in zip(items, requests)]
 
-    def _frames(self, tokens: Iterator[int], request: Any) -> Iterator[tuple[torch.Tensor, ...]]:
-        job, decoder, held = request.payload, FrameDecoder(self.layout), []
-        per_chunk = None if job.oneshot else self.frames_per_chunk
-        for token in tokens:
-            frame = decoder.push(token)
-            if frame is not None:
-                held.append(frame)
-                job.frames += 1
-            if per_chunk is not None and len(held) == per_chunk:
-                yield stack_frames(held)
-                held = []
-        job.dropped_tokens = decoder.pending
-        if held:
-            yield stack_frames(held)
-
-    def _snac(self, chunks: Iterator[tuple[torch.Tensor, ...]], request: Any) -> Iterator[np.ndarray]:
-        if request.payload.oneshot:
-            for codes in chunks:
-                yield _mono(self.vocoder(*codes))
-            return
-        for audio in self.vocoder.stream(chunks):
-            yield _mono(audio)
+    def _snac_one(self, item: _Codes, job: _Job) -> np.ndarray | None:
+        if job.oneshot:
+            return _mono(self.vocoder(*item.codes)) if item.codes is not None else None
+        if job.snac is None:
+            job.snac = self.vocoder.open()
+        audio = list(job.snac.push(item.codes)) if item.codes is not None else []
+        if item.last:
+            audio += list(job.snac.close())
+        return np.concatenate([_mono(a) for a in audio]) if audio else None
 
     # ------------------------------------------------------------------------------ reporting
     def _record(self, job: _Job, start: float, first_ms: float | None, samples: int) -> None:
@@ -284,7 +356,8 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                  cache_len: int = 2048, prompt_buckets: tuple[int, ...] = (32, 64, 128, 256),
                  stream_chunk: int | None = None, frames_per_chunk: int = 1, queue_size: int = 8,
                  sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False,
-                 snac_noise: str | None = None) -> OrpheusTTS:
+                 snac_noise: str | None = None, slots: int = 8,
+                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS) -> OrpheusTTS:
     """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain.
 
     ``precision`` is the LM's; SNAC decodes in float32, as the reference does. ``stream_chunk``: SNAC
@@ -293,15 +366,17 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
     after 4 frames, 28 tokens, as Orpheus' own streamer) and 4 on a CPU (the windows cost ~2.5x less
     there). ``constrain_frames``: see `frame_constraint` (off: the reference samples freely).
     ``snac_noise``: the SNAC decoder's ``noise_mode`` (None: "off", which drops the released decoder's
-    noise; "seeded" adds it reproducibly; `flashrt.runner.vocoder`)."""
+    noise; "seeded" adds it reproducibly; `flashrt.runner.vocoder`). ``slots``: requests decoded at
+    once (rows of the K/V cache; `flashrt.runtime.slots`), with a decode step captured per batch bucket
+    in ``batch_buckets`` (and ``slots`` itself)."""
     folder = Path(folder)
     snac_dir = _snac_folder(folder, snac)
     codebook, rate = _snac_codebook(snac_dir)
     layout = _layout(folder, codebook)
-    lm = load_lm(folder, device=device, precision=precision, cache_len=cache_len)
+    lm = load_lm(folder, device=device, precision=precision, cache_len=cache_len, batch=slots)
     constraint = frame_constraint(layout) if constrain_frames else None
-    decoder = Decoder(lm, prompt_buckets, max_new_tokens=max_new_tokens, backend=backend,
-                      constraint=constraint).capture()
+    decoder = SlotDecoder(lm, prompt_buckets, batch_buckets, max_new_tokens=max_new_tokens, backend=backend,
+                          constraint=constraint).capture()
     if stream_chunk is None:
         stream_chunk = 1 if torch.device(device).type == "cuda" else 4
     noise = {"noise_mode": snac_noise} if snac_noise is not None else None
@@ -315,5 +390,5 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
 FAMILY = TtsFamily(
     name="orpheus", detect=detect, load=load_orpheus,
     options=("snac", "max_new_tokens", "cache_len", "prompt_buckets", "stream_chunk", "frames_per_chunk",
-             "queue_size", "sampling", "constrain_frames", "snac_noise"),
+             "queue_size", "sampling", "constrain_frames", "snac_noise", "slots", "batch_buckets"),
     doc="Orpheus-style LM (Llama/Qwen) emitting SNAC 24 kHz codes, streamed through the SNAC decoder")

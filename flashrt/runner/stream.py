@@ -45,7 +45,7 @@ from flashrt.errors import ConfigError, InputError
 from flashrt.profile import StageTimer
 from flashrt.runtime.frontend import StreamFrontend, Window
 
-__all__ = ["StreamRunner", "FrameQueue"]
+__all__ = ["StreamRunner", "Stream", "FrameQueue"]
 
 
 @dataclass
@@ -188,17 +188,15 @@ class StreamRunner:
         """Decode chunks as they arrive; yields host audio chunks (B, n) whose concatenation equals the
         one-shot output. Each item of `chunks` is one input tensor, or a tuple with one per input (any
         number of steps each). ``timer`` receives "validate" per chunk, h2d/replay/d2h per window."""
-        queue = self._queue()
-        log = self._start("stream", timer)
+        stream = self.open(timer)
         for chunk in chunks:
-            with log.timer.stage("validate"):
-                values = chunk if isinstance(chunk, (list, tuple)) else (chunk,)
-                _, tensors = self.frontend.check(values, partial=True)
-                queue.push(tensors)
-            while queue.ready():
-                yield self._window(log, queue, final=False)
-        yield from self._windows(log, queue)
-        log.frames = queue.total
+            yield from stream.push(chunk)
+        yield from stream.close()
+
+    def open(self, timer: StageTimer | None = None) -> Stream:
+        """One stream's state, fed a chunk at a time (`stream` is the iterator form): for a caller that
+        serves many streams from one thread (a batched chain stage)."""
+        return Stream(self, self._queue(), self._start("stream", timer))
 
     def _windows(self, log: _RunLog, queue: FrameQueue) -> Iterator[torch.Tensor]:
         """Every window still due once all input is in: the ready ones, then the final ones."""
@@ -233,3 +231,27 @@ class StreamRunner:
             out["ttfa_ms"] = reads[0].end_ms - records[0].start_ms
         out["graphs"] = fe.report()
         return out
+
+
+class Stream:
+    """One stream of a `StreamRunner` (`StreamRunner.open`): ``push(chunk)`` checks and queues the
+    chunk at once and returns an iterator over the windows it made ready (decode them before the next
+    push); ``close()`` the iterator over the final windows. Together they give `StreamRunner.stream`."""
+
+    def __init__(self, runner: StreamRunner, queue: FrameQueue, log: _RunLog) -> None:
+        self.runner, self.queue, self.log = runner, queue, log
+
+    def push(self, chunk: Any) -> Iterator[torch.Tensor]:
+        with self.log.timer.stage("validate"):
+            values = chunk if isinstance(chunk, (list, tuple)) else (chunk,)
+            _, tensors = self.runner.frontend.check(values, partial=True)
+            self.queue.push(tensors)
+        return self._ready()
+
+    def _ready(self) -> Iterator[torch.Tensor]:
+        while self.queue.ready():
+            yield self.runner._window(self.log, self.queue, final=False)
+
+    def close(self) -> Iterator[torch.Tensor]:
+        yield from self.runner._windows(self.log, self.queue)
+        self.log.frames = self.queue.total

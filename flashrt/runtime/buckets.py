@@ -133,6 +133,7 @@ class GraphSet:
         self._eager: dict[int, Callable[[], Any]] = {}
         self._capture_s: dict[int, float] = {}
         self._missed: list[int] = []
+        self.captures = 0  # every capture ever made (a recapture after load shows here)
 
     def capture_all(self) -> GraphSet:
         """Capture a graph for every declared bucket not captured yet (load time, not the hot path).
@@ -154,6 +155,7 @@ class GraphSet:
         graph = self.backend.capture(self.build(bucket), self.buffers)
         self._capture_s[bucket] = time.perf_counter() - start
         self._graphs[bucket] = graph
+        self.captures += 1
         return graph
 
     def select(self, size: int) -> int | None:
@@ -216,6 +218,7 @@ class GraphSet:
             "backend": getattr(self.backend, "name", type(self.backend).__name__),
             "buckets": list(self.buckets),
             "captured": sorted(self._graphs),
+            "captures": self.captures,
             "capture_s": dict(self._capture_s),
             "captured_on_miss": list(self._missed),
             "eager_buckets": sorted(self._eager),

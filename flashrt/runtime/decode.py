@@ -248,22 +248,7 @@ class Decoder:
     def check(self, prompt: Any, max_new_tokens: int | None,
               sampling: Sampling) -> tuple[int, torch.Tensor, int]:
         """(bucket, prompt ids (1, L) int64, max new tokens); InputError before anything is written."""
-        ids = _as_ids(prompt)
-        n = ids.shape[-1]
-        if n == 0 or ids.min() < 0 or ids.max() >= self.model.vocab_size:
-            raise InputError(f"prompt: {n} token ids, each must lie in [0, {self.model.vocab_size - 1}]")
-        bucket = self.prefills.select(n)
-        if bucket is None:
-            raise InputError(f"prompt of {n} tokens exceeds the largest prefill bucket {self.buckets[-1]}")
-        limit = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        if not 0 < limit <= self.max_new_tokens or n + limit > self.model.cache_len:
-            raise InputError(f"max_new_tokens {limit}: must lie in 1..{self.max_new_tokens} and fit the "
-                             f"cache with the prompt ({n} + {limit} > {self.model.cache_len} slots)")
-        sampling.check()
-        if not self.penalty and sampling.repetition_penalty != 1.0:
-            raise InputError("this Decoder was built without the repetition penalty (penalty=False); "
-                             f"repetition_penalty must be 1.0, got {sampling.repetition_penalty}")
-        return bucket, ids, limit
+        return check_request(self, prompt, max_new_tokens, sampling)
 
     def write(self, bucket: int, ids: torch.Tensor, sampling: Sampling) -> None:
         n = ids.shape[-1]
@@ -331,6 +316,29 @@ class Decoder:
     def describe(self) -> dict[str, Any]:
         return {"model": self.model.describe(), "buckets": list(self.buckets), "backend": self.backend.name,
                 "max_new_tokens": self.max_new_tokens, "step_buffers_bytes": self.io.buffers.nbytes()}
+
+
+def check_request(runner: Any, prompt: Any, max_new_tokens: int | None,
+                  sampling: Sampling) -> tuple[int, torch.Tensor, int]:
+    """A request's checks against a decode runner (its ``model``, ``prefills``, ``buckets``,
+    ``max_new_tokens``, ``penalty``): (prompt bucket, ids (1, L) int64, max new tokens), or InputError
+    before anything is written."""
+    ids, model = _as_ids(prompt), runner.model
+    n = ids.shape[-1]
+    if n == 0 or ids.min() < 0 or ids.max() >= model.vocab_size:
+        raise InputError(f"prompt: {n} token ids, each must lie in [0, {model.vocab_size - 1}]")
+    bucket = runner.prefills.select(n)
+    if bucket is None:
+        raise InputError(f"prompt of {n} tokens exceeds the largest prefill bucket {runner.buckets[-1]}")
+    limit = runner.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+    if not 0 < limit <= runner.max_new_tokens or n + limit > model.cache_len:
+        raise InputError(f"max_new_tokens {limit}: must lie in 1..{runner.max_new_tokens} and fit the "
+                         f"cache with the prompt ({n} + {limit} > {model.cache_len} slots)")
+    sampling.check()
+    if not runner.penalty and sampling.repetition_penalty != 1.0:
+        raise InputError("this decoder was built without the repetition penalty (penalty=False); "
+                         f"repetition_penalty must be 1.0, got {sampling.repetition_penalty}")
+    return bucket, ids, limit
 
 
 def _as_ids(prompt: Any) -> torch.Tensor:

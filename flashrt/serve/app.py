@@ -12,8 +12,11 @@ otherwise; ``/health`` and ``/metrics`` stay open for probes and scrapers.
 
 ASGI stack: Starlette + uvicorn (small, maintained, no extra schema layer; the request body is checked
 here field by field so each error names its field). Requests are validated, then submitted to the
-voice's `Chain` (one ``speech`` stage calling ``model.stream(text, ...)``); the response starts only
-after the first audio chunk, so a request the model refuses still gets its 400.
+voice's `Chain`: the model's own when it has one for serving (``model.serving_chain(...)``, fed the
+model's checked ``model.request(...)``: an Orpheus-style voice decodes its requests together, each a
+row of one captured decode step), else one ``speech`` stage calling ``model.stream(text, ...)`` for
+one request after another; the response starts only after the first audio chunk, so a request the
+model refuses still gets its 400.
 
 Errors (OpenAI shape ``{"error": {"message", "type", "param", "code"}}``):
 
@@ -177,15 +180,7 @@ class SpeechServer:
         self.api_key = api_key
         self.voices, self.limits = dict(voices), limits
         self.refusals = {"server_busy": 0, "deadline_unmeetable": 0}
-        self.chains = {
-            name: Chain(
-                [Stage("speech", self._stage(model))],
-                queue_size=limits.queue_size,
-                max_pending=limits.max_pending,
-                send_timeout_s=limits.send_timeout_s,
-            )
-            for name, model in self.voices.items()
-        }
+        self.chains = {name: self._chain(model) for name, model in self.voices.items()}
         from flashrt.serve import metrics
 
         self.metrics = metrics.SpeechMetrics(self.chains) if metrics.available() else None
@@ -202,6 +197,28 @@ class SpeechServer:
     def answered(self, voice: str, status: int, code: str = "") -> None:
         if self.metrics is not None:
             self.metrics.answered(voice, status, code)
+    def _chain(self, model: Any) -> Chain:
+        """The model's own chain when it serves several requests at once (``serving_chain``: its
+        requests decode together), else one stage streaming one request after another."""
+        limits = {"queue_size": self.limits.queue_size, "max_pending": self.limits.max_pending,
+                  "send_timeout_s": self.limits.send_timeout_s}
+        serving = getattr(model, "serving_chain", None)
+        if callable(serving):
+            return serving(**limits)
+        return Chain([Stage("speech", self._stage(model))], **limits)
+
+    def _payload(self, job: Speech) -> Any:
+        """What the voice's chain takes: the model's checked request for a serving chain (its InputError
+        a 400 before anything is queued), else the Speech itself."""
+        model = self.voices[job.voice]
+        if not callable(getattr(model, "serving_chain", None)):
+            return job
+        extra = {"voice": job.speaker} if job.speaker else {}
+        try:
+            return model.request(job.text, seed=job.seed, speed=job.speed, **extra)
+        except InputError as exc:
+            raise ApiError(400, str(exc), "input", "invalid_input") from None
+
     @staticmethod
     def _stage(model: Any):
         def speak(items, request):
@@ -281,9 +298,10 @@ class SpeechServer:
         """Submit, wait for the first chunk; (first bytes, the rest, the chain request, the encoder of
         the rest)."""
         chain = self.chains[job.voice]
+        payload = self._payload(job)
         self._admit(chain, job)
         try:
-            request = chain.submit(job)
+            request = chain.submit(payload)
         except ChainFull as exc:
             self.refusals["server_busy"] += 1
             raise ApiError(503, f"busy: {exc}", code="server_busy") from None

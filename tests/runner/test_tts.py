@@ -58,14 +58,15 @@ def test_greedy_audio_matches_transformers_and_snac(tts, io, i):
 def test_stream_concatenates_to_the_one_shot_audio_without_recapture(tts, io):
     voice, text = CASES[0]
     one_shot = tts(text, voice=voice, sampling=GREEDY)
-    captures = tts.decoder.report()["decode_captures"]
+    captures = tts.decoder.report()["captures"]
     chunks = list(tts.stream(text, voice=voice, sampling=GREEDY))
     assert len(chunks) > 2
     np.testing.assert_allclose(np.concatenate(chunks), one_shot, atol=1e-5, rtol=0)
     report = tts.report()
     assert report["ttfa_ms"] is not None and report["rtf"] > 0
-    assert set(report["stages"]) == {"lm", "frames", "snac"}
-    assert tts.decoder.report()["decode_captures"] == captures == {"greedy": 1, "sample": 1}
+    assert set(report["stages"]) == {"lm", "snac"}
+    # 4 prompt buckets + 2 modes x batch buckets (1, 2, 4, 8): all at load, none since
+    assert tts.decoder.report()["captures"] == captures == 4 + 2 * 4
     pcm = np.concatenate(list(tts.stream(text, voice=voice, sampling=GREEDY, format="pcm16")))
     assert pcm.dtype == np.int16 and np.array_equal(pcm, to_pcm16(one_shot))
 
@@ -92,16 +93,22 @@ def test_sampled_speech_is_reproducible_per_seed(tts):
 def test_a_bad_token_ends_the_stream_naming_the_stage_and_the_next_request_is_fine(tts, io, monkeypatch):
     good = io["tokens.0"].tolist()
 
-    def bad_generate(prompt, *args, **kwargs):
-        yield from good[:30]
-        yield 5  # a text token where an audio code must come
+    step = tts.decoder.step
+
+    def bad_step(blocks=1):  # a text token where an audio code must come, after 28 good tokens
+        seats = step(blocks)
+        for seat in seats:
+            if len(seat.generation.tokens) == 28 and seat.new:
+                seat.new.append(5)
+        return seats
 
     with monkeypatch.context() as patch:
-        patch.setattr(tts.decoder, "generate", bad_generate)
+        patch.setattr(tts.decoder, "step", bad_step)
         with pytest.raises(StageError) as err:
-            list(tts.stream("Hello.", sampling=GREEDY))
-    assert err.value.stage == "frames" and isinstance(err.value.original, AudioTokenError)
-    assert "token 5 at audio position 30" in str(err.value)
+            list(tts.stream(CASES[0][1], voice=CASES[0][0], sampling=GREEDY))
+    assert err.value.stage == "lm" and isinstance(err.value.original, AudioTokenError)
+    assert "token 5 at audio position 28" in str(err.value)
+    assert good[:28] == tts.decoder.last.tokens[:28] or tts.decoder.live == 0
     voice, text = CASES[0]
     np.testing.assert_allclose(tts(text, voice=voice, sampling=GREEDY), _reference(io, 0), atol=1e-4, rtol=0)
 

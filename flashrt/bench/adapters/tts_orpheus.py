@@ -55,7 +55,7 @@ from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import compute_dtype
 from flashrt.runner.orpheus import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
 from flashrt.runner.vocoder import Vocoder
-from flashrt.runtime.decode import Decoder
+from flashrt.runtime.slots import SlotDecoder
 
 _MODEL_KEYS = ("seed",)
 DEFAULT_FRAMES = 24
@@ -124,8 +124,8 @@ class OrpheusBenchmark:
         lm = random_lm(lm_cfg, self.seed, self.device, self.dtype, cache_len=64 + 7 * self.frames + 8)
         voc = random_snac(snac_preset, layout.codebook_size, self.seed + 1, self.device, self.dtype, backend)
         loaded = time.perf_counter()
-        decoder = Decoder(lm, (32, 64), max_new_tokens=7 * self.frames, backend=backend,
-                          constraint=frame_constraint(layout)).capture()
+        decoder = SlotDecoder(lm, (32, 64), (lm.batch,), max_new_tokens=7 * self.frames, backend=backend,
+                              constraint=frame_constraint(layout)).capture()
         captured = time.perf_counter()
         self.cold_start_ms |= {"load": (loaded - start) * 1e3, "capture": (captured - loaded) * 1e3}
         return OrpheusTTS(decoder, voc, layout, ByteTokenizer(layout.bos_token_id), sample_rate=24000,
@@ -177,8 +177,10 @@ class OrpheusBenchmark:
 def twin(main: OrpheusTTS, backend: str) -> OrpheusTTS:
     """A second chain over ``main``'s LM and SNAC weights: own cache, buffers, graphs on ``backend``."""
     lm, d, voc = main.decoder.model, main.decoder, main.vocoder
-    lm2 = CausalLM(lm.cfg, lm.module, device=lm.device, dtype=lm.dtype, cache_len=lm.cache_len)
-    decoder = Decoder(lm2, d.buckets, d.max_new_tokens, backend=backend, constraint=d.constraint).capture()
+    lm2 = CausalLM(lm.cfg, lm.module, device=lm.device, dtype=lm.dtype, cache_len=lm.cache_len,
+                   batch=lm.batch)
+    decoder = SlotDecoder(lm2, d.buckets, d.batch_buckets, d.max_new_tokens, backend=backend,
+                          constraint=d.constraint).capture()
     voc2 = Vocoder(voc.family, voc.config, voc.module, device=voc.device, backend=backend, dtype=voc.dtype,
                    stream_chunk=voc.stream_chunk).capture()
     return OrpheusTTS(decoder, voc2, main.layout, main.tokenizer, sample_rate=main.sample_rate,

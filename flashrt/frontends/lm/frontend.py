@@ -13,6 +13,16 @@ frontend owns the module, the cache and the two graph bodies the runner captures
 
 Both read sizes only from Python ints fixed at capture; positions and lengths are device tensors.
 
+Slot-batched decode (`flashrt.runtime.slots.SlotDecoder`, ``batch`` = the number of slots): each cache
+row is one request at its own position.
+
+    lm.prefill_row(bucket, io)   the prompt io.prompt (1, bucket) into row io.row (1,) only (the
+                                 other rows keep their keys), io.join_logits (1, V)
+    lm.decode_rows(rows, io)     rows [0, rows): token io.token[:rows] at slot io.position[:rows] of
+                                 each row -> io.logits[:rows]
+    lm.move_row(src, dst)        copy row src's keys/values into row dst (between replays, when the
+                                 runner packs its live rows to the front)
+
 Buffers (state, allocated once): ``lm_k``, ``lm_v`` (N, B, KV, T, D) in the compute dtype, T =
 ``cache_len``. Owner: this frontend. Lifetime: slots [0, length) are written by a prefill and stay
 valid for the decode steps of that request; the next prefill overwrites them. Reuse hazard: one
@@ -32,8 +42,8 @@ from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.lm.config import LMConfig
 from flashrt.frontends.lm.weights import weight_map
 from flashrt.io import load_module, open_checkpoint
-from flashrt.nn.attention import StaticKV
-from flashrt.nn.llama import Llama, causal_bias, decode_bias, gather_rope, rope_table
+from flashrt.nn.attention import RowKV, StaticKV
+from flashrt.nn.llama import Llama, RowPositions, causal_bias, decode_bias, gather_rope, rope_table
 from flashrt.quant.precision import compute_dtype
 from flashrt.runtime.buffers import Buffers, BufferSpec
 
@@ -73,6 +83,28 @@ class CausalLM:
         bias = decode_bias(io.position, self.cache_len, self.dtype)
         h = self.module.hidden(io.token, rope, self.kv, io.position, bias)
         io.logits.copy_(self.module.logits(h)[:, 0])
+
+    def prefill_row(self, bucket: int, io: Any) -> None:
+        """Graph body: one request's prompt bucket into cache row ``io.row`` (module docstring)."""
+        tokens = io.prompt[:, :bucket]
+        rope = gather_rope(self.rope, torch.arange(bucket, device=self.device)[None], self.dtype)
+        kv = RowKV(self.buffers["lm_k"], self.buffers["lm_v"], io.row)
+        h = self.module.hidden(tokens, rope, kv, 0, causal_bias(bucket, self.dtype, self.device))
+        io.join_logits.copy_(self.module.logits(h.index_select(1, io.length - 1))[:, 0])
+
+    def decode_rows(self, rows: int, io: Any) -> None:
+        """Graph body: one decode step of rows [0, rows), each at its own position (module docstring)."""
+        position = io.position[:rows]
+        rope = gather_rope(self.rope, position[:, None], self.dtype)
+        bias = decode_bias(position, self.cache_len, self.dtype)
+        kv = StaticKV(self.buffers["lm_k"][:, :rows], self.buffers["lm_v"][:, :rows])
+        h = self.module.hidden(io.token[:rows], rope, kv, RowPositions(position), bias)
+        io.logits[:rows].copy_(self.module.logits(h)[:, 0])
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy cache row ``src`` into row ``dst`` (host-side, between replays)."""
+        for name in ("lm_k", "lm_v"):
+            self.buffers[name][:, dst].copy_(self.buffers[name][:, src])
 
     def describe(self) -> dict[str, Any]:
         c = self.cfg

@@ -1,0 +1,117 @@
+"""Orpheus-style TTS serving many requests at once: every request a row of one captured decode step.
+Each request's audio equals its audio alone (and the transformers + snac reference for the fixture
+cases), whatever joins or leaves beside it; sampled speech reproduces under other neighbours; one
+request's cancel or bad token ends only itself; no graph is captured after load."""
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from flashrt.chain import StageError
+from flashrt.runner.tts import load_tts
+from flashrt.runtime.decode import Sampling
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tts"
+CASES = (("tara", "Hello there."), ("leo", "A much longer sentence, so the prompt lands in another bucket."))
+GREEDY = Sampling()
+TEXTS = ("Hi.", "Good morning to you all.", "Numbers: one, two, three, four, five.", "Short one.",
+         "Another line of speech, of middling length.", "Yes.")
+WAIT = 120.0
+
+
+@pytest.fixture(scope="module")
+def io():
+    return load_file(FIXTURES / "orpheus_tiny_io.safetensors")
+
+
+@pytest.fixture(scope="module")
+def tts(one_thread):
+    model = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=300, cache_len=512, slots=8)
+    yield model
+    model.close()
+
+
+def _speak(tts, text, voice, sampling, delay=0.0):
+    time.sleep(delay)
+    return np.concatenate(list(tts.stream(text, voice=voice, sampling=sampling)))
+
+
+def _at_once(tts, jobs):
+    """jobs: key -> (text, voice, sampling, delay) streamed from one thread each -> key -> audio."""
+    out = {}
+
+    def run(key, job):
+        try:
+            out[key] = _speak(tts, *job)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the test
+            out[key] = exc
+
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT)
+    assert len(out) == len(jobs), "a request did not end"
+    return out
+
+
+@pytest.mark.parametrize("concurrent", [1, 3, 8])
+def test_each_request_sounds_as_it_does_alone_whoever_shares_its_steps(tts, io, concurrent):
+    captures = tts.decoder.report()["captures"]
+    voices = ("tara", "leo", "zoe")
+    jobs = {k: (TEXTS[k % len(TEXTS)], voices[k % 3], GREEDY, 0.02 * (k % 4)) for k in range(concurrent)}
+    jobs["ref0"] = (CASES[0][1], CASES[0][0], GREEDY, 0.01)
+    jobs["ref1"] = (CASES[1][1], CASES[1][0], GREEDY, 0.03)
+    together = _at_once(tts, jobs)
+    for key in ("ref0", "ref1"):  # the transformers generate + snac reference
+        i = int(key[-1])
+        np.testing.assert_allclose(together[key], io[f"audio.{i}"][0].numpy(), atol=1e-4, rtol=0)
+    for key, (text, voice, sampling, _) in jobs.items():
+        alone = _speak(tts, text, voice, sampling)
+        assert together[key].shape == alone.shape, key
+        np.testing.assert_allclose(together[key], alone, atol=1e-5, rtol=0, err_msg=str(key))
+    report = tts.decoder.report()
+    assert report["captures"] == captures  # no capture since load
+    if concurrent == 8:
+        assert any(k.endswith(("@4", "@8")) for k in report["decode_replays"])
+
+
+def test_sampled_speech_reproduces_under_other_neighbours(tts):
+    mine = ("Good morning to you all.", "tara", Sampling(temperature=0.7, top_p=0.9, repetition_penalty=1.1,
+                                                         seed=5), 0.0)
+    first = _at_once(tts, {"me": mine, "n1": (TEXTS[2], "leo", GREEDY, 0.0)})
+    second = _at_once(tts, {"n2": (TEXTS[4], "zoe", GREEDY, 0.0), "n3": (TEXTS[0], "leo", GREEDY, 0.01),
+                            "me": (*mine[:3], 0.02)})
+    for run in (first, second):
+        assert not isinstance(run["me"], BaseException), run["me"]
+    np.testing.assert_array_equal(first["me"], second["me"])
+
+
+def test_a_cancel_and_a_bad_token_end_only_their_own_requests(tts, io, monkeypatch):
+    step = tts.decoder.step
+    bad_text = "Numbers: one, two, three, four, five."
+
+    def bad_step(blocks=1):  # a text token in the middle of one request's audio codes
+        seats = step(blocks)
+        for seat in seats:
+            if seat.generation.prompt_len == len(tts.prompt_ids(bad_text, "zoe")) and \
+                    len(seat.generation.tokens) >= 14 and seat.new:
+                seat.new.append(5)
+        return seats
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tts.decoder, "step", bad_step)
+        cancelled = tts.stream(TEXTS[4], voice="leo", sampling=GREEDY)
+        next(cancelled)
+        out = _at_once(tts, {"bad": (bad_text, "zoe", GREEDY, 0.0),
+                             "ref0": (CASES[0][1], CASES[0][0], GREEDY, 0.0),
+                             "ref1": (CASES[1][1], CASES[1][0], GREEDY, 0.01)})
+        cancelled.close()
+    assert isinstance(out["bad"], StageError) and out["bad"].stage == "lm"
+    for i in (0, 1):
+        np.testing.assert_allclose(out[f"ref{i}"], io[f"audio.{i}"][0].numpy(), atol=1e-4, rtol=0)
+    assert tts.decoder.live == 0
