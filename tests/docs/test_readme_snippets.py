@@ -1,5 +1,5 @@
 """Every Python snippet of README.md runs as written, each in a fresh interpreter, and every relative link
-of the README points at a file of the checkout.
+of README.md and bench/README.md points at a file of the checkout.
 
 Placeholders: a snippet may name a checkpoint by a `path/to/...` string; PLACEHOLDERS maps each one to a
 tiny random-weight checkpoint written here (the demo's Pi0.5, a real lerobot 0.6.1 layout), and the
@@ -75,8 +75,10 @@ def test_filling_replaces_only_the_placeholder_string():
         "x = load('/tmp/c')  # path/to/pi05_checkpoint in a comment stays\n"
 
 
-def test_readme_links_point_at_files():
-    targets = [t for t in LINK.findall(README.read_text()) if "://" not in t]
-    assert targets, "the README links to its docs"
-    missing = [t for t in targets if not (ROOT / t).exists()]
-    assert not missing, f"README links to missing files: {missing}"
+@pytest.mark.parametrize("readme", ["README.md", "bench/README.md"])
+def test_readme_links_point_at_files(readme):
+    path = ROOT / readme
+    targets = [t for t in LINK.findall(path.read_text()) if "://" not in t]
+    assert targets, f"{readme} links to the docs"
+    missing = [t for t in targets if not (path.parent / t).exists()]
+    assert not missing, f"{readme} links to missing files: {missing}"
