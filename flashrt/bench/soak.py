@@ -162,7 +162,7 @@ def soak_tables(record: dict[str, Any], console: Any = None) -> None:
 
 def soak_figure(record: dict[str, Any], path: Any) -> Any:
     """RSS over the run, and the step latency: median AND max of each sampling window, and the worst
-    call of the whole run marked (a median-only line hid a 1,640 ms step)."""
+    call of the whole run marked (a median-only line hid an outlier step)."""
     from flashrt.profile.plots import plot_panels
 
     return plot_panels(path, soak_panels(record), f"flashrt soak · {record['benchmark']}")

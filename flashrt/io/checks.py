@@ -6,7 +6,7 @@ produces, and reports failures with the other mapping problems in one Checkpoint
 - Finiteness. A NaN or inf anywhere in a float weight makes every output NaN (or, through a
   discretization, finite and wrong). `first_nonfinite` scans a tensor in chunks with ``aminmax`` (a
   reduction that propagates NaN and keeps inf, so no temporary of the tensor's size is made); the
-  cost is one read of the weights at memory speed (bench/README.md gives the figure at Pi0 size).
+  cost is one read of the weights at memory speed (docs/benchmarks/runtime.md gives the figure at Pi0 size).
   The scan runs on the tensor after its cast, so a float32 value that overflows float16 is caught too.
 - Dtype kinds. The loader casts each tensor to its slot's dtype; a cast that changes the *kind* (bool,
   integer, 8-bit float, float, complex) is refused unless the weight-map rule asks for it with

@@ -6,22 +6,21 @@ activations (BigVGAN v2, `Activation1d`). Derived tensors (snake frequencies, fi
 non-persistent buffers computed in ``reset_derived()``.
 
 Host sine (`SINES`): the snake's sine is the bulk of its cost on the CPU (ATen's float32 ``sin`` is MKL's
-VML kernel, 1.5-2.4 ns per value on the AMD EPYC of 2026-12-02; NumPy's own vectorized float32 sine
-0.5-0.9 ns). ``Snake.sine = "numpy"`` runs it through NumPy in place over the tensor's memory taken
-as one flat array (a value's sine depends on the value only, not on where it lies: stream == one-shot
-stays exact), where that is possible: a plain eager call on a dense CPU float32 tensor without
-autograd; under a recording mode (the trace backend, FLOP counters, export) or anywhere else it is
-ATen's ``sin_``, so a recorded graph always holds the op. The two sines differ in the last bit of
-~13 % of the values. `pick_sine` measures both once per process; `use_sine` sets a module's snakes.
+VML kernel, which NumPy's own vectorized float32 sine beats on some CPUs:
+docs/benchmarks/vocoders.md). ``Snake.sine = "numpy"`` runs it through NumPy in place over the tensor's
+memory taken as one flat array (a value's sine depends on the value only, not on where it lies: stream ==
+one-shot stays exact), where that is possible: a plain eager call on a dense CPU float32 tensor without
+autograd; under a recording mode (the trace backend, FLOP counters, export) or anywhere else it is ATen's
+``sin_``, so a recorded graph always holds the op. The two sines differ in the last bit of ~13 % of the
+values. `pick_sine` measures both once per process; `use_sine` sets a module's snakes.
 
 Native kernel (`ACTIVATION_KERNELS`): ``Activation1d.kernel = "native"`` runs the whole anti-aliased
 snake (2x upsample, snake, low-pass 2x down) as one pass of the C kernel csrc/anti_alias_cpu.c
 (`flashrt.runtime.csrc_cpu`, built with the machine's C compiler on first use): the upsampled signal
 stays in the cache in tiles, and its sine is a vector polynomial (about 1 ulp) instead of a library
-call. Measured on the dev CPU (Zen 4, 1 thread) at BigVGAN-base's 50-frame shapes: 2.5-4.5x the
-torch form (C 128, T 3200: 1.45 -> 0.59 ms; C 256, T 400: 0.69 -> 0.15 ms; built for AVX2 on the same
-CPU, 8-float vectors: 1.8-5.7x the torch form running AVX-512), as close to the float64
-definition as the torch form (1.3-1.9e-6 on unit-scale inputs). Taken where the torch form's numpy sine
+call. It is several times faster than the torch form at BigVGAN-base's shapes (also when built for AVX2;
+timings in docs/benchmarks/vocoders.md), as close to the float64 definition as the torch form
+(1.3-1.9e-6 on unit-scale inputs). Taken where the torch form's numpy sine
 is (a plain eager call on dense CPU float32 rows) and, in addition, at the exact length (`EXACT`: a
 padded graph's `ValidLength` fix-ups stay torch's), 12-tap 2x filters and channels a multiple of 16;
 anything else runs the torch form. Every value is computed by the same code whatever its position, so

@@ -18,8 +18,8 @@ Conventions every block here follows:
   three declaratively and folds g, v once at load (`flashrt.io.transforms.weight_norm`). Modules hold
   plain ``weight``/``bias``.
 * Layout. Every block takes (B, C, T) or "rows": (B, C, 1, T) stored channels-last (`to_rows`), the
-  layout in which oneDNN runs these 1-D convs fastest on CPU (measured 1.5-7x over (B, C, T) conv1d
-  for the HiFi-GAN/BigVGAN shapes, transposed and depthwise convs included). Conv weights keep their
+  layout in which oneDNN runs these 1-D convs fastest on CPU (measured faster than (B, C, T) conv1d for
+  the HiFi-GAN/BigVGAN shapes, transposed and depthwise convs included). Conv weights keep their
   1-D shape in the state dict; `reset_derived` stores them channels-last once (no second copy).
 * Padded static shapes. Graphs run at a bucket length; the real input is ``length`` frames and the
   rest is padding. Every layer whose output near the end depends on what lies past the end must see

@@ -1,7 +1,7 @@
 """1-D convolutions of the audio stack on (B, C, T) or channels-last "rows", with padding fix-ups.
 
 Layout. Every conv takes (B, C, T) or "rows": (B, C, 1, T) stored channels-last (`to_rows`), the layout
-in which oneDNN runs these 1-D convs fastest on CPU (measured 1.5-7x over (B, C, T) conv1d for the
+in which oneDNN runs these 1-D convs fastest on CPU (measured faster than (B, C, T) conv1d for the
 HiFi-GAN/BigVGAN shapes, transposed and depthwise convs included). Conv weights keep their 1-D shape in
 the state dict; `reset_derived` stores them channels-last once (no second copy). Weight norm is never a
 module parametrization: `conv_rules` maps the three stored forms and folds g, v once at load.
@@ -13,7 +13,7 @@ enters `plain_forms`) records every conv as what it is, one dilated conv or one 
 Conv / ConvTranspose), and leaves the summation order to that runtime's kernels; the phase-split and
 polyphase forms there were a dozen reshapes and transposes each. The block-spectral convs
 (`flashrt.nn.spectral_conv`) are likewise an algorithm chosen for oneDNN and MKL on this CPU, and record
-as the plain conv too (HiFi-GAN V1 on onnxruntime, 1 thread: 1767 -> 1345 ms a call, export 67 -> 21 s).
+as the plain conv too (faster on onnxruntime and quicker to export: docs/benchmarks/vocoders.md).
 Eager runs are unchanged.
 
 Shape legend: B batch, C channels, T time steps at the conv's own rate, K kernel taps.
@@ -117,7 +117,7 @@ def _packed(weight: torch.Tensor, geometry: tuple) -> torch.Tensor | None:
     """``weight`` (O, C/g, kh, kw) reordered once into oneDNN's blocked layout for a 2-D channels-last conv
     of ``geometry`` (padding, stride, dilation, groups), or None where that does not apply (not a CPU
     float32 weight, no oneDNN). A plain weight is reordered by oneDNN on every call: at a few frames
-    that was most of BigVGAN's call (~3 ms per 256-channel conv of 11 taps); the packed one is
+    that was most of BigVGAN's call; the packed one is
     the same values, so the conv's results are bit for bit the same (tests/nn/test_audio.py)."""
     if _REORDER is None or _POINTWISE is None or weight.device.type != "cpu" or weight.dtype != torch.float32:
         return None

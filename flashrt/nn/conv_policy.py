@@ -17,7 +17,7 @@ Policies (`POLICIES`):
   stream == one-shot bit for bit. BigVGAN's default: its snake activations amplify rounding
   differences through ~90 convs to 1e-5 and more (fp32's own floor for that network: the reference
   package is 9e-6 from float64), so only equal arithmetic keeps its stream within 1e-5 of the one-shot
-  output. Costs 5-40% on the dilated convs and 1.5x the upsamplers' FLOPs.
+  output. Costs time on the dilated convs (docs/benchmarks/vocoders.md) and 1.5x the upsamplers' FLOPs.
 * ``spectral``: every eligible conv spectral (tests and comparisons).
 
 Spectral convs apply to float32 CPU models, the invariant forms to CPU models of any dtype; on a GPU

@@ -40,10 +40,10 @@ class FusedLinear(nn.Linear):
 
     On CPU in float32, `reset_derived` prepacks the weight for oneDNN and the forward runs one oneDNN
     GEMM with the bias (and a residual add) in its epilogue, then the GELU as ATen's in-place kernel on
-    the GEMM's output. Not oneDNN's GELU epilogue: on AVX2 (this CPU) that epilogue costs 3x ATen's
-    kernel (Vocos pw1 at 512 x 512 -> 1536: 13.5 ms GEMM, +4.6 ms fused GELU vs +1.4 ms ATen GELU; the
-    results are bit for bit the same). Anywhere else (GPU, other dtypes, no oneDNN) it is ``F.linear``
-    then the activation. The packed copy is a derived attribute: call `reset_derived` again after
+    the GEMM's output. Not oneDNN's GELU epilogue: on AVX2 CPUs that epilogue costs several times
+    ATen's kernel (figures in docs/benchmarks/vocoders.md; the results are bit for bit the same).
+    Anywhere else (GPU, other dtypes, no oneDNN) it is ``F.linear`` then the activation. The packed
+    copy is a derived attribute: call `reset_derived` again after
     changing ``weight`` (`load_module` does).
     """
 

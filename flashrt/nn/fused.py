@@ -26,7 +26,7 @@ Each op has three implementations:
 
 They are registered with torch.library as ``flashrt::<name>`` custom ops (so graph capture, the trace
 backend and torch.compile see one opaque op). `KERNELS` is the table modules dispatch through by name:
-"aten" calls the references directly (no dispatcher hop, ~20 us less per call on the CPU: the CPU
+"aten" calls the references directly (no dispatcher hop, less host time per call: the CPU
 default, and CUDA without the library), "fused" calls the custom ops. `resolve_kernels` picks at load.
 """
 

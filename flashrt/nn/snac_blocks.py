@@ -8,10 +8,10 @@ Shape legend:
 
 Layout: every activation is (B, T, C) contiguous. On CPU this is what makes SNAC fast (measured on the
 24 kHz decoder, 1 thread): the 1x1 convs are prepacked oneDNN GEMMs (`FusedLinear`, residual adds fused
-in), the k=7 depthwise convs are one channels-last oneDNN conv (0.6 ms instead of 10 ms for the (B, C, T)
-conv at C=64, T=24576), and a dilation-d conv is the same conv with a (7, 1) kernel over the (T/d, d)
-"phase" view of the sequence (oneDNN's dilated depthwise kernels are 10-40x slower), the overlap-add
-of the upsampler adds contiguous rows, and attention needs no transposes.
+in), the k=7 depthwise convs are one channels-last oneDNN conv (far faster than the (B, C, T) conv),
+and a dilation-d conv is the same conv with a (7, 1) kernel over the (T/d, d) "phase" view of the
+sequence (oneDNN's dilated depthwise kernels are many times slower: docs/benchmarks/vocoders.md),
+the overlap-add of the upsampler adds contiguous rows, and attention needs no transposes.
 
 Checked against the ``snac`` package (hubertsiuzdak/snac) on tiny random configs; differences to it:
 
@@ -107,7 +107,8 @@ class MonoOutputConv(nn.Module):
     """"Same" conv from C channels to ONE channel: (B, T, C) -> (B, T); ``weight`` (1, C, k).
 
     P = x @ W^T gives every tap's contribution (B, T, k); y[t] = sum_j P[t + j - pad, j] is one sum over
-    a diagonal strided view of the zero-padded P. (oneDNN's conv is 5-10x slower with one output channel.)
+    a diagonal strided view of the zero-padded P. (oneDNN's conv is several times slower with one output
+    channel.)
     """
 
     def __init__(self, c_in: int, kernel: int = 7) -> None:

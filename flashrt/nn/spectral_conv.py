@@ -23,26 +23,20 @@ real (2C, 2O) form of the complex kernel, where 2C <= 256; Gauss's three real pr
 (groups of C) at wider convs, where oneDNN's grouped kernels at 512 channels per group fall off a cliff.
 Where torch's CPU kernels are not AVX-512 the same products run as one BLAS batched GEMM over the groups
 (`grouped_products`): oneDNN's AVX2 grouped kernels fall off such cliffs at widths and lengths HiFi-GAN
-uses (measured with oneDNN and MKL capped at AVX2 on the Zen 4: whole V1 1.7x slower than the previous
-four-bmm form with the grouped conv, 1.05-1.18x faster with the batched GEMM).
+uses (measured with oneDNN and MKL capped at AVX2: the grouped conv slower than the previous four-bmm
+form over the whole V1, the batched GEMM faster; figures in docs/benchmarks/vocoders.md).
 The result is the same function as ``F.conv1d``, and in fp32 closer to the float64 result than oneDNN's
 direct conv (measured 2e-6 to 3e-6 vs 6e-6 to 1e-5 max |err| on unit-variance inputs).
 
-Measured on the dev CPU (AMD EPYC Zen 4, AVX-512, MKL BLAS, 2026-12-02), ms per conv with its
-leaky-relu, 1 thread, oneDNN direct -> four-bmm spectral (the previous form) -> this one, at HiFi-GAN
-V1's 200-frame lengths: C = O = 256, T = 1600: r 7 d 1: 14.6 -> 12.8 -> 8.5 (N 16), r 11 d 5: 22.3 ->
-15.7 -> 9.9 (N 32); C = 128, T = 12800: r 7 d 1: 27.0 -> 23.0 -> 17.0 (N 32), r 7 d 3: 26.7 -> 19.3,
-r 11 d 1: 41.4 -> 24.3 -> 18.7 (N 64); C = 64, T = 25600: r 7 d 1: 14.1 -> 12.1, r 11 d 1: 20.8 ->
-17.8 -> 13.9 (N 64). The four products as MKL bmm ran at ~70 GFLOP/s, as one grouped conv ~100
-(oneDNN's direct conv ~95); the DFT GEMMs ran ~55 as torch's batched matmul, 1.5-2.3x faster in the
-native batched GEMM of csrc/spectral_cpu.c (`_gemm`; where the CPU library builds: same sums).
+Per conv at HiFi-GAN V1's lengths this form is faster than oneDNN's direct conv and than the previous
+four-bmm spectral form at the kernels and widths `MEASURED_RULES` lists; the products run faster as one
+grouped conv than as MKL bmm, and the DFT GEMMs faster in the native batched GEMM of csrc/spectral_cpu.c
+(`_gemm`; where the CPU library builds: same sums) than as torch's batched matmul. The per-conv timings
+are in docs/benchmarks/vocoders.md, "Measurements behind the code".
 Kernels 3 and 5, and anything at 32 channels, are slower spectral (the transforms are not paid back);
 so are short calls (fewer than `MIN_BLOCKS` block rows, where reading the products' weight dominates:
-the plan runs the direct conv there). At V1's 50-frame lengths (cold caches, as inside the model) r 11
-below 256 channels runs faster at N 32 than at N 64 (C 128, T 3200: 11.2 direct, 6.9 N 64, 5.3 N 32;
-C 64, T 6400: 5.8, 3.6, 3.5), level from 83 frames up (N 64 1-5% faster at 333-512 frames): N 32 there
-since 2026-12-02 (whole V1 at 50 frames 1.04-1.07x, interleaved CPU time; 512 frames level within
-noise).
+the plan runs the direct conv there). At short calls (cold caches, as inside the model) r 11 below 256
+channels runs faster at N 32 than at N 64 and level at long ones, so it runs N 32 there.
 `SpectralPolicy`'s rules encode that; `flashrt.nn.conv_policy` applies it. The price is memory: the
 products' weights take 16 (F - 1) C O bytes per conv stacked, 4 (3 F - 4) C O Gauss (about twice and
 1.5x the kernel spectrum): 174 MB over HiFi-GAN V1's 36 spectral convs (whose own weights are 56 MB),
@@ -81,8 +75,8 @@ class SpectralRule:
     """Convs with at least ``kernel`` taps and ``channels`` channels (in and out) go spectral; with
     ``undilated``, only when their dilation is 1 (the phase copies of a dilated one are not paid back);
     never above ``max_dilation`` (each dilation phase is a sequence of its own, padded to whole blocks:
-    at Piper's d = 12, C 64-128, r 7, 0.45-1.04x the direct conv at 50-250 frames, measured 2026-12-02;
-    the rules were measured at HiFi-GAN V1's d <= 5)."""
+    at Piper's d = 12, C 64-128, r 7, no faster than the direct conv; the rules were measured at
+    HiFi-GAN V1's d <= 5)."""
 
     kernel: int
     channels: int
@@ -107,9 +101,8 @@ class SpectralPolicy:
     channels, at channel counts whose products' groups oneDNN runs well (`fast_widths`: 64, 128, 256 in
     and out). N: the smallest power of two >= 2 (r - 1), at least 32 below 256 channels (the products'
     weight is read once per call: the wide convs, few rows per call, want it small; r 7 at C 64-128
-    runs N 32 (N 16 is 1.1-1.2x slower), r 11 there too: N 64 took 1.3x N 32's time at V1's 50-frame
-    lengths (C128 T3200: 6.9 vs 5.3 ms), level from 83 frames up, 1-5% less at 333-512 frames, for
-    twice the products' weight). A plan runs direct on calls of fewer than `min_blocks` blocks.
+    runs N 32 (N 16 is slower), r 11 there too: N 64 is slower on short calls and level on long ones,
+    for twice the products' weight). A plan runs direct on calls of fewer than `min_blocks` blocks.
     `blocks` adds a second, smaller N for the short calls of the 256-channel convs. ``every`` forces the
     spectral path on every eligible conv (kernel >= 2) at every length, N being the smallest power of two
     >= 4 r, for tests and for comparing the two paths.
@@ -141,10 +134,8 @@ class SpectralPolicy:
         One plan, (`block`, `min_blocks`), except at >= 256 channels: there (`block`, `SHORT_BELOW`) and
         (2 (r - 1), `SHORT_ROWS`). Those convs have few rows per call, and at few rows the products'
         weight read, not their FLOPs, sets the time: the least N (about 2/3 of the weight, ~1.4x the
-        products' FLOPs per step) is faster up to ~60 rows at the larger N. Measured per conv at V1's
-        C256 lengths (cold caches, 2026-12-02): r 11 N 20 / N 32 0.72-0.96x at 40-128 frames (T 320-1024),
-        1.1-1.3x at 200-512; r 7 N 12 / N 16 0.78-0.88x at 50-66 frames, 1.07-1.15x from 83; in the
-        model the C256 r 11 convs 1.25x / 1.27x / 1.15x at 50 / 83 / 128 frames, r 7 1.15x at 50.
+        products' FLOPs per step) is faster up to ~60 rows at the larger N (per-conv and in-model
+        timings in docs/benchmarks/vocoders.md, "Measurements behind the code").
         `SHORT_ROWS` keeps the short plan from calls shorter than the policy's N engages today (r 7: T
         240) but lets r 11 run it from T 400 (V1's 50-frame call, 19 rows at N 32). Memory: the short
         plans' weights, 4 (3 F - 4) C O bytes each (4.5 MB at r 7, 7.6 MB at r 11; V1 +73 MB).
@@ -213,16 +204,16 @@ def _forms(spectrum: torch.Tensor, m: int, dft: tuple) -> tuple[torch.Tensor, to
 @functools.cache
 def grouped_products() -> bool:
     """Whether the products run as oneDNN's grouped 1x1 conv (else one BLAS batched GEMM, `_batched`):
-    where torch's CPU kernels run AVX-512. Measured there (Zen 4): ~100 GFLOP/s against the batched
-    GEMM's ~80. With AVX2 kernels (oneDNN capped at AVX2 on the same CPU) the grouped conv falls off a
-    cliff at some (group width, rows) pairs, 3-5x slower than the direct conv (C 128 r 11 at T 12800:
-    546 vs 226 ms; C 256 r 7 d 3 at T 1600: 92 vs 19 ms), while the batched GEMM has none."""
+    where torch's CPU kernels run AVX-512, where it measured faster than the batched GEMM. With AVX2
+    kernels (oneDNN capped at AVX2) the grouped conv falls off a cliff at some (group width, rows)
+    pairs, slower than the direct conv, while the batched GEMM has none (figures in
+    docs/benchmarks/vocoders.md, "Measurements behind the code")."""
     return _REORDER is not None and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def fast_widths(in_ch: int, out_ch: int) -> bool:
     """Whether the products' grouped conv runs at widths oneDNN was measured fast at. At others (192 and
-    512 measured) its packed weight fits some lengths only; at the rest each call takes ~200 ms."""
+    512 measured) its packed weight fits some lengths only; at the rest a call is many times slower."""
     return all(width in _GROUP_WIDTHS for width in _widths(in_ch, out_ch))
 
 

@@ -10,13 +10,10 @@ instead of 12: the transforms (csrc/winograd_cpu.c, one pass each, vectorized ov
 6 inputs of each tile to 6 transformed rows and the 6 products back to 4 outputs; the products are one
 oneDNN grouped 1x1 conv over the tiles (6 groups of C -> O, weight packed once), as the spectral
 products are. Dilated convs run each phase as its own sequence (the (T/d, d) view, phases side by
-side). Measured per conv on the dev CPU (AMD Zen 4, 1 thread) at HiFi-GAN V1's 50-frame lengths,
-oneDNN direct -> this, alone: C 256, T 400: 1.79 -> 1.05 ms; C 128, T 3200: 3.80 -> 2.71; C 64, T 6400:
-1.66 -> 1.27 (0.6-0.97x at 32 channels, whose 64-wide products oneDNN runs slowly). Inside V1 (cold
-caches: the products' weight is twice the conv's, the transformed rows 1.5x its input), its six
-3-tap convs per stage, old -> new ms: 50 frames C 256 10.5 -> 7.7, C 128 21.5 -> 17.2, C 64 10.8 ->
-10.9; 83 frames 18.5 -> 13.3, 35.8 -> 30.1, 21.4 -> 23.6; 512 frames 102 -> 75, 204 -> 185, 114 -> 147.
-So `WIDTHS` is 128 and 256 channels.
+side). Alone it beats oneDNN's direct conv at 64-256 channels (not at 32, whose 64-wide products
+oneDNN runs slowly); inside V1 (cold caches: the products' weight is twice the conv's, the transformed
+rows 1.5x its input) it gains at 128 and 256 channels and loses at 64 on long calls. So `WIDTHS` is 128
+and 256 channels (timings in docs/benchmarks/vocoders.md, "Measurements behind the code").
 Error: 2-8x the direct conv's against float64 (~6e-6 vs ~2e-6 on unit-scale inputs; A's and B's
 entries reach 8 and 5), far inside the vocoders' 1e-4 gates. Memory: the packed products, 6 C O floats
 per conv (HiFi-GAN V1's 12: ~12 MB).

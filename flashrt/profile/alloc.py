@@ -25,7 +25,7 @@ sees them):
 
 What is NOT seen: memory torch allocates below the dispatcher (a numpy array made by ``.numpy()`` /
 ``astype``, Python objects, pinned-memory host caches). The count is of torch tensors, the figure that
-grows with a careless hot path; host time per call is measured separately (bench/README.md).
+grows with a careless hot path; host time per call is measured separately (docs/benchmarks/pi0.md).
 
 The replay is left out honestly: `count_infer_allocations` wraps the frontend's ``replay`` verb (the
 one call the runner makes for the captured step) in ``counter.pause()`` for the counted calls, so

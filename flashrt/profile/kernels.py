@@ -1,9 +1,9 @@
 """Kernels per replay, and tensor allocations, counted on any device (the `meta` device included).
 
-A captured step costs, on a GPU, about one launch per kernel (1.5-3 us each even inside a CUDA graph),
-so the number of kernels one replay launches is a figure to drive down. It is counted here without a
-GPU: run the step once under `KernelCounter` (a TorchDispatchMode), usually on the ``meta`` device,
-which takes the CUDA code path of every op and computes nothing (a full-size Pi0 step counts in ~2 s).
+A captured step costs, on a GPU, about one launch per kernel (a few microseconds each even inside a CUDA
+graph), so the number of kernels one replay launches is a figure to drive down. It is counted here
+without a GPU: run the step once under `KernelCounter` (a TorchDispatchMode), usually on the ``meta``
+device, which takes the CUDA code path of every op and computes nothing (seconds for a full-size Pi0).
 
     from flashrt.profile.kernels import count_kernels
     count = count_kernels(step)          # step: the no-argument function a graph backend captures

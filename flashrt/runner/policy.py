@@ -21,7 +21,7 @@ Guarantees (tested):
   allocates outside the replay are a small constant, the same for every model size (the families
   write through preallocated, pinned staging; `flashrt.profile.alloc` counts them, a test pins them).
 * Threads: a policy serializes its callers with one lock (`infer`, `step`, `reset` each take it; an
-  uncontended acquire costs well under a microsecond). Two threads on one policy get correct results
+  uncontended acquire is negligible next to a step). Two threads on one policy get correct results
   one after the other, never a mix of each other's buffers.
 """
 

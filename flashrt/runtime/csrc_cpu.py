@@ -51,7 +51,7 @@ __all__ = ["ABI", "FLAGS", "build", "cache_folder", "compiler", "key_fields", "l
 ABI = 1  # FLASHRT_CPU_ABI of csrc/*_cpu.c
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11")
 OPENMP = ("-fopenmp",)
-TIMEOUT_S = 300.0  # any one compiler process (a build takes about a second)
+TIMEOUT_S = 300.0  # any one compiler process (a build takes seconds at most)
 NO_COMPILER = ("no C compiler (cc, gcc, clang): the native CPU kernels are off, vocoders run the torch "
                "forms (slower)")
 _POINTER, _INT64 = ctypes.c_void_p, ctypes.c_int64

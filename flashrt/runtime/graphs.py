@@ -219,12 +219,12 @@ def backend_for_device(name: str | None, device: torch.device, **opts: Any) -> G
     ConfigError naming the ones that do.
 
     The CPU default is `eager` for every family (Pi0/Pi0.5, GR00T, the vocoders, the TTS models). The rule
-    a family's CPU default follows (bench/README.md, "onnxrt vs eager on the CPU", issue #18): another
+    a family's CPU default follows (docs/benchmarks/runtime.md, "onnxrt vs eager on the CPU"): another
     backend becomes a family's default only when, at its `cpu-small` size, it is faster than eager in
     interleaved pairs at 1 and at 2 threads, matches eager to 1e-5 (streamed too, for a vocoder), and
     its costs the bench does not time are paid for: onnxrt exports and holds one copy of the weights per
     bucket (a vocoder's ladder has ~15), and runs a call padded to its bucket (up to 25 % more frames)
-    where eager runs the exact length. No family met it in the 2026-12-01 measurements."""
+    where eager runs the exact length. No family has met it in the measurements there."""
     device = torch.device(device)
     name = name or ("cuda" if device.type == "cuda" else "eager")
     entry = _REGISTRY.get(name)

@@ -128,7 +128,7 @@ class Pi0Frontend:
 
     def kernels_per_replay(self, bucket: int | None = None) -> KernelCount:
         """The kernels one replay of `bucket` (default: the largest) launches on a CUDA device, counted
-        on a meta twin of this frontend (`flashrt.profile.kernels`; computed once per bucket, ~2 s at
+        on a meta twin of this frontend (`flashrt.profile.kernels`; computed once per bucket, seconds at
         full size)."""
         bucket = self.buckets[-1] if bucket is None else bucket
         if bucket not in self._kernel_counts:

@@ -300,7 +300,7 @@ def column_major_linears(module: nn.Module) -> None:
     """Store every ``nn.Linear`` weight (out, in) column-major: same shape and values, strides (1, out).
 
     ``F.linear`` then hands oneMKL the (in, out) matrix untransposed, which is the faster GEMM for the
-    expert's few-row activations on the CPU (e.g. 50 x 512 x 128: 76 -> 51 us) and bit-identical.
+    expert's few-row activations on the CPU (docs/benchmarks/pi0.md) and bit-identical.
     Only float32 weights (oneMKL's GEMM; other dtypes go through oneDNN, which wants them row-major).
     Idempotent; call before capturing graphs (the weights move to new storage)."""
     for sub in module.modules():

@@ -148,7 +148,7 @@ class FrameStaging:
 
     def unit_float(self, pixels: torch.Tensor) -> torch.Tensor:
         """The frame on the device as float32 in [0, 1]; a uint8 frame is converted, then divided by 255
-        in place: bit-identical to ``t.float() / 255`` (and ~15% faster on the CPU than one mixed-dtype
+        in place: bit-identical to ``t.float() / 255`` (and faster on the CPU than one mixed-dtype
         division)."""
         if self.host is not None:
             self.host.copy_(pixels)

@@ -175,7 +175,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     steps = ck.model_config.max_decoding_steps
     model = Pi0FastDecodeModel(net, len(ck.cameras), max(sizes) + steps, dev)
     # greedy checkpoints (temperature 0, lerobot's default) rank one candidate in the prefill's shared
-    # sampling branch instead of a top-1024 over the whole vocabulary (~3.5 ms at 157k tokens on a CPU)
+    # sampling branch instead of a top-1024 over the whole vocabulary (milliseconds per token on a CPU)
     candidates = 1 if ck.temperature == 0 else 1024
     decoder = Decoder(model, sizes, max_new_tokens=steps, backend=backend, candidates=candidates,
                       penalty=False).capture()  # lerobot's action-token decode has no repetition penalty

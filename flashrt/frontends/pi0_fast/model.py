@@ -146,7 +146,7 @@ def _decode_layer(p: DecodeLayer, x: torch.Tensor, rope: tuple, cache: tuple, sl
     att = torch.bmm(scores.softmax(-1), values).view(1, 1, heads * d)  # head i uses kv head i // (H/KV)
     x = x + F.linear(att, p.o)
     gate, up = F.linear(_norm_one(x, p.gain_post, p.eps), p.gate_up).chunk(2, dim=-1)
-    # plain ATen GeGLU: oneDNN's fused kernel (the prefill's choice) is ~6x slower for one row
+    # plain ATen GeGLU: oneDNN's fused kernel (the prefill's choice) is far slower for one row
     return x + F.linear(F.gelu(gate, approximate="tanh").mul_(up), p.down)
 
 

@@ -40,7 +40,7 @@ The user-facing loader is `flashrt.load_vocoder` (runner/vocoder.py: this packag
   holds ATen's); ``flashrt.nn.alias_free.use_sine(voc.module, "aten")`` sets it back.
 * Anti-aliased activations (BigVGAN): a float32 CPU module runs each one (2x up, snake, 2x down) as
   one pass of a C kernel built with this machine's compiler on first use (`flashrt.runtime.csrc_cpu`;
-  2.5-4.5x the torch form per activation); without a compiler, the torch form.
+  several times faster than the torch form per activation); without a compiler, the torch form.
   ``use_activation_kernel(voc.module, "torch")`` sets it back.
 
 Registering a family (how vocos.py / snac.py plug in; import-time, no other side effects)::

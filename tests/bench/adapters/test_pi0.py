@@ -131,9 +131,9 @@ def test_gate_trace_against_eager_through_the_harness():
 @pytest.mark.compile
 @pytest.mark.timeout(2400)
 def test_vs_compile_builds_passes_the_gate_and_is_timed():
-    """`flashrt bench pi0 --vs compile` (bench/README P3): the step under torch.compile traces (ATen MLPs,
-    no_grad), matches the eager reference and is timed beside flashrt. Slow: inductor compiles the whole
-    step on its first pass (~100 s on 2 cores with a warm inductor cache, much longer cold)."""
+    """`flashrt bench pi0 --vs compile` (docs/benchmarks/pi0.md, P3): the step under torch.compile traces
+    (ATen MLPs, no_grad), matches the eager reference and is timed beside flashrt. Slow: inductor compiles
+    the whole step on its first pass (minutes on 2 cores, much longer with a cold inductor cache)."""
     result = run_benchmark("pi0", profile(bench={"iters": 2, "warmup": 0}),
                            BenchOptions(vs="compile", progress=False))
     assert result.status == "ok" and result.vs["status"] == "ok", result.vs
