@@ -2,6 +2,7 @@
 
     flashrt bench serve --voice en_US-joe-medium --loads 1,2,4,8 --requests 24 --compare-admission
     flashrt bench serve --trace requests.jsonl --compare-admission      # a frozen trace, replayed as is
+    flashrt bench serve --voice orpheus_dir --slots 1,8                 # one at a time vs batched decode
 
 Without ``--url`` it serves the voice in this process (127.0.0.1, a free port) and measures that
 server; with ``--url`` it measures a running `flashrt serve`. Requests ask for ``pcm`` (24 kHz). Admission:
@@ -9,7 +10,9 @@ server; with ``--url`` it measures a running `flashrt serve`. Requests ask for `
 what it cannot start in time (503 ``deadline_unmeetable``); ``--compare-admission`` runs both on the
 same arrivals, side by side. Variants: ``--cancel-every N`` (every Nth client hangs up after its first
 audio), ``--slow-consumer N`` (every Nth client reads no audio and holds its connection ``--slow-hold``
-seconds). Tables on stderr, results.json (every request's record) and serve.png under ``--out``, one
+seconds). ``--slots 1,8`` serves the voice once per value (an Orpheus-style voice decodes that many
+requests at once) on the same arrivals, capacity and deadline (measured on the first), side by side.
+Tables on stderr, results.json (every request's record) and serve.png under ``--out``, one
 JSON line last on stdout. Only the speech server (`flashrt serve`) for now: the policy server
 (`flashrt serve-policy`) is not covered yet.
 """
@@ -50,6 +53,9 @@ def bench_serve(
     seed: Annotated[int, typer.Option(help="seed of the arrival schedules")] = 0,
     out: Annotated[Path | None, typer.Option(help="output folder [bench/results/serve-...]")] = None,
     plot: Annotated[bool, typer.Option(help="write serve.png")] = True,
+    slots: Annotated[str | None, typer.Option(help="in-process server: requests a voice decodes at once, "
+                                              "one value or a list compared side by side (e.g. 1,8); "
+                                              "models with slots only (Orpheus-style)")] = None,
 ) -> None:
     """Open-loop load against the speech server (`flashrt serve`; the policy server is not covered yet):
     goodput, TTFA and refusals against offered load."""
@@ -61,6 +67,7 @@ def bench_serve(
         plan = _Plan(_loads(loads), requests, warm, ttfa_factor, _modes(admission, compare_admission),
                      cancel_every, slow_consumer, slow_hold, timeout, level_cap, seed,
                      None if trace is None else _trace(trace))
+        slot_list = _slot_list(slots, url)
         if min(requests, warm) < 1 or min(cancel_every, slow_consumer) < 0 \
                 or not min(ttfa_factor, timeout, level_cap) > 0 or not slow_hold >= 0:
             raise ConfigError("--requests and --warm must be >= 1, --cancel-every and --slow-consumer >= 0, "
@@ -69,8 +76,11 @@ def bench_serve(
         return _finish(_failure("serve", name, "speech", exc), None)
     folder = _out_dir(out, "serve", name, "speech")
     try:
-        with _target(voice, url, max_pending) as (base, served_name):
-            record = asyncio.run(_measure(base, served_name, plan))
+        record = None
+        for n in slot_list:  # the same capacity, deadline and arrivals for every server compared
+            with _target(voice, url, max_pending, n) as (base, served_name):
+                run = asyncio.run(_measure(base, served_name, plan, record))
+            record = _merge(record, run, n, len(slot_list) > 1)
     except (FlashRTError, ImportError) as exc:
         return _finish(_failure("serve", name, "speech", exc), folder)
     _render(record)
@@ -131,6 +141,35 @@ def _loads(text: str) -> list[float]:
     return values
 
 
+def _slot_list(text: str | None, url: str | None) -> list[int | None]:
+    from flashrt.errors import ConfigError
+
+    if text is None:
+        return [None]
+    if url is not None:
+        raise ConfigError("--slots configures the in-process server; a running one (--url) has its own")
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"--slots {text!r}: positive integers separated by commas") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"--slots {text!r}: positive integers separated by commas")
+    return values
+
+
+def _merge(record: dict[str, Any] | None, run: dict[str, Any], slots: int | None,
+           compared: bool) -> dict[str, Any]:
+    """One record for the servers compared: each run's modes named by its slots when there are several."""
+    if compared:
+        run["modes"] = {f"{mode}, slots {slots}": levels for mode, levels in run["modes"].items()}
+    if record is None:
+        run["slots"] = [slots]
+        return run
+    record["modes"].update(run["modes"])
+    record["slots"].append(slots)
+    return record
+
+
 def _modes(admission: bool, compare: bool) -> list[str]:
     return ["off", "on"] if compare else (["on"] if admission else ["off"])
 
@@ -139,8 +178,8 @@ class _target:
     """(url, voice name, sample rate) of the server to measure; an in-process one is started and
     stopped around the run."""
 
-    def __init__(self, voice: str, url: str | None, max_pending: int) -> None:
-        self.voice, self.url, self.max_pending = voice, url, max_pending
+    def __init__(self, voice: str, url: str | None, max_pending: int, slots: int | None = None) -> None:
+        self.voice, self.url, self.max_pending, self.slots = voice, url, max_pending, slots
         self.thread = self.server = None
 
     def __enter__(self) -> tuple[str, str]:
@@ -152,7 +191,7 @@ class _target:
         from flashrt.serve.thread import ServerThread
 
         name = voice_name(self.voice)
-        model = load_tts(self.voice)
+        model = load_tts(self.voice, **({} if self.slots is None else {"slots": self.slots}))
         self.server = SpeechServer({name: model}, ServerLimits(max_pending=self.max_pending))
         self.thread = ServerThread(self.server)
         return self.thread.url, name
@@ -164,7 +203,10 @@ class _target:
             self.server.close()
 
 
-async def _measure(url: str, voice: str, plan: _Plan) -> dict[str, Any]:
+async def _measure(url: str, voice: str, plan: _Plan,
+                   baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Single-stream capacity, then every load level per mode. With a ``baseline`` record (an earlier
+    server of a side-by-side run) its capacity and deadline are used, so the arrivals are the same."""
     from flashrt.bench.serve_load import TEXTS, run_level, single_stream, summarize
     from flashrt.serve.app import PCM_RATE
 
@@ -179,6 +221,8 @@ async def _measure(url: str, voice: str, plan: _Plan) -> dict[str, Any]:
     mean_total_s = sum(o.total_ms for o in served) / len(served) / 1e3
     ttfa = sorted(o.ttfa_ms for o in served)[len(served) // 2]
     capacity, deadline = 1.0 / mean_total_s, plan.factor * ttfa
+    if baseline is not None:
+        capacity, deadline = baseline["capacity_rps"], baseline["deadline_ms"]
     record: dict[str, Any] = {
         "voice": voice, "url": url, "capacity_rps": capacity, "deadline_ms": deadline,
         "single_stream": {"cold": _outcome(cold), "warm_ttfa_ms": ttfa, "warm_total_ms": mean_total_s * 1e3,
@@ -286,7 +330,7 @@ def _plot(record: dict[str, Any], path: Path) -> str:
         x = [lv["load"] for lv in levels]
         good.plot(x, [lv["goodput"] for lv in levels], marker="o", label=f"admission {mode}")
         tail = [lv["ttfa_ms"]["p99"] or float("nan") for lv in levels]
-        p99.plot(x, tail, marker="o", label=f"admission {mode}")
+        p99.plot(x, tail, marker="o", label=f"admission {mode}")  # mode: "off" / "on" [, "slots N"]
     good.set(xlabel="offered load (x single-stream capacity)", ylabel="goodput", ylim=(0, 1.05), xscale="log")
     p99.set(xlabel="offered load (x single-stream capacity)", ylabel="TTFA p99 of served (ms)", xscale="log")
     p99.axhline(record["deadline_ms"], color="gray", linestyle="--", label="deadline")

@@ -55,6 +55,7 @@ from flashrt.frontends.lm.frontend import read_config
 from flashrt.frontends.registry import TtsFamily
 from flashrt.frontends.tts.orpheus import (
     FRAME,
+    VOICES,
     FrameDecoder,
     OrpheusLayout,
     format_prompt,
@@ -156,6 +157,7 @@ class OrpheusTTS:
     """A loaded Orpheus-style TTS (module docstring). Built by `load_orpheus`."""
 
     family = "orpheus"
+    speakers = VOICES  # the English fine-tune's voices (any name is put in the prompt as given)
 
     def __init__(self, decoder: SlotDecoder, vocoder: Any, layout: OrpheusLayout, tokenizer: Any, *,
                  sample_rate: int, frames_per_chunk: int = 1, queue_size: int = 8,

@@ -46,9 +46,10 @@ fly with soxr (`soxr.ResampleStream`, its chunks concatenate to the one-shot res
 so clients written for OpenAI play it at the right speed. Every audio response says its rate in an
 ``X-Sample-Rate`` header.
 ``model`` may be a voice name, ``flashrt`` or an OpenAI model name (tts-1, tts-1-hd, gpt-4o-mini-tts);
-``voice`` picks the loaded voice, or, when ``model`` names a loaded model that lists ``speakers``, one of
-those (passed to its ``stream(..., voice=speaker)``). ``ttfa_deadline_ms`` (a flashrt extension, like
-``seed``) sets the request's deadline for its first audio; the server's default is
+``voice`` picks the loaded voice, or a speaker of a loaded model that lists ``speakers`` (an Orpheus-style
+model: tara, leo, ...), passed to its ``stream(..., voice=speaker)``: the model ``model`` names, or with an
+OpenAI model name the only loaded model that lists that speaker. ``ttfa_deadline_ms`` (a flashrt
+extension, like ``seed``) sets the request's deadline for its first audio; the server's default is
 ``ServerLimits.ttfa_deadline_ms`` (none: admit whatever fits in ``max_pending``).
 """
 
@@ -263,12 +264,12 @@ class SpeechServer:
             )
         speaker = None
         if voice not in self.voices:
-            speakers = getattr(self.voices.get(model), "speakers", ())
-            if voice not in speakers:
+            owner = self._speaker_owner(model, voice)
+            if owner is None:
                 raise ApiError(
                     400, f"unknown voice {voice!r}; voices: {sorted(self.voices)}", "voice", "unknown_voice"
                 )
-            voice, speaker = model, data["voice"]
+            voice, speaker = owner, data["voice"]
         if model not in self.voices and model not in OPENAI_MODELS:
             raise ApiError(
                 400,
@@ -291,6 +292,15 @@ class SpeechServer:
         deadline = _deadline(data.get("ttfa_deadline_ms", self.limits.ttfa_deadline_ms))
         return Speech(voice, text, fmt, _speed(data.get("speed", 1.0)), _seed(data.get("seed")), speaker,
                       deadline)
+
+    def _speaker_owner(self, model: str, speaker: str) -> str | None:
+        """The loaded model that speaks ``speaker`` (one of its ``speakers``): the one ``model`` names,
+        or, for an OpenAI model name, the only loaded model that lists it (so OpenAI clients, whose
+        model is fixed, pick an Orpheus speaker by ``voice`` alone)."""
+        if model in self.voices:
+            return model if speaker in getattr(self.voices[model], "speakers", ()) else None
+        owners = [name for name, m in self.voices.items() if speaker in getattr(m, "speakers", ())]
+        return owners[0] if len(owners) == 1 and model in (*OPENAI_MODELS, "flashrt") else None
 
     # ---------------------------------------------------------------------------------- serving
 

@@ -169,8 +169,19 @@ def test_speakers_of_a_loaded_model_are_voices():
         assert (job.voice, job.speaker) == ("orpheus", "leo")
         from flashrt.serve.app import ApiError
 
+        job = speech.parse(b'{"model": "tts-1", "voice": "leo", "input": "hi"}')  # an OpenAI client's model
+        assert (job.voice, job.speaker) == ("orpheus", "leo")
         with pytest.raises(ApiError) as err:
-            speech.parse(b'{"model": "tts-1", "voice": "leo", "input": "hi"}')
+            speech.parse(b'{"model": "tts-1", "voice": "ann", "input": "hi"}')
         assert err.value.status == 400 and err.value.param == "voice"
     finally:
         speech.close()
+    two = SpeechServer({"a": Multi(), "b": Multi()})
+    try:
+        from flashrt.serve.app import ApiError
+
+        with pytest.raises(ApiError):  # two models speak "leo": the model must say which
+            two.parse(b'{"model": "tts-1", "voice": "leo", "input": "hi"}')
+        assert two.parse(b'{"model": "b", "voice": "leo", "input": "hi"}').voice == "b"
+    finally:
+        two.close()
