@@ -224,3 +224,21 @@ def test_bad_loads_are_one_line(capsys):
     assert main(["bench", "serve", "--loads", "0,2"]) == 2
     out, err = capsys.readouterr()
     assert "--loads" in err and json.loads(out.strip().splitlines()[-1])["status"] == "error"
+
+
+@pytest.mark.parametrize("args", [["--slots", "0,8"], ["--slots", "x"], ["--slots", "2", "--url",
+                                                                            "http://127.0.0.1:9"]])
+def test_bad_slots_are_one_line(args, capsys):
+    from flashrt.cli import main
+
+    assert main(["bench", "serve", *args]) == 2
+    out, err = capsys.readouterr()
+    assert "--slots" in err and json.loads(out.strip().splitlines()[-1])["status"] == "error"
+
+
+def test_slots_compared_share_capacity_and_name_their_modes():
+    from flashrt.bench.serve import _merge
+
+    first = _merge(None, {"capacity_rps": 2.0, "modes": {"off": [1]}}, 1, True)
+    both = _merge(first, {"capacity_rps": 2.0, "modes": {"off": [2]}}, 8, True)
+    assert both["modes"] == {"off, slots 1": [1], "off, slots 8": [2]} and both["slots"] == [1, 8]
