@@ -58,7 +58,8 @@ fi
 need bench/runtime_block.py
 need bench/pi0_gpu.py
 need bench/pi0_host_work.py
-step install 50 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
+need bench/orpheus_streams.py
+step install 30 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
 step info 10 "$PY" -m flashrt.cli info --device cuda
 step cuda-tests 140 "$PY" -m pytest -q -m cuda -p no:cacheprovider --ignore=tests/runtime/test_tensorrt.py tests
 step bench-runtime-block 30 "$PY" bench/runtime_block.py --device cuda --out "$OUT/runtime-block"
@@ -73,7 +74,10 @@ step bench-pi0-host-work 20 "$PY" bench/pi0_host_work.py --device cuda --preset 
 trt_step tensorrt-tests 30 "$PY" -m pytest -q -m cuda -rs -p no:cacheprovider tests/runtime/test_tensorrt.py
 trt_step bench-runtime-block-tensorrt 30 "$PY" -m flashrt.cli bench runtime-block -p h200-bf16 --vs tensorrt --iters 30 --warmup 3 --no-progress --no-plot --out "$OUT/runtime-block-tensorrt"
 # Orpheus-style TTS chain at Orpheus-3B size, random weights, bf16, CUDA graphs: TTFA (stage "ttfa"), RTF
-step bench-tts-orpheus 50 "$PY" -m flashrt.cli bench tts-orpheus -p h200-bf16 --iters 5 --warmup 1 --no-progress --out "$OUT/tts-orpheus"
+step bench-tts-orpheus 35 "$PY" -m flashrt.cli bench tts-orpheus -p h200-bf16 --iters 5 --warmup 1 --no-progress --out "$OUT/tts-orpheus"
+# many streams (issue #29): the same Orpheus-3B-sized random LM with 1, 4, 8, 16 streams decoding together
+# (slot-batched decode, one captured step per batch bucket): per-stream TTFA and RTF; budget inside the limit
+step bench-orpheus-streams 35 "$PY" bench/orpheus_streams.py --device cuda --preset full --streams 1,4,8,16 --budget-s 25
 if [ "$spent" -gt "$BUDGET" ]; then
   echo "gpu_check: step limits sum to ${spent}s, over the ${BUDGET}s budget"
   status=1

@@ -147,6 +147,7 @@ class _StageStats:
         self.failures = 0
         self.batch: deque[float] = deque(maxlen=KEEP_SAMPLES)  # items per call (batched stages)
         self.fill: deque[float] = deque(maxlen=KEEP_SAMPLES)   # items per call / max_batch
+        self.extra: Callable[[], dict[str, Any]] | None = None  # a worker's live counts (continuous)
 
     def record_batch(self, size: int, max_batch: int) -> None:
         self.batch.append(float(size))
@@ -160,6 +161,8 @@ class _StageStats:
         if self.batch:
             out["batch"] = LatencyStats.from_samples(self.batch).to_dict()
             out["fill"] = LatencyStats.from_samples(self.fill).to_dict()
+        if self.extra is not None:
+            out.update(self.extra())
         return out
 
 

@@ -18,9 +18,10 @@ per request (None: nothing this step), whether the request is done, or an except
 that request. An exception out of ``step`` itself ends every request in the engine (each leaves it);
 the worker and the next requests go on.
 
-Statistics: per step, the running requests (batch) and their share of the capacity (fill); service
-time per item; time queued before joining (the chain's ``queue_ms``); time each request held the
-stage (the admission estimate, `Chain.estimate_first_item_ms`, simulates the places freeing up).
+Statistics: per step, the running requests (batch) and their share of the capacity (fill); now: the
+requests live in the engine, waiting for a place, paused (`counts`); service time per item; time
+queued before joining (the chain's ``queue_ms``); time each request held the stage (the admission
+estimate, `Chain.estimate_first_item_ms`, simulates the places freeing up).
 """
 
 from __future__ import annotations
@@ -77,6 +78,13 @@ class ContinuousWorker:
         self.live: list[Request] = []
         self.held: dict[Request, deque] = {}  # items a step gave a request whose channel filled meanwhile
         self._stopping = False
+        chain._stats[self.stage.name].extra = self.counts
+
+    def counts(self) -> dict[str, Any]:
+        """Now: requests in the engine (``live``), waiting for a place, paused by a full channel."""
+        live = list(self.live)
+        return {"capacity": int(self.engine.capacity), "live": len(live), "waiting": len(self.waiting),
+                "paused": sum(1 for r in live if r.channels[self.k].full or r in self.held)}
 
     def notify(self) -> None:
         self.wake.set()

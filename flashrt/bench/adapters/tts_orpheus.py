@@ -2,7 +2,8 @@
 
 One call = ``tts.stream(text, seed=...)`` consumed to the end: the LM (captured prefill + one decode
 step replayed per token, Orpheus' sampling: temperature 0.6, top-p 0.8, repetition penalty 1.3, on the
-device), 7-code frames, the SNAC 24 kHz stream decoder (exact overlap windows), as a 3-stage chain.
+device), 7-code frames, the SNAC 24 kHz stream decoder (exact overlap windows), as the chain of
+`flashrt.runner.orpheus` (a one-row `SlotDecoder` here: one stream; `bench/orpheus_streams.py` runs many).
 Timed stages of a call (`StageTimer`):
 
     ttfa    from the call to the first audio chunk on the host (validation, prompt, prefill, the
@@ -74,7 +75,8 @@ SIZES: dict[str, tuple[LMConfig, str, OrpheusLayout]] = {
 }
 
 
-def random_lm(cfg: LMConfig, seed: int, device: str, dtype: torch.dtype, cache_len: int) -> CausalLM:
+def random_lm(cfg: LMConfig, seed: int, device: str, dtype: torch.dtype, cache_len: int,
+              batch: int = 1) -> CausalLM:
     """A `CausalLM` with seeded random weights: gains 1, matrices N(0, 1/fan_in), embedding N(0, 1)."""
     g = torch.Generator(device=device).manual_seed(seed)  # drawn where they live (3B weights on a GPU)
     with torch.device("meta"):
@@ -87,7 +89,8 @@ def random_lm(cfg: LMConfig, seed: int, device: str, dtype: torch.dtype, cache_l
             scale = 1.0 if name.startswith("embed") else p.shape[1] ** -0.5
             tensors[name] = (torch.randn(p.shape, generator=g, device=device) * scale).to(dtype)
     module.load_state_dict(tensors, assign=True)
-    return CausalLM(cfg, module.eval().requires_grad_(False), device=device, dtype=dtype, cache_len=cache_len)
+    return CausalLM(cfg, module.eval().requires_grad_(False), device=device, dtype=dtype, cache_len=cache_len,
+                    batch=batch)
 
 
 def random_snac(preset: str, codebook: int, seed: int, device: str, dtype: torch.dtype,
