@@ -206,12 +206,18 @@ class SoundFileEncoder:
             self._file.write(_float32(audio))
 
 
-def _set_ogg_page_ms(file: Any, ms: float) -> None:
-    """libsndfile's SFC_SET_OGG_PAGE_LATENCY_MS, which `soundfile` does not wrap: audio per Ogg page."""
+def _set_ogg_page_ms(file: Any, ms: float) -> bool:
+    """libsndfile's SFC_SET_OGG_PAGE_LATENCY_MS (0x1302), which `soundfile` does not wrap, through its
+    cffi handles: audio per Ogg page. False (pages of libsndfile's default, 1 s: the stream is still
+    right, its first audio later) where a soundfile release no longer has those handles."""
     import soundfile
 
-    value = soundfile._ffi.new("double*", ms)
-    soundfile._snd.sf_command(file._file, 0x1302, value, soundfile._ffi.sizeof("double"))
+    try:
+        ffi, lib, handle = soundfile._ffi, soundfile._snd, file._file
+    except AttributeError:
+        return False
+    lib.sf_command(handle, 0x1302, ffi.new("double*", ms), ffi.sizeof("double"))
+    return True
 
 
 class _Sink:
