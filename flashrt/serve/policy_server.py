@@ -99,6 +99,36 @@ def error_reply(code: str, kind: str, message: str) -> str:
     return json.dumps({"error": {"code": code, "type": kind, "message": message}})
 
 
+def reply_outcome(reply: bytes | str) -> str:
+    """The outcome of a reply for the metrics: "ok" (actions), or the code of an error reply."""
+    if not isinstance(reply, str):
+        return "ok"
+    try:
+        return str(json.loads(reply)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return INTERNAL_ERROR
+
+
+def _policy_metrics(server: PolicyServer) -> Any:
+    """The server's `PolicyMetrics`, or None without prometheus_client (``/metrics`` then says so)."""
+    from flashrt.serve import metrics
+
+    return metrics.PolicyMetrics(server.load) if metrics.available() else None
+
+
+def _metrics_response(policy_metrics: Any, connection: Any) -> Any:
+    """``GET /metrics``: the exposition text with its content type, or 501 naming the extra."""
+    from flashrt.serve import metrics
+
+    if policy_metrics is None:
+        return connection.respond(HTTPStatus.NOT_IMPLEMENTED, metrics.MISSING + "\n")
+    body, content_type = policy_metrics.render()
+    response = connection.respond(HTTPStatus.OK, body.decode())
+    del response.headers["Content-Type"]
+    response.headers["Content-Type"] = content_type
+    return response
+
+
 def policy_metadata(policy: Any) -> dict[str, Any]:
     """What a client learns on connect: sizes, cameras and what was loaded (plain msgpack types; paths
     of this machine reduced to their last part)."""
@@ -340,33 +370,3 @@ class PolicyServer:
         infer_ms = (time.perf_counter() - start) * 1e3
         timing = {k: float(v) for k, v in out.get("timing", {}).items()}
         return {"actions": out["actions"], "policy_timing": timing, "server_timing": {"infer_ms": infer_ms}}
-
-
-def reply_outcome(reply: bytes | str) -> str:
-    """The outcome of a reply for the metrics: "ok" (actions), or the code of an error reply."""
-    if not isinstance(reply, str):
-        return "ok"
-    try:
-        return str(json.loads(reply)["error"]["code"])
-    except (ValueError, KeyError, TypeError):
-        return INTERNAL_ERROR
-
-
-def _policy_metrics(server: PolicyServer) -> Any:
-    """The server's `PolicyMetrics`, or None without prometheus_client (``/metrics`` then says so)."""
-    from flashrt.serve import metrics
-
-    return metrics.PolicyMetrics(server.load) if metrics.available() else None
-
-
-def _metrics_response(policy_metrics: Any, connection: Any) -> Any:
-    """``GET /metrics``: the exposition text with its content type, or 501 naming the extra."""
-    from flashrt.serve import metrics
-
-    if policy_metrics is None:
-        return connection.respond(HTTPStatus.NOT_IMPLEMENTED, metrics.MISSING + "\n")
-    body, content_type = policy_metrics.render()
-    response = connection.respond(HTTPStatus.OK, body.decode())
-    del response.headers["Content-Type"]
-    response.headers["Content-Type"] = content_type
-    return response
