@@ -14,6 +14,7 @@ OPTIONAL: dict[str, tuple[str, str]] = {  # import name -> (distribution, extra 
     "starlette": ("starlette", "serve"),
     "prometheus_client": ("prometheus-client", "serve"),
     "soxr": ("soxr", "serve"),
+    "soundfile": ("soundfile", "serve"),
     "websockets": ("websockets", "robot"),
     "msgpack": ("msgpack", "robot"),
     "onnx": ("onnx", "onnx"),

@@ -22,6 +22,9 @@ and the actions come back un-normalized. Batch rows run one after another (flash
 `select_action` keeps lerobot's queue semantics exactly: when the queue is empty, infer a chunk, queue
 its first n_action_steps actions (per batch row), pop one per call. lerobot is not a dependency: this
 module imports neither lerobot nor its config classes.
+
+The lerobot plugin (``packages/lerobot_policy_flashrt``: ``--policy.type=flashrt`` in lerobot's own
+scripts) wraps this class; `plugin_options` / `plugin_load` turn its config into a loaded drop-in.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashrt.errors import InputError
+from flashrt.errors import ConfigError, InputError
 from flashrt.io.files import read_json
 
-__all__ = ["FlashRTPolicy", "DropInConfig"]
+__all__ = ["FlashRTPolicy", "DropInConfig", "plugin_options", "plugin_load", "INFERENCE_ONLY"]
+
+INFERENCE_ONLY = ("the flashrt policy type serves a trained checkpoint (inference only); train with "
+                  "lerobot's own policy of that family")
 
 
 @dataclass(frozen=True)
@@ -142,3 +148,28 @@ def _config(folder: Path, policy: Any, device: str) -> DropInConfig:
                         chunk_size=policy.chunk_size, n_action_steps=policy.n_action_steps,
                         input_features=features("input_features"),
                         output_features=features("output_features"))
+
+
+def plugin_options(config: Any) -> tuple[Path, dict[str, Any]]:
+    """(checkpoint folder, `load_policy` options) of the lerobot plugin's ``FlashRTConfig`` (any object
+    with its fields: checkpoint, device, precision, tokenizer, embodiment, pretrained_path). A relative
+    checkpoint is taken from the folder of the config that names it (``--policy.path``), else from the
+    working directory; a hub id comes from the local cache."""
+    from flashrt.io.hub import resolve_checkpoint
+    from flashrt.runner.policy import cli_options
+
+    checkpoint = str(getattr(config, "checkpoint", "") or "")
+    if not checkpoint:
+        raise ConfigError("--policy.checkpoint: name the flashrt policy folder (or hub id) to serve")
+    base = getattr(config, "pretrained_path", None)
+    if base is not None and not Path(checkpoint).is_absolute() and (Path(base) / checkpoint).exists():
+        checkpoint = str(Path(base) / checkpoint)
+    options = {"device": str(config.device or "cpu"), "precision": str(config.precision),
+               **cli_options(config.tokenizer, config.embodiment)}
+    return resolve_checkpoint(checkpoint), options
+
+
+def plugin_load(config: Any) -> FlashRTPolicy:
+    """The drop-in the lerobot plugin's policy serves (`plugin_options`)."""
+    folder, options = plugin_options(config)
+    return FlashRTPolicy.from_pretrained(folder, **options)

@@ -8,7 +8,13 @@
 The family is found through `flashrt.frontends.registry.TTS_FAMILIES` (each family's `detect` says
 whether a source is its own), or named with ``family=``.
 
+Piper voices by catalogue name (``en_US-lessac-medium``) come from a local voice folder: the ones given
+as ``voices_dir=`` / ``--voices-dir``, then piper's default (the working directory), then the local
+Hugging Face cache of rhasspy/piper-voices, then the installed voice packages; never downloaded
+(`flashrt.frontends.vits.catalogue`).
+
     flashrt say "Hello there." --voice en_US-joe-medium -o hello.wav
+    flashrt say "Hello there." --voice en_US-lessac-medium --voices-dir ~/piper-voices -o hello.wav
 """
 
 from __future__ import annotations
@@ -34,13 +40,20 @@ def load_tts(
     device: str = "cpu",
     precision: str = "fp32",
     backend: str | None = None,
+    voices_dir: str | Path | list[str | Path] | None = None,
     **options: Any,
 ) -> Any:
-    """Load a speech model from `source` with the family that claims it (or the one named)."""
+    """Load a speech model from `source` with the family that claims it (or the one named).
+    `voices_dir`: Piper voice folders where a voice name is looked up first (giving them says that
+    `source` is a Piper voice: a name found nowhere is an error listing every place searched)."""
     from flashrt.frontends.registry import tts_families
     from flashrt.runtime.device import resolve_device
 
     resolve_device(device)  # an unknown or absent device is a DeviceError now, not torch's error later
+    if voices_dir is not None and not Path(source).expanduser().exists():
+        from flashrt.frontends.vits.voice import find_voice
+
+        source = find_voice(source, voices_dir).weights
     families = tts_families()
     if family is not None:
         if family not in families:
@@ -97,6 +110,11 @@ SnacNoiseOpt = Annotated[str | None, typer.Option(
     "(deterministic); 'seeded' adds it, drawn reproducibly from the sample position")]
 
 
+VoicesDirOpt = Annotated[list[Path] | None, typer.Option(
+    "--voices-dir", help="a folder of Piper voices (<name>.onnx + <name>.onnx.json, or the catalogue's "
+    "tree) where a voice name is looked up first; repeatable. Then piper's default: the working directory")]
+
+
 def snac_options(snac_noise: str | None) -> dict[str, Any]:
     """load_tts options of `--snac-noise` (none when not given, so other families load as before)."""
     return {"snac_noise": snac_noise} if snac_noise is not None else {}
@@ -122,6 +140,7 @@ def say(
     normalize: Annotated[bool, typer.Option(
         help="scale the audio so its peak is at -1 dBFS (quiet voices, clipped ones)")] = False,
     snac_noise: SnacNoiseOpt = None,
+    voices_dir: VoicesDirOpt = None,
 ) -> None:
     """Speak TEXT (or standard input) into a WAV file, or as raw PCM to standard output."""
     raw = str(out) == "-"
@@ -129,7 +148,7 @@ def say(
         check_writable_file(out)
     text = _text_or_stdin(text)
     check_request(text, seed, speed)
-    tts = load_tts(voice, device=device, **snac_options(snac_noise))
+    tts = load_tts(voice, device=device, voices_dir=voices_dir, **snac_options(snac_noise))
     extra = {"voice": speaker} if speaker else {}
     chunks = list(tts.stream(text, seed=seed, speed=speed, **extra))
     audio = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)

@@ -1,6 +1,6 @@
 """An OpenAI-compatible speech server over loaded TTS models, fed through `flashrt.chain`.
 
-    POST /v1/audio/speech   {"model", "input", "voice", "response_format": "wav"|"pcm", "speed", "seed"?}
+    POST /v1/audio/speech   {"model", "input", "voice", "response_format", "speed", "seed"?}
                             -> audio streamed as it is produced (chunked transfer)
     GET  /v1/models         the loaded voices, OpenAI list format
     GET  /health            status, voices, chain statistics
@@ -21,7 +21,8 @@ model refuses still gets its 400.
 Errors (OpenAI shape ``{"error": {"message", "type", "param", "code"}}``):
 
     400  malformed or too deeply nested JSON, empty or too long input, NUL characters or lone
-         surrogates in a text field, unknown voice/model, unsupported response_format, text the model
+         surrogates in a text field, unknown voice/model, a response_format that is unknown or whose
+         encoder is not installed (the message lists the formats this server serves), text the model
          cannot speak (the model's refusal, also when it comes from inside the synthesis)
     413  body larger than ``max_body_bytes``
     422  a field of the wrong type (JSON booleans are not numbers), a missing field, speed out of
@@ -38,13 +39,14 @@ async wait is an asyncio future), so any number of clients beyond ``max_pending`
 size is served or refused, never wedged. A client that disconnects cancels its request at once (a
 watcher on the connection, not the next chunk's failed write); a client that stops reading has its
 request cancelled after ``send_timeout_s`` without a read, so the voice serves the next one.
-``wav``: one complete file at the voice's own rate with its true length in the header, sent once the
-utterance is done (a reader that trusts the header gets the right duration); for audio as it is
-synthesized ask for ``pcm`` (as OpenAI advises for low latency): raw 16-bit little-endian mono at
-24 kHz, as OpenAI defines it, streamed chunk by chunk: a voice of another rate is resampled on the
-fly with soxr (`soxr.ResampleStream`, its chunks concatenate to the one-shot resampling bit for bit),
-so clients written for OpenAI play it at the right speed. Every audio response says its rate in an
-``X-Sample-Rate`` header.
+``response_format`` (`flashrt.serve.formats`, default ``wav``): ``wav`` and ``flac`` are one complete
+file at the voice's own rate with its true length in the header, sent once the utterance is done (a
+reader that trusts the header gets the right duration); ``pcm``, ``mp3`` and ``opus`` stream as the audio
+is synthesized (``pcm`` is what OpenAI advises for low latency: raw 16-bit little-endian mono at 24 kHz,
+as OpenAI defines it; a voice of another rate is resampled on the fly with soxr, so clients written for
+OpenAI play it at the right speed). mp3, opus and flac need the ``soundfile`` package (``serve`` extra);
+without it they are a 400 naming the formats this server can serve (also listed by ``/health``). Every
+audio response says its rate in an ``X-Sample-Rate`` header.
 ``model`` may be a voice name, ``flashrt`` or an OpenAI model name (tts-1, tts-1-hd, gpt-4o-mini-tts);
 ``voice`` picks the loaded voice, or a speaker of a loaded model that lists ``speakers`` (an Orpheus-style
 model: tara, leo, ...), passed to its ``stream(..., voice=speaker)``: the model ``model`` names, or with an
@@ -58,7 +60,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import struct
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -67,13 +68,13 @@ from typing import Any
 from flashrt.chain import Chain, ChainFull, SlowConsumer, Stage, StageError
 from flashrt.errors import InputError
 from flashrt.io.inputs import SEED_MAX
-from flashrt.runner.tts import pcm16
+from flashrt.serve import formats
+from flashrt.serve.formats import FORMATS, PCM_RATE, AudioFormat, sized_wav, wav_header
 
-__all__ = ["ServerLimits", "SpeechServer", "build_app", "wav_header", "sized_wav", "OPENAI_MODELS"]
+__all__ = ["ServerLimits", "SpeechServer", "build_app", "wav_header", "sized_wav", "OPENAI_MODELS", "FORMATS",
+           "PCM_RATE"]
 
 OPENAI_MODELS = ("flashrt", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
-FORMATS = {"wav": "audio/wav", "pcm": "audio/pcm"}
-PCM_RATE = 24_000  # OpenAI's pcm: 24 kHz, 16-bit little-endian, mono
 FIELDS = {
     "model": str,
     "input": str,
@@ -108,54 +109,6 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
 
 
-class _Encoder:
-    """Audio chunks -> response bytes: WAV at the voice's rate, or OpenAI's 24 kHz pcm (resampled with
-    a soxr stream whose tail `end()` flushes)."""
-
-    def __init__(self, fmt: str, voice_rate: int) -> None:
-        self.fmt, self.voice_rate = fmt, voice_rate
-        self.rate = PCM_RATE if fmt == "pcm" else voice_rate
-        self._stream = None
-        if self.rate != voice_rate:
-            import soxr
-
-            self._stream = soxr.ResampleStream(voice_rate, self.rate, 1, dtype="float32", quality="HQ")
-
-    def head(self) -> bytes:
-        return wav_header(self.rate) if self.fmt == "wav" else b""
-
-    def __call__(self, chunk: Any) -> bytes:
-        if self._stream is None:
-            return pcm16(chunk)
-        return pcm16(self._stream.resample_chunk(_float32(chunk), last=False))
-
-    def end(self) -> bytes:
-        if self._stream is None:
-            return b""
-        return pcm16(self._stream.resample_chunk(_float32([]), last=True))
-
-
-def _float32(chunk: Any) -> Any:
-    import numpy as np
-
-    return np.ascontiguousarray(np.asarray(chunk, dtype=np.float32).reshape(-1))
-
-
-def wav_header(sample_rate: int) -> bytes:
-    """A streaming WAV header: mono 16-bit PCM, RIFF and data sizes unknown (0xFFFFFFFF)."""
-    unknown = 0xFFFFFFFF
-    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
-    return (
-        b"RIFF"
-        + struct.pack("<I", unknown)
-        + b"WAVEfmt "
-        + struct.pack("<I", 16)
-        + fmt
-        + b"data"
-        + struct.pack("<I", unknown)
-    )
-
-
 @dataclass(frozen=True)
 class Speech:
     """One validated request."""
@@ -173,13 +126,13 @@ class SpeechServer:
     """The voices, one chain each, and the request checks (module docstring)."""
 
     def __init__(self, voices: Mapping[str, Any], limits: ServerLimits = ServerLimits(),
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, formats: Mapping[str, AudioFormat] = FORMATS) -> None:
         if not voices:
             raise ValueError("a speech server needs at least one voice")
         if api_key is not None and not api_key.strip():
             raise ValueError("an API key must not be empty")
         self.api_key = api_key
-        self.voices, self.limits = dict(voices), limits
+        self.voices, self.limits, self.formats = dict(voices), limits, dict(formats)
         self.refusals = {"server_busy": 0, "deadline_unmeetable": 0}
         self.chains = {name: self._chain(model) for name, model in self.voices.items()}
         from flashrt.serve import metrics
@@ -277,14 +230,7 @@ class SpeechServer:
                 "model",
                 "model_not_found",
             )
-        fmt = data.get("response_format", "wav")
-        if fmt not in FORMATS:
-            raise ApiError(
-                400,
-                f"response_format {fmt!r} is not supported; use one of {sorted(FORMATS)}",
-                "response_format",
-                "unsupported_format",
-            )
+        fmt = self._format(data.get("response_format", "wav"))
         if data.get("stream_format", "audio") != "audio":
             raise ApiError(
                 400, "stream_format: only 'audio' is supported", "stream_format", "unsupported_format"
@@ -302,9 +248,18 @@ class SpeechServer:
         owners = [name for name, m in self.voices.items() if speaker in getattr(m, "speakers", ())]
         return owners[0] if len(owners) == 1 and model in (*OPENAI_MODELS, "flashrt") else None
 
+    def _format(self, name: str) -> str:
+        """`name` when this server can encode it; else a 400 naming the formats it can."""
+        fmt = self.formats.get(name)
+        why = "is not supported" if fmt is None else fmt.missing()
+        if why is not None:
+            raise ApiError(400, f"response_format {name!r} {why}; use one of "
+                           f"{formats.available(self.formats)}", "response_format", "unsupported_format")
+        return name
+
     # ---------------------------------------------------------------------------------- serving
 
-    async def speak(self, job: Speech) -> tuple[bytes, AsyncIterator[Any], Any, _Encoder]:
+    async def speak(self, job: Speech) -> tuple[bytes, AsyncIterator[Any], Any, Any]:
         """Submit, wait for the first chunk; (first bytes, the rest, the chain request, the encoder of
         the rest)."""
         chain = self.chains[job.voice]
@@ -330,8 +285,12 @@ class SpeechServer:
         except BaseException:
             request.cancel()
             raise
-        encoder = _Encoder(job.fmt, int(self.voices[job.voice].sample_rate))
-        return encoder.head() + encoder(first), chunks, request, encoder
+        try:
+            encoder = formats.encoder(self.formats[job.fmt], self.voices[job.voice].sample_rate)
+            return encoder.head() + encoder(first), chunks, request, encoder
+        except BaseException:
+            request.cancel()
+            raise
 
     def _admit(self, chain: Chain, job: Speech) -> None:
         """503 at once when the first audio could not come within the request's deadline."""
@@ -349,6 +308,7 @@ class SpeechServer:
         return {
             "status": "ok",
             "voices": sorted(self.voices),
+            "formats": formats.available(self.formats),
             "refusals": dict(self.refusals),
             "chains": {name: chain.stats() for name, chain in self.chains.items()},
         }
@@ -426,9 +386,10 @@ async def _read_body(request: Any, limit: int) -> bytes:
     return bytes(body)
 
 
-async def _whole_wav(head: bytes, chunks: AsyncIterator[Any], encoder: _Encoder, finished: Any) -> Any:
-    """A WAV file with its true length (one response once the utterance is done): readers that trust
-    the header (Python's `wave`) get the right duration. A failure after the first chunk is a 500."""
+async def _whole_file(head: bytes, chunks: AsyncIterator[Any], encoder: Any, finished: Any) -> Any:
+    """A WAV or FLAC file with its true length (one response once the utterance is done): readers that
+    trust the header (Python's `wave`, libsndfile) get the right duration. A failure after the first chunk
+    is a 500."""
     from starlette.responses import Response
 
     parts = [head]
@@ -441,14 +402,8 @@ async def _whole_wav(head: bytes, chunks: AsyncIterator[Any], encoder: _Encoder,
     finally:
         await chunks.aclose()
         finished()
-    return Response(sized_wav(b"".join(parts)), media_type=FORMATS["wav"],
+    return Response(encoder.whole(b"".join(parts)), media_type=encoder.fmt.media_type,
                     headers={"X-Sample-Rate": str(encoder.rate)})
-
-
-def sized_wav(data: bytes) -> bytes:
-    """`data` (a `wav_header` and its samples) with the RIFF and data sizes filled in."""
-    return (data[:4] + struct.pack("<I", len(data) - 8) + data[8:40] + struct.pack("<I", len(data) - 44)
-            + data[44:])
 
 
 async def _cancel_on_disconnect(request: Any, handle: Any) -> None:
@@ -484,12 +439,13 @@ def build_app(server: SpeechServer):
         def finished() -> None:
             watcher.cancel()
             handle.cancel()  # a disconnect lands here too: every stage stops
+            encoder.close()
             server.answered(job.voice, 200, "" if handle.state == "done" else handle.state)
             if server.metrics is not None:
                 server.metrics.total.labels(job.voice).observe(time.perf_counter() - arrived)
 
-        if job.fmt == "wav":
-            return await _whole_wav(head, chunks, encoder, finished)
+        if not encoder.fmt.streamed:
+            return await _whole_file(head, chunks, encoder, finished)
 
         async def body():
             try:
@@ -503,7 +459,7 @@ def build_app(server: SpeechServer):
                 await chunks.aclose()
                 finished()
 
-        return StreamingResponse(body(), media_type=FORMATS[job.fmt],
+        return StreamingResponse(body(), media_type=encoder.fmt.media_type,
                                  headers={"X-Sample-Rate": str(encoder.rate)})
 
     async def models(request):

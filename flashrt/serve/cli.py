@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from flashrt.runner.tts import SnacNoiseOpt
+from flashrt.runner.tts import SnacNoiseOpt, VoicesDirOpt
 
 __all__ = ["serve", "voice_name", "bind"]
 
@@ -49,6 +49,7 @@ def serve(
         "--api-key", help="require 'Authorization: Bearer KEY' on /v1/ routes (set it when binding beyond "
         "this machine)")] = None,
     snac_noise: SnacNoiseOpt = None,
+    voices_dir: VoicesDirOpt = None,
 ) -> None:
     """Serve POST /v1/audio/speech, GET /v1/models, GET /health and GET /metrics (OpenAI-compatible)."""
     import uvicorn
@@ -68,7 +69,7 @@ def serve(
     try:
         voices = {}
         for name, source in sources.items():
-            model = load_tts(source, device=device, **snac_options(snac_noise))
+            model = load_tts(source, device=device, voices_dir=voices_dir, **snac_options(snac_noise))
             voices[name] = model
             if warmup:
                 for _ in model.stream("Ready."):

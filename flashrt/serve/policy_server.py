@@ -9,6 +9,9 @@ Speaks the protocol of openpi's ``WebsocketPolicyServer`` so the unmodified ``op
                         "server_timing": {"infer_ms": .., "prev_total_ms": ..}}
     reply (text)       an error: the client raises it (openpi's convention for errors)
     GET /healthz       200 "OK" (a plain HTTP probe on the same port)
+    GET /metrics       Prometheus metrics, plain HTTP on the same port (`flashrt.serve.metrics`:
+                       requests by outcome, step latency, connections, queue depth; 501 without
+                       prometheus_client)
 
 Observations are the ones `Policy.infer` takes (openpi style ``images`` / ``state`` / ``prompt`` or
 lerobot keys). Two optional keys are a flashrt extension: ``seed`` (int) and ``noise`` (the family's
@@ -94,6 +97,36 @@ def error_code(exc: BaseException) -> str:
 def error_reply(code: str, kind: str, message: str) -> str:
     """The text reply of a refused request: ``{"error": {"code", "type", "message"}}`` as JSON."""
     return json.dumps({"error": {"code": code, "type": kind, "message": message}})
+
+
+def reply_outcome(reply: bytes | str) -> str:
+    """The outcome of a reply for the metrics: "ok" (actions), or the code of an error reply."""
+    if not isinstance(reply, str):
+        return "ok"
+    try:
+        return str(json.loads(reply)["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return INTERNAL_ERROR
+
+
+def _policy_metrics(server: PolicyServer) -> Any:
+    """The server's `PolicyMetrics`, or None without prometheus_client (``/metrics`` then says so)."""
+    from flashrt.serve import metrics
+
+    return metrics.PolicyMetrics(server.load) if metrics.available() else None
+
+
+def _metrics_response(policy_metrics: Any, connection: Any) -> Any:
+    """``GET /metrics``: the exposition text with its content type, or 501 naming the extra."""
+    from flashrt.serve import metrics
+
+    if policy_metrics is None:
+        return connection.respond(HTTPStatus.NOT_IMPLEMENTED, metrics.MISSING + "\n")
+    body, content_type = policy_metrics.render()
+    response = connection.respond(HTTPStatus.OK, body.decode())
+    del response.headers["Content-Type"]
+    response.headers["Content-Type"] = content_type
+    return response
 
 
 def policy_metadata(policy: Any) -> dict[str, Any]:
@@ -189,8 +222,9 @@ class PolicyServer:
         self._hello = packb(self.metadata)
         self.served = 0
         self.errors = 0
+        self.metrics = _policy_metrics(self)
         self._server = serve(self._handle, host, port, max_size=self.max_message_bytes, compression=None,
-                             process_request=self._health)
+                             process_request=self._http)
         self._thread: threading.Thread | None = None
         self._requests: queue.Queue[tuple[Any, Future] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="flashrt-policy-server-worker", daemon=True)
@@ -239,6 +273,21 @@ class PolicyServer:
         self.close()
 
     # ------------------------------------------------------------------------------ protocol
+    def _http(self, connection: Any, request: Any) -> Any:
+        """Plain HTTP on the websocket port: ``/metrics``, ``/healthz``; None: go on with the handshake."""
+        if request.path.partition("?")[0] == "/metrics":
+            return _metrics_response(self.metrics, connection)
+        return self._health(connection, request)
+
+    def load(self) -> dict[str, int]:
+        """What the server holds now: open connections, requests waiting for the policy, bytes held."""
+        return {"connections": self._open, "queue_depth": self._requests.qsize(),
+                "bytes_held": self._budget.held}
+
+    def _observe(self, reply: bytes | str, start: float) -> None:
+        if self.metrics is not None:
+            self.metrics.answered(reply_outcome(reply), time.perf_counter() - start)
+
     @staticmethod
     def _health(connection: Any, request: Any) -> Any:
         if request.path == "/healthz":
@@ -252,6 +301,8 @@ class PolicyServer:
             admitted = self._open < self.max_connections
             self._open += admitted
         if not admitted:
+            if self.metrics is not None:
+                self.metrics.refused.inc()
             ws.close(CLOSE_TRY_AGAIN_LATER, f"server busy: {self.max_connections} connections open")
             return
         try:
@@ -261,6 +312,7 @@ class PolicyServer:
                 start = time.perf_counter()
                 reply, fatal = self._request(message, prev_total_ms)
                 ws.send(reply)
+                self._observe(reply, start)
                 if fatal:
                     ws.close(CLOSE_INTERNAL_ERROR, "internal server error")
                     return

@@ -98,7 +98,7 @@ def test_eight_concurrent_clients(client, tts):
         ({"model": "tts-1", "voice": "nobody", "input": "hi"}, 400, "voice"),
         ({"model": "tts-1", "voice": VOICE, "input": "   "}, 400, "input"),
         ({"model": "tts-1", "voice": VOICE, "input": "x" * 5000}, 400, "input"),
-        ({"model": "tts-1", "voice": VOICE, "input": "hi", "response_format": "mp3"}, 400, "response_format"),
+        ({"model": "tts-1", "voice": VOICE, "input": "hi", "response_format": "aac"}, 400, "response_format"),
         ({"model": "nope", "voice": VOICE, "input": "hi"}, 400, "model"),
         ({"model": "tts-1", "voice": VOICE, "input": 3}, 422, "input"),
         ({"model": "tts-1", "voice": VOICE}, 422, "input"),
@@ -185,3 +185,71 @@ def test_speakers_of_a_loaded_model_are_voices():
         assert two.parse(b'{"model": "b", "voice": "leo", "input": "hi"}').voice == "b"
     finally:
         two.close()
+
+
+# ----------------------------------------------------------------- mp3, opus, flac (flashrt.serve.formats)
+
+TEXT = "Formats for every client. Two sentences here."
+FRAME = 1152  # samples of one MPEG-1 Layer III frame (MPEG-2 frames hold half)
+
+
+@pytest.fixture(scope="module")
+def sf():
+    return pytest.importorskip("soundfile")
+
+
+def _speak(server, fmt: str) -> httpx.Response:
+    body = {"model": "tts-1", "voice": VOICE, "input": TEXT, "response_format": fmt, "seed": 1}
+    r = httpx.post(server[0].url + "/v1/audio/speech", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _decode(sf, r: httpx.Response, dtype: str = "float32") -> tuple[np.ndarray, int]:
+    with sf.SoundFile(io.BytesIO(r.content)) as f:
+        return f.read(dtype=dtype), f.samplerate
+
+
+def _aligned(got: np.ndarray, want: np.ndarray) -> tuple[int, float]:
+    """(the lag of `want` in `got`, their correlation there)."""
+    scores = np.correlate(got[: len(want) // 2 + 4 * FRAME], want[: len(want) // 2], "valid")
+    lag = int(np.argmax(scores))
+    part = got[lag:lag + len(want)]
+    assert len(part) == len(want), "the decoded audio is shorter than the voice's"
+    return lag, float(np.corrcoef(part, want)[0, 1])
+
+
+def test_flac_is_one_file_that_decodes_to_the_wav_samples(server, sf):
+    wav, flac = _speak(server, "wav"), _speak(server, "flac")
+    assert flac.headers["content-type"] == "audio/flac" and flac.headers["x-sample-rate"] == "22050"
+    assert int(flac.headers["content-length"]) == len(flac.content)  # whole, its length in STREAMINFO
+    got, rate = _decode(sf, flac, "int16")
+    want, wav_rate = _decode(sf, wav, "int16")
+    assert rate == wav_rate == 22050 and got.shape == want.shape and np.abs(want).max() > 1000
+    assert np.abs(got.astype(np.int32) - want).max() <= 1  # float -> int16: libsndfile rounds, wav truncates
+
+
+def test_mp3_streams_at_the_voice_rate_and_decodes_close_to_the_voice(server, sf, tts):
+    r = _speak(server, "mp3")
+    assert r.headers["content-type"] == "audio/mpeg" and "content-length" not in r.headers  # streamed
+    got, rate = _decode(sf, r)
+    want = tts(TEXT, seed=1)
+    assert rate == int(r.headers["x-sample-rate"]) == 22050
+    lag, corr = _aligned(got, want)
+    # the lead: LAME's reserved info frame (silent in a stream) and its encoder delay, under 3 frames;
+    # the tail: the last frame's padding
+    assert lag < 3 * FRAME and len(got) - lag - len(want) < 2 * FRAME
+    assert corr > 0.99
+
+
+def test_opus_streams_at_24khz_with_the_exact_length_and_decodes_close_to_the_voice(server, sf, tts):
+    import soxr
+
+    r = _speak(server, "opus")
+    assert r.headers["content-type"] == "audio/ogg" and "content-length" not in r.headers
+    got, rate = _decode(sf, r)
+    want = soxr.resample(tts(TEXT, seed=1), 22050, 24000, quality="HQ")
+    assert rate == int(r.headers["x-sample-rate"]) == 24000
+    assert len(got) == len(want)  # Ogg Opus carries its pre-skip and its end position
+    lag, corr = _aligned(got, want)
+    assert lag == 0 and corr > 0.9  # a perceptual codec: close in shape, not sample for sample

