@@ -80,10 +80,10 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
 def batch_buckets(batches: Sequence[int] | None) -> tuple[int, ...]:
     """The batch buckets to capture: the given sizes, sorted, with 1 always among them (one observation
     replays at batch 1, exactly as a frontend built without batching); None -> (1,)."""
-    sizes = {1, *(batches or ())}
-    if any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH for b in sizes):
-        raise ConfigError(f"batch buckets must be ints in 1..{MAX_BATCH}, got {list(batches or ())}")
-    return tuple(sorted(sizes))
+    given = list(batches or ())
+    if any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH for b in given):
+        raise ConfigError(f"batch buckets must be ints in 1..{MAX_BATCH}, got {given}")
+    return tuple(sorted({1, *given}))
 
 
 class Pi0Frontend:
