@@ -122,6 +122,7 @@ _HINTS: tuple[tuple[str, str], ...] = (  # (exception class name in the MRO, wha
 # plain Typer command run in place of `bench` (module, attribute)
 BENCH_FORMS: dict[str, tuple[str, str]] = {
     "serve": ("flashrt.bench.serve", "bench_serve"),
+    "serve-policy": ("flashrt.bench.serve_policy", "bench_serve_policy"),
 }
 
 

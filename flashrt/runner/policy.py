@@ -4,6 +4,7 @@
     out = policy.infer(obs, seed=0)    # {"actions": (chunk, action_dim) float32, "timing", "bucket"}
     policy.reset()                     # new episode
     action = policy.step(obs)          # one action per control tick; replans every n_action_steps
+    outs = policy.infer_batch([Request(obs_a, seed=1), Request(obs_b, seed=2)])   # several robots
 
 The runner knows no model. It drives a `flashrt.runtime.frontend.PolicyFrontend` through its verbs
 (check -> write -> replay -> read) and owns only the call pattern: argument checks, the action queue,
@@ -20,6 +21,12 @@ Guarantees (tested):
 * Host work: `infer` makes no CUDA event unless a device-clock `timer` is passed, and the tensors it
   allocates outside the replay are a small constant, the same for every model size (the families
   write through preallocated, pinned staging; `flashrt.profile.alloc` counts them, a test pins them).
+* Batches (`infer_batch`, a server's several robots): every request is checked on its own first; a
+  refused one is answered with its own error and never reaches a buffer, the others run as one
+  replay per group of up to the largest batch bucket (`batches`), each in its own row with its own
+  noise, and get the actions `infer` gives them alone (up to float rounding: other GEMM shapes; a
+  group of one runs exactly as `infer`). A family that cannot batch says why (`cannot_batch`) and
+  runs the requests one by one.
 * Threads: a policy serializes its callers with one lock (`infer`, `step`, `reset` each take it; an
   uncontended acquire is negligible next to a step). Two threads on one policy get correct results
   one after the other, never a mix of each other's buffers.
@@ -33,6 +40,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +54,39 @@ from flashrt.io.inputs import check_seed
 from flashrt.profile import StageTimer
 from flashrt.runtime.frontend import PolicyFamily, PolicyFrontend
 
-__all__ = ["Policy", "load_policy", "detect_family", "check_seed"]
+__all__ = ["Policy", "Request", "load_policy", "detect_family", "check_seed", "batch_ladder"]
 
 log = logging.getLogger(__name__)
+NON_FINITE = ("the policy produced NaN/inf actions: the checkpoint's weights or statistics are broken (they "
+              "were finite at load), or the precision overflows; try precision='float32'")
 HOST = "cpu"  # the clock of the runner's own stage timer: host wall-clock, no per-call CUDA events
+
+
+@dataclass(frozen=True)
+class Request:
+    """One observation of `Policy.infer_batch`, with the randomness `infer` takes (`noise`, `seed`)."""
+
+    obs: Mapping[str, Any]
+    noise: Any = None
+    seed: Any = None
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A checked request of a batch: its index, prompt bucket, checked form, seed, validate time."""
+
+    index: int
+    bucket: int
+    checked: Any
+    seed: int | None
+    validate_ms: float
+
+
+def batch_ladder(max_batch: int) -> tuple[int, ...]:
+    """Batch buckets up to `max_batch`: powers of two below it, then it: 4 -> (1, 2, 4), 6 -> (1, 2, 4, 6)."""
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ConfigError(f"max_batch must be a positive int, got {max_batch!r}")
+    return (*(1 << k for k in range(max_batch.bit_length()) if 1 << k < max_batch), max_batch)
 
 
 def _replan_period(frontend: PolicyFrontend, n_action_steps: Any) -> int:
@@ -84,6 +121,23 @@ class Policy:
     def queued(self) -> int:
         """Actions left before the next replan."""
         return len(self._queue)
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        """Batch buckets of the frontend: observations one replay serves ((1,): one at a time)."""
+        return tuple(getattr(self.frontend, "batches", (1,)))
+
+    @property
+    def max_batch(self) -> int:
+        return self.batches[-1]
+
+    @property
+    def cannot_batch(self) -> str:
+        """Why this policy serves one observation per replay; "" when it batches."""
+        if self.max_batch > 1:
+            return ""
+        return getattr(self.frontend, "cannot_batch", "") or \
+            f"{type(self.frontend).__name__} declares no batch buckets"
 
     # ------------------------------------------------------------------------------ hot path
     def infer(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None,
@@ -129,10 +183,65 @@ class Policy:
         with timer.stage("postprocess"):
             actions = self.frontend.read(checked)
             if not np.isfinite(actions).all():
-                raise NumericalError("the policy produced NaN/inf actions: the checkpoint's weights or "
-                                     "statistics are broken (they were finite at load), or the precision "
-                                     "overflows; try precision='float32'")
+                raise NumericalError(NON_FINITE)
         return actions
+
+    def infer_batch(self, requests: Sequence[Request]) -> list[dict[str, Any] | Exception]:
+        """Several observations (several robots) -> for each, `infer`'s result dict (plus "rows": the
+        observations its replay served, "batch": the batch bucket) or the exception its request raised
+        (returned, not raised). Each request is checked alone before any buffer is written; the good
+        ones run in arrival order in groups of up to `max_batch`, one replay per group at the longest
+        prompt's bucket (module docstring). A non-finite row is that request's NumericalError only."""
+        with self._lock:
+            start = time.perf_counter()
+            out: list[Any] = [None] * len(requests)
+            ready = []
+            for index, request in enumerate(requests):
+                try:
+                    ready.append(self._check_request(index, request))
+                except Exception as exc:  # this request's own error, answered to it alone
+                    out[index] = exc
+            for k in range(0, len(ready), self.max_batch):
+                group = ready[k : k + self.max_batch]
+                try:
+                    results = self._run_group(group, start)
+                except Exception as exc:  # the group's write/replay/read failed: each of its requests says so
+                    results = [exc] * len(group)
+                for item, result in zip(group, results):
+                    out[item.index] = result
+            return out
+
+    def _check_request(self, index: int, request: Request) -> _Ready:
+        start = time.perf_counter()
+        seed = check_seed(request.seed)
+        bucket, checked = self.frontend.check(request.obs, request.noise)
+        return _Ready(index, bucket, checked, seed, (time.perf_counter() - start) * 1e3)
+
+    def _run_group(self, group: Sequence[_Ready], start: float) -> list[dict[str, Any] | Exception]:
+        """One replay for the group: a group of one exactly as `infer`, else its rows at the smallest
+        batch bucket holding them and the largest prompt bucket among them."""
+        timer = StageTimer(HOST)
+        if len(group) == 1:
+            one = group[0]
+            actions, batch, bucket = [self._run(one.bucket, one.checked, one.seed, timer)], 1, one.bucket
+        else:
+            batch, bucket = self.frontend.batch_for(len(group)), max(item.bucket for item in group)
+            with timer.stage("h2d"):
+                self.frontend.write_rows(bucket, [(item.checked, item.seed) for item in group])
+            with timer.stage("replay"):
+                self.frontend.replay(bucket, batch)
+            with timer.stage("postprocess"):
+                actions = self.frontend.read_rows([item.checked for item in group])
+        ms = {r.stage: r.ms for r in timer.records()}
+        total = (time.perf_counter() - start) * 1e3
+        results: list[dict[str, Any] | Exception] = []
+        for item, chunk in zip(group, actions):
+            timing = {"preprocess_ms": item.validate_ms + ms["h2d"], "replay_ms": ms["replay"],
+                      "postprocess_ms": ms["postprocess"], "total_ms": total}
+            results.append({"actions": chunk, "timing": timing, "bucket": bucket, "rows": len(group),
+                            "batch": batch} if np.isfinite(chunk).all() else NumericalError(NON_FINITE))
+        self.last_timing = results[-1]["timing"] if isinstance(results[-1], dict) else self.last_timing
+        return results
 
     def step(self, obs: Mapping[str, Any], noise: Any = None, seed: int | None = None,
              timer: StageTimer | None = None) -> np.ndarray:
@@ -201,7 +310,7 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
                 precision: str | torch.dtype = "float32", num_steps: int | None = None,
                 backend: str | None = None, buckets: Sequence[int] | None = None,
                 n_action_steps: int | None = None, family: str | None = None, allow_download: bool = False,
-                **options: Any) -> Policy:
+                batches: Sequence[int] | None = None, **options: Any) -> Policy:
     """Load a policy checkpoint directory (the family is detected) and capture its graphs.
 
     device          "cpu", "cuda", "cuda:N" or "auto"
@@ -212,6 +321,9 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
     buckets         prompt-length buckets (default: the family's ladder up to the checkpoint's limit)
     n_action_steps  replan period of `step` (default: the checkpoint's)
     family          skip detection and load as this family
+    batches         batch buckets to capture, e.g. (1, 2, 4) (`infer_batch`; default: one observation
+                    per replay); a family that cannot batch refuses it (ConfigError saying why; its
+                    `PolicyFamily.options` has no "batches")
     allow_download  a hub id (``owner/name``) not in the local Hugging Face cache may be downloaded
                     (default: the local cache only; `flashrt.io.hub`)
     options         the family's own options (Pi0: tokenizer, asset_id; GROOT: embodiment, ...)
@@ -221,6 +333,11 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu",
     if family is not None and family not in known:
         raise ConfigError(f"unknown policy family {family!r}; known: {sorted(known)}")
     fam = known[family] if family is not None else detect_family(path, known)
+    if batches is not None and tuple(batches) != (1,):
+        if "batches" not in fam.options:
+            raise ConfigError(f"{fam.name} policies cannot batch (one observation per replay); load them "
+                              f"without batches={tuple(batches)}")
+        options["batches"] = tuple(batches)
     unknown = sorted(set(options) - set(fam.options))
     if unknown:
         raise ConfigError(f"{fam.name} policies take no option(s) {unknown}; their options: "

@@ -89,6 +89,14 @@ class PolicyFrontend(Protocol):
     replay(bucket)           the captured step
     read(checked)            -> (chunk_size, action_dim) float32 numpy, un-normalized (relative
                                 actions made absolute with the raw state kept in `checked`)
+
+    Batching (optional; `Policy.infer_batch`, the policy server's several robots). A family that
+    batches has ``batches`` (the batch buckets captured at load, 1 among them) and the row verbs:
+    ``batch_for(n)`` (the smallest batch bucket holding n rows), ``write_rows(bucket, [(checked,
+    seed), ...])`` (observation i into row i, its own noise), ``replay(bucket, batch)`` and
+    ``read_rows([checked, ...])``; row i's actions must equal `read` of observation i served alone up
+    to float rounding. A family that cannot batch has ``batches = (1,)`` and ``cannot_batch``: one
+    sentence saying why (both also in `describe()`); the runner then answers requests one by one.
     """
 
     device: torch.device

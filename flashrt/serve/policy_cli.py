@@ -1,4 +1,9 @@
-"""`flashrt serve-policy PATH [--host 127.0.0.1 --port 8000]`: the openpi-compatible policy server."""
+"""`flashrt serve-policy PATH [--host 127.0.0.1 --port 8000]`: the openpi-compatible policy server.
+
+Several robots: requests arriving within ``--batch-window-ms`` (default 2) run as one replay of up to
+``--max-batch`` observations (default 4: batch buckets 1, 2, 4 captured at load) where the family
+batches (Pi0 / Pi0.5); a family that cannot (GROOT, Pi0-FAST) is served one request at a time, and the
+command says so. ``--max-batch 1`` serves every family one request at a time."""
 
 from __future__ import annotations
 
@@ -26,10 +31,15 @@ def serve_policy(
         help="messages being decoded or waiting for the policy, all connections together, MiB; beyond "
              "it a request is answered server_busy (default: 4 of the largest messages, decoded)")] = None,
     embodiment: Annotated[str | None, typer.Option(help="GROOT: the embodiment tag (or its id)")] = None,
+    max_batch: Annotated[int, typer.Option(
+        help="robots' requests one replay serves at most (batch buckets: powers of two up to it, captured "
+             "at load; 1: one request at a time)")] = 4,
+    batch_window_ms: Annotated[float, typer.Option(
+        help="how long a request waits for others to share its replay, ms")] = 2.0,
 ) -> None:
     """Serve one policy to openpi-client over websockets (msgpack + numpy, metadata on connect)."""
     from flashrt.errors import ConfigError
-    from flashrt.runner.policy import cli_options, load_policy
+    from flashrt.runner.policy import batch_ladder, cli_options, detect_family, load_policy
     from flashrt.serve.policy_server import PolicyServer
 
     if not 0 <= port < 65536:
@@ -40,14 +50,23 @@ def serve_policy(
         raise ConfigError(f"--max-connections {max_connections} must be at least 1")
     if max_held_mb is not None and not 0 < max_held_mb <= 2**20:
         raise ConfigError(f"--max-held-mb {max_held_mb} must lie in (0, 1048576]")
+    if not 1 <= max_batch <= 64:
+        raise ConfigError(f"--max-batch {max_batch} must lie in 1..64")
+    if not 0 <= batch_window_ms <= 1000:
+        raise ConfigError(f"--batch-window-ms {batch_window_ms} must lie in [0, 1000]")
     from flashrt.io.hub import resolve_checkpoint
 
-    policy = load_policy(resolve_checkpoint(path), device=device, precision=precision,
+    folder = resolve_checkpoint(path)
+    family = detect_family(folder)
+    batches = batch_ladder(max_batch) if "batches" in family.options and max_batch > 1 else None
+    policy = load_policy(folder, device=device, precision=precision, family=family.name, batches=batches,
                          **cli_options(tokenizer, embodiment))
+    if policy.cannot_batch:
+        typer.echo(f"flashrt serve-policy: one request at a time ({policy.cannot_batch})", err=True)
     limit = None if max_message_mb is None else int(max_message_mb * 2**20)
     held = None if max_held_mb is None else int(max_held_mb * 2**20)
     server = PolicyServer(policy, host, port, max_message_bytes=limit, max_connections=max_connections,
-                          max_bytes_held=held)
+                          max_bytes_held=held, max_batch=max_batch, batch_window_ms=batch_window_ms)
     typer.echo(f"flashrt serve-policy: {path} on ws://{server.host}:{server.port} (GET /healthz; messages "
                f"up to {server.max_message_bytes / 2**20:.1f} MiB)", err=True)
     try:

@@ -44,8 +44,20 @@ closed at once with 1013, "try again later"), so received messages hold at most 
 max_message_bytes; decoding one holds about `HELD_PER_BYTE` times its size, and the messages being
 decoded or waiting for the worker stay within ``max_bytes_held`` (beyond it: ``server_busy``, the
 connection stays). Messages are decoded on their own connection's thread, so a large one never stalls
-other clients (their pings and requests go on); inference runs one request at a time, in arrival order,
-on one worker thread (the only caller of the policy). A client that disconnects while its request runs
+other clients (their pings and requests go on); inference runs on one worker thread (the only caller of
+the policy), in arrival order.
+
+Batching (several robots, one replay): when the policy was loaded with batch buckets
+(`Policy.batches`, e.g. (1, 2, 4); `flashrt serve-policy --max-batch 4`), the worker takes the first
+waiting request, then whatever else arrives within ``batch_window_ms`` (default 2 ms; it stops waiting
+as soon as every open connection has a request in, or ``max_batch`` are taken) and runs them with
+`Policy.infer_batch`: each request is checked on its own first (a bad observation gets its own error
+reply and never fails the others), the good ones share one replay of the smallest batch bucket that
+holds them, each in its own row with its own noise, and each reply goes to its own connection with
+the actions that request gets alone (up to float rounding). A lone request runs exactly as
+`Policy.infer`. A policy that cannot batch (`Policy.cannot_batch` says why) is served one request at
+a time. `rounds` counts the requests taken per worker round; ``server_timing["batch"]`` tells a client
+how many requests shared its replay. A client that disconnects while its request runs
 leaves the server healthy (the reply is dropped). Binds 127.0.0.1 unless told otherwise. The metadata
 sent on connect names the checkpoint by its folder's name, never a path of the server.
 """
@@ -58,7 +70,8 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from http import HTTPStatus
 from typing import Any
@@ -75,6 +88,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
 MAX_IMAGE_BYTES = 1920 * 1080 * 3 * 4  # one camera frame at 1080p in float32
 HELD_PER_BYTE = 4  # a message being decoded: its bytes, msgpack's array bytes, the array copy, a conversion
 DEFAULT_HELD_MESSAGES = 4  # max_bytes_held defaults to this many largest messages being decoded at once
+DEFAULT_BATCH_WINDOW_MS = 2.0  # how long the worker waits for more robots' requests to batch with the first
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_TRY_AGAIN_LATER = 1013
 SERVER_BUSY, INTERNAL_ERROR = "server_busy", "internal_error"
@@ -205,7 +219,8 @@ class PolicyServer:
 
     def __init__(self, policy: Any, host: str = "127.0.0.1", port: int = 8000,
                  max_message_bytes: int | None = None, metadata: Mapping[str, Any] | None = None,
-                 max_connections: int = 32, max_bytes_held: int | None = None) -> None:
+                 max_connections: int = 32, max_bytes_held: int | None = None, max_batch: int | None = None,
+                 batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS) -> None:
         from websockets.sync.server import serve
 
         self.policy = policy
@@ -214,6 +229,8 @@ class PolicyServer:
         if self.max_message_bytes < 1 or self.max_connections < 1:
             raise ConfigError(f"max_message_bytes ({self.max_message_bytes}) and max_connections "
                               f"({self.max_connections}) must be positive")
+        self.max_batch, self.batch_window_s = _batching(policy, max_batch, batch_window_ms)
+        self.rounds: Counter[int] = Counter()  # worker rounds by the number of requests taken
         held = max_bytes_held or DEFAULT_HELD_MESSAGES * HELD_PER_BYTE * self.max_message_bytes
         self._budget = _ByteBudget(held)
         self._open = 0
@@ -260,11 +277,35 @@ class PolicyServer:
         self._worker.join(timeout=10)
 
     def _work(self) -> None:
-        """The one caller of the policy: requests of every connection, in arrival order."""
-        while (item := self._requests.get()) is not None:
-            message, future = item
-            if future.set_running_or_notify_cancel():
-                future.set_result(self._answer(*message))
+        """The one caller of the policy: requests of every connection, in arrival order, those that
+        arrive together (`_collect`) batched."""
+        stop = False
+        while not stop and (first := self._requests.get()) is not None:
+            items, stop = self._collect(first)
+            live = [(message, future) for message, future in items if future.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            self.rounds[len(live)] += 1
+            if len(live) == 1:
+                live[0][1].set_result(self._answer(*live[0][0]))
+                continue
+            for (_, future), reply in zip(live, self._answer_batch([m for m, _ in live])):
+                future.set_result(reply)
+
+    def _collect(self, first: Any) -> tuple[list[Any], bool]:
+        """`first` and the requests that arrive within the batch window, up to `max_batch` and no more
+        than the open connections can send (each has at most one request in); (items, closing)."""
+        items, deadline = [first], time.monotonic() + self.batch_window_s
+        while len(items) < min(self.max_batch, max(self._open, 1)):
+            wait = deadline - time.monotonic()
+            try:
+                item = self._requests.get(timeout=wait) if wait > 0 else self._requests.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                return items, True
+            items.append(item)
+        return items, False
 
     def __enter__(self) -> PolicyServer:
         return self.start()
@@ -345,28 +386,75 @@ class PolicyServer:
     def _answer(self, obs: Any, prev_total_ms: float | None) -> tuple[bytes | str, bool]:
         """(reply, close after it): actions as msgpack, or an error as text."""
         try:
-            reply = self._infer(obs)
-        except (WireError, FlashRTError) as exc:
-            self.errors += 1
-            return error_reply(error_code(exc), type(exc).__name__, str(exc)), False
-        except Exception as exc:  # a bug: say so, then close this connection (the server lives on)
-            self.errors += 1
-            return error_reply(INTERNAL_ERROR, type(exc).__name__, f"internal error: {exc}"), True
-        if prev_total_ms is not None:
-            reply["server_timing"]["prev_total_ms"] = prev_total_ms
-        self.served += 1
-        return packb(reply), False
+            request = _request_of(obs)
+            start = time.perf_counter()
+            out = self.policy.infer(request.obs, noise=request.noise, seed=request.seed)
+        except Exception as exc:
+            return self._refusal(exc)
+        return self._reply(out, (time.perf_counter() - start) * 1e3, prev_total_ms)
 
-    def _infer(self, obs: Any) -> dict[str, Any]:
-        if not isinstance(obs, dict):
-            raise InputError(f"an observation must be a map, got {type(obs).__name__}")
-        obs = dict(obs)
-        seed, noise = obs.pop("seed", None), obs.pop("noise", None)
-        if noise is not None and not isinstance(noise, np.ndarray):  # a list, a map, text: not an array
-            raise WireError(f"noise must be a numeric array (or absent), got {type(noise).__name__}",
-                            "invalid_observation")
+    def _answer_batch(self, messages: Sequence[tuple[Any, float | None]]) -> list[tuple[bytes | str, bool]]:
+        """`_answer` of several requests with one `Policy.infer_batch`: each checked on its own (the
+        server's keys here, the observation in the policy), each reply its own."""
+        replies: list[Any] = [None] * len(messages)
+        requests = []
+        for k, (obs, _) in enumerate(messages):
+            try:
+                requests.append((k, _request_of(obs)))
+            except Exception as exc:
+                replies[k] = self._refusal(exc)
         start = time.perf_counter()
-        out = self.policy.infer(obs, noise=noise, seed=seed)
+        try:
+            outs = self.policy.infer_batch([request for _, request in requests]) if requests else []
+        except Exception as exc:  # a bug of the batch as a whole: every request in it says so
+            outs = [exc] * len(requests)
         infer_ms = (time.perf_counter() - start) * 1e3
+        for (k, _), out in zip(requests, outs):
+            replies[k] = self._refusal(out) if isinstance(out, BaseException) else \
+                self._reply(out, infer_ms, messages[k][1])
+        return replies
+
+    def _refusal(self, exc: BaseException) -> tuple[str, bool]:
+        """The error reply of a refused request; a bug (not a flashrt or wire error) also closes its
+        connection (the server lives on)."""
+        self.errors += 1
+        if isinstance(exc, WireError | FlashRTError):
+            return error_reply(error_code(exc), type(exc).__name__, str(exc)), False
+        return error_reply(INTERNAL_ERROR, type(exc).__name__, f"internal error: {exc}"), True
+
+    def _reply(self, out: Mapping[str, Any], infer_ms: float,
+               prev_total_ms: float | None) -> tuple[bytes, bool]:
+        """The actions reply: the policy's timing, the server's (``batch``: requests in its replay)."""
         timing = {k: float(v) for k, v in out.get("timing", {}).items()}
-        return {"actions": out["actions"], "policy_timing": timing, "server_timing": {"infer_ms": infer_ms}}
+        server: dict[str, Any] = {"infer_ms": infer_ms, "batch": int(out.get("rows", 1))}
+        if prev_total_ms is not None:
+            server["prev_total_ms"] = prev_total_ms
+        self.served += 1
+        return packb({"actions": out["actions"], "policy_timing": timing, "server_timing": server}), False
+
+
+def _request_of(obs: Any) -> Any:
+    """The policy request of a decoded message: the observation, the server's keys (``seed``,
+    ``noise``) taken out; WireError / InputError when they are malformed."""
+    from flashrt.runner.policy import Request
+
+    if not isinstance(obs, dict):
+        raise InputError(f"an observation must be a map, got {type(obs).__name__}")
+    obs = dict(obs)
+    seed, noise = obs.pop("seed", None), obs.pop("noise", None)
+    if noise is not None and not isinstance(noise, np.ndarray):  # a list, a map, text: not an array
+        raise WireError(f"noise must be a numeric array (or absent), got {type(noise).__name__}",
+                        "invalid_observation")
+    return Request(obs, noise, seed)
+
+
+def _batching(policy: Any, max_batch: int | None, window_ms: float) -> tuple[int, float]:
+    """(requests one worker round takes at most, batch window in s): `max_batch` (None: the policy's
+    largest batch bucket), never more than the policy batches; 1 for a policy that cannot batch."""
+    if max_batch is not None and (isinstance(max_batch, bool) or not isinstance(max_batch, int)
+                                  or max_batch < 1):
+        raise ConfigError(f"max_batch must be a positive int, got {max_batch!r}")
+    if not 0 <= window_ms <= 1000:
+        raise ConfigError(f"batch_window_ms {window_ms} must lie in [0, 1000]")
+    largest = int(getattr(policy, "max_batch", 1))
+    return min(largest, max_batch or largest), window_ms / 1e3

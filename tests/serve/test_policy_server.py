@@ -301,7 +301,8 @@ def test_cli_passes_the_resource_limits_to_the_server(monkeypatch):
     monkeypatch.setattr(policy_server, "PolicyServer", Stub)
     assert main(["serve-policy", str(E2E.case(CASE).policy_dir), "--tokenizer", str(E2E.TOKENIZER),
                  "--max-connections", "5", "--max-held-mb", "3", "--max-message-mb", "2"]) == 0
-    assert got == {"max_connections": 5, "max_bytes_held": 3 * 2**20, "max_message_bytes": 2 * 2**20}
+    assert got == {"max_connections": 5, "max_bytes_held": 3 * 2**20, "max_message_bytes": 2 * 2**20,
+                   "max_batch": 4, "batch_window_ms": 2.0}
 
 
 def test_cli_passes_the_embodiment_to_the_family(capsys):

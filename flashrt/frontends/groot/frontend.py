@@ -195,6 +195,9 @@ class GrootFrontend:
     `_normalize_state`, `_prompt_ids`, `_camera_key` and `_image`."""
 
     LAYOUT = "the image header"  # what the prompt's tokens sit behind, for messages
+    batches = (1,)  # one observation per replay (`Policy.infer_batch` runs them in turn)
+    cannot_batch = ("GR00T's captured step is built for one observation: its camera buffers, M-RoPE plan "
+                    "and token layout have no batch dimension")
 
     def __init__(
         self,
@@ -358,6 +361,8 @@ class GrootFrontend:
             "image_transform": self.image.mode,
             "frames_per_camera": self.embodiment.frames,
             "buckets": list(self.buckets),
+            "batches": list(self.batches),
+            "cannot_batch": self.cannot_batch,
             "backend": getattr(self.backend, "name", type(self.backend).__name__),
             "dtype": str(self.model.dtype),
             "num_steps": self.config.head.num_steps,

@@ -11,6 +11,11 @@ relative actions (`normalize.py`, `checkpoint.py`), and the captured step (`fron
     write(bucket, c, seed) images (resized with padding on the device), tokens, state, noise
     replay(bucket)         vision + prefix + every denoise step of that bucket
     read(c)                actions to the host, un-normalized, relative dims made absolute
+
+Batches (`batches=(1, 2, 4)` at load): the same verbs over rows, for a server that serves several
+robots with one replay: ``write_rows(bucket, [(c, seed), ...])`` (row i holds the i-th observation,
+its prompt padded to the batch's bucket, its own noise), ``replay(bucket, batch_for(n))``,
+``read_rows([c, ...])``. Each row's actions equal the observation's alone up to float rounding.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import torch
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.pi0.checkpoint import Pi0Checkpoint, detect_layout, load_checkpoint, relative_offset
-from flashrt.frontends.pi0.frontend import NUMERICS, Pi0Frontend, default_buckets
+from flashrt.frontends.pi0.frontend import NUMERICS, Pi0Frontend, batch_buckets, default_buckets
 from flashrt.frontends.pi0.observation import check_state, is_finite, split_observation
 from flashrt.frontends.pi0.preprocess import CheckedImage, ImagePreprocessor
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
@@ -72,6 +77,19 @@ class Pi0PolicyFrontend:
     def cameras(self) -> tuple[str, ...]:
         return self.images.cameras
 
+    @property
+    def batches(self) -> tuple[int, ...]:
+        """The batch buckets captured (rows one replay serves); (1,) unless loaded with `batches`."""
+        return self.frontend.batches
+
+    @property
+    def cannot_batch(self) -> str:
+        """Why one replay serves one observation only ("" when it batches)."""
+        return "" if self.batches[-1] > 1 else "loaded with batch bucket 1 only (load with batches=(1, 2, 4))"
+
+    def batch_for(self, rows: int) -> int:
+        return self.frontend.batch_for(rows)
+
     # ------------------------------------------------------------------------------ hot path
     supports_guidance = True  # real-time chunking inside the captured step (`flashrt.runtime.rtc`)
 
@@ -112,28 +130,49 @@ class Pi0PolicyFrontend:
         """Images, then tokens, mask and state through the buffers' host staging (pinned on CUDA, one
         non_blocking upload; on the CPU the buffers themselves), noise, guidance. Allocates nothing
         after the first call of a frame layout."""
+        self.write_rows(bucket, [(checked, seed)])
+
+    def write_rows(self, bucket: int, rows: Sequence[tuple[Pi0Checked, int | None]]) -> None:
+        """`write` of several observations, the i-th into batch row i (each its own images, prompt,
+        state and noise; one upload for all). Guidance takes one observation per replay."""
+        if len(rows) > 1 and any(checked.guide is not None for checked, _ in rows):
+            raise ConfigError("real-time chunking guidance runs one observation per replay")
         bufs = self.buffers
-        self.images.write(checked.images, bufs["vision_images"][0], bufs["vision_masks"][0])
-        names = ["prefix_tokens", "prefix_token_masks"]
-        tokens, mask, n = bufs.host(names[0]).numpy()[0], bufs.host(names[1]).numpy()[0], len(checked.ids)
+        for row, (checked, _) in enumerate(rows):
+            self.images.write(checked.images, bufs["vision_images"][row], bufs["vision_masks"][row], row)
+        names = ["prefix_tokens", "prefix_token_masks"] + (["expert_state"] if self.config.has_state_token
+                                                           else [])
+        hosts = [bufs.host(name) for name in names]
+        for row, (checked, _) in enumerate(rows):
+            self._write_row(checked, *(h[row] for h in hosts))
+        bufs.upload(*names)
+        self.frontend.write_noise_rows([(checked.noise, seed) for checked, seed in rows])
+        self.frontend.write_guidance(*(rows[0][0].guide or ()))
+
+    def _write_row(self, checked: Pi0Checked, tokens: torch.Tensor, mask: torch.Tensor,
+                   state: torch.Tensor | None = None) -> None:
+        """One row's prompt ids, mask and state into its host staging rows."""
+        tokens, mask, n = tokens.numpy(), mask.numpy(), len(checked.ids)
         tokens[:n], tokens[n:] = checked.ids, self.prompts.tokenizer.pad_id  # numpy views: no tensor made
         mask[:n], mask[n:] = True, False
-        if self.config.has_state_token:
-            names.append("expert_state")
-            state = bufs.host("expert_state")[0]
+        if state is not None:
             state[self.state_dim:].zero_()
             state[: self.state_dim].copy_(checked.state_norm)
-        bufs.upload(*names)
-        self.frontend.write_noise(checked.noise, seed)
-        self.frontend.write_guidance(*(checked.guide or ()))
 
-    def replay(self, bucket: int) -> None:
-        self.frontend.run(bucket)
+    def replay(self, bucket: int, batch: int = 1) -> None:
+        self.frontend.run(bucket, batch)
 
     def read(self, checked: Pi0Checked) -> np.ndarray:
         """Actions un-normalized (and made absolute) into a fresh array: the one tensor a call must
         allocate, since the caller keeps it."""
-        raw = self.frontend.actions_host()[:, : self.action_dim]
+        return self.read_rows([checked])[0]
+
+    def read_rows(self, rows: Sequence[Pi0Checked]) -> list[np.ndarray]:
+        """`read` of batch rows 0..n-1 (one download for all)."""
+        raw = self.frontend.actions_host()
+        return [self._actions(raw[row, :, : self.action_dim], checked) for row, checked in enumerate(rows)]
+
+    def _actions(self, raw: torch.Tensor, checked: Pi0Checked) -> np.ndarray:
         actions = self.checkpoint.action_norm.unnormalize(raw)
         if self.checkpoint.relative_mask is not None:
             actions = actions + relative_offset(self.checkpoint.relative_mask, checked.state, self.action_dim)
@@ -149,7 +188,8 @@ class Pi0PolicyFrontend:
         mixed = any(p.dtype == torch.float32 for p in model.parameters())
         fp32 = ("lerobot" if mixed else "none") if half else "all"
         return {"family": "pi0", **self.checkpoint.summary(), "device": str(self.device), "dtype": dtype,
-                "buckets": list(self.buckets), "backend": self.frontend.graphs.report().get("backend"),
+                "buckets": list(self.buckets), "batches": list(self.batches),
+                "cannot_batch": self.cannot_batch, "backend": self.frontend.graphs.report().get("backend"),
                 "quantization": self.quantization, "kernels": model.vlm.kernels, "fp32_modules": fp32,
                 "numerics": self.frontend.numerics.describe(),
                 "kernels_per_replay": self.frontend.kernels_per_replay().total}
@@ -186,7 +226,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
          num_steps: int | None = None, backend: str | None = None, buckets: Sequence[int] | None = None,
          tokenizer: str | Path | None = None, asset_id: str | None = None,
          calibration: Any = None, kernels: str = "auto", fp32_modules: str = "lerobot",
-         tf32: bool = False) -> Pi0PolicyFrontend:
+         tf32: bool = False, batches: Sequence[int] | None = None) -> Pi0PolicyFrontend:
     """Load a Pi0 / Pi0.5 checkpoint dir (lerobot 0.6.1 or openpi PyTorch) and capture its graphs.
 
     ``kernels`` (`flashrt.nn.fused`): "auto" runs the fused csrc kernels (RMSNorm + residual, RoPE into
@@ -201,12 +241,16 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     ``tf32`` (CUDA): let float32 GEMMs and convolutions run in TF32; off by default, so "float32" is IEEE
     float32. Scoped to the step with the family's pinned SDPA backends (`flashrt.runtime.numerics`).
 
+    ``batches``: the batch buckets captured (default (1,): one observation per replay); e.g. (1, 2, 4)
+    for a server that runs several robots' observations as one replay (`Policy.infer_batch`).
+
     ``precision="int8"`` / ``"fp8"``: the recipe's GEMMs quantized with scales from the calibration
     cache, calibrated and gated on a miss (``calibration``: a recipe name, path, dict or
     `flashrt.quant.flow.Calibration`; `flashrt.frontends.pi0.quantize`)."""
     from flashrt.frontends.pi0.weights import load_pi0
 
     dev = resolve_device(device)
+    batches = batch_buckets(batches)
     dtype = compute_dtype(precision, quantized=QUANTIZED)
     kernel_row = resolve_kernels(kernels, dev)
     numerics = replace(NUMERICS, tf32=tf32)
@@ -233,7 +277,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
         calib = calibration_frontend(model, len(ck.cameras), sizes)
         eager = Pi0PolicyFrontend(ck, calib, PromptTokenizer(tok, ck.prompt_format, calib.max_len))
         quantization = quantize(eager, kind, calibration, path)
-    frontend = Pi0Frontend(model, len(ck.cameras), sizes, backend, numerics=numerics)
+    frontend = Pi0Frontend(model, len(ck.cameras), sizes, backend, numerics=numerics, batches=batches)
     frontend.capture()
     policy = Pi0PolicyFrontend(ck, frontend, PromptTokenizer(tok, ck.prompt_format, frontend.max_len))
     policy.quantization = quantization
@@ -252,5 +296,5 @@ def detect(path: Path) -> None:
 
 FAMILY = PolicyFamily(
     name="pi0", detect=detect, load=load,
-    options=("tokenizer", "asset_id", "calibration", "kernels", "fp32_modules", "tf32"),
+    options=("tokenizer", "asset_id", "calibration", "kernels", "fp32_modules", "tf32", "batches"),
     doc="Pi0 / Pi0.5 (lerobot 0.6.1 policy dirs, openpi PyTorch dirs): PaliGemma + flow-matching expert")

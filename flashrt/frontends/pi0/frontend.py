@@ -1,16 +1,21 @@
-"""Pi0 / Pi0.5 frontend: declared static buffers and one captured graph per prompt-length bucket.
+"""Pi0 / Pi0.5 frontend: declared static buffers and one captured graph per (batch, prompt-length) bucket.
 
 Set up once (`Pi0Frontend.__init__` + `capture`), replay forever (`run`):
 
-* Buffers (`flashrt.runtime.buffers`), allocated once at the LARGEST bucket: the model's io buffers
-  (`vision_images`, `vision_masks`, `prefix_tokens`, `prefix_token_masks`, [`expert_state`],
-  `expert_noise`, `expert_actions`) and its K/V cache (`prefix_k`, `prefix_v`). The graph of a smaller
-  bucket L reads views of them: the first L token columns and the first P(L) + suffix K/V slots. Views
-  never reallocate, so every graph keeps pointing at the same storage.
-* Graphs: a `GraphSet` over the chosen backend ("eager", "trace", "cuda"), captured at load by
-  `capture()`. Hot path: `bucket = bucket_for(n_tokens)` (the smallest bucket holding the prompt; a
-  prompt longer than the largest bucket is an InputError), write the inputs, `run(bucket)`,
-  `actions()`.
+* Buffers (`flashrt.runtime.buffers`), allocated once at the LARGEST bucket and the largest batch:
+  the model's io buffers (`vision_images`, `vision_masks`, `prefix_tokens`, `prefix_token_masks`,
+  [`expert_state`], `expert_noise`, `expert_actions`) and its K/V cache (`prefix_k`, `prefix_v`). The
+  graph of a smaller bucket L and batch n reads views of them: the first n rows, the first L token
+  columns and the first P(L) + suffix K/V slots. Views never reallocate, so every graph keeps pointing
+  at the same storage.
+* Graphs: one `GraphSet` per batch bucket (`batches`, default (1,): one observation per replay; e.g.
+  (1, 2, 4) for a server that batches robots) over the chosen backend ("eager", "trace", "cuda"),
+  all captured at load by `capture()`. Hot path: `bucket = bucket_for(n_tokens)` (the smallest bucket
+  holding the prompt; a prompt longer than the largest bucket is an InputError), write the inputs of
+  rows 0..n-1, `run(bucket, batch)` (`batch_for(n)`: the smallest batch bucket holding n rows),
+  `actions(row)`. Rows are independent: row i's actions depend only on row i's inputs (every op of the
+  step is per row), so rows n..batch-1 of a padded batch may hold anything; batching changes a row's
+  result only by float rounding (other GEMM shapes), well within 1e-5 in float32.
 * The step runs under ``torch.inference_mode`` (no autograd version counters or view tracking: ~3%
   less CPU time; every tensor it writes is a static buffer, its temporaries never escape) and, on a
   GPU, under its pinned numerics (`NUMERICS`, `flashrt.runtime.numerics`: TF32 off unless the load
@@ -28,17 +33,20 @@ Set up once (`Pi0Frontend.__init__` + `capture`), replay forever (`run`):
 Ownership: the frontend owns its Buffers, graphs and generator; the model's weights must keep their
 storage for as long as the graphs live (see `flashrt.runtime.graphs`). One call at a time.
 
-Shape legend: B batch (1), C cameras, R resolution, L prompt bucket, H chunk, A max action dim.
+Shape legend: B batch (the largest batch bucket), C cameras, R resolution, L prompt bucket, H chunk,
+A max action dim.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from flashrt.errors import InputError
+from flashrt.errors import ConfigError, InputError
 from flashrt.frontends.pi0.model import (
     Pi0Model,
     io_buffer_specs,
@@ -61,16 +69,29 @@ BUCKET_LADDER = (8, 16, 32, 64, 128, 256, 512)
 NUMERICS = Numerics(tf32=False, sdpa=("flash", "efficient", "math"))
 
 
+MAX_BATCH = 64  # the largest batch bucket a frontend takes (buffers scale with it)
+
+
 def default_buckets(max_len: int) -> tuple[int, ...]:
     """Powers of two below the prompt limit, then the limit itself: 48 -> (8, 16, 32, 48)."""
     return (*(b for b in BUCKET_LADDER if b < max_len), max_len)
 
 
+def batch_buckets(batches: Sequence[int] | None) -> tuple[int, ...]:
+    """The batch buckets to capture: the given sizes, sorted, with 1 always among them (one observation
+    replays at batch 1, exactly as a frontend built without batching); None -> (1,)."""
+    given = list(batches or ())
+    if any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH for b in given):
+        raise ConfigError(f"batch buckets must be ints in 1..{MAX_BATCH}, got {given}")
+    return tuple(sorted({1, *given}))
+
+
 class Pi0Frontend:
-    """Static buffers + one graph per prompt bucket around a loaded `Pi0Model` (batch 1)."""
+    """Static buffers + one graph per (batch, prompt) bucket around a loaded `Pi0Model`."""
 
     def __init__(self, model: Pi0Model, n_cams: int, buckets: Sequence[int], backend: str | None = None,
-                 backend_opts: Mapping[str, Any] | None = None, numerics: Numerics = NUMERICS) -> None:
+                 backend_opts: Mapping[str, Any] | None = None, numerics: Numerics = NUMERICS,
+                 batches: Sequence[int] | None = None) -> None:
         self.model, self.config, self.numerics = model, model.config, numerics
         self.n_cams = int(n_cams)
         self.device = model.action_in.weight.device
@@ -78,22 +99,31 @@ class Pi0Frontend:
         if not self.buckets or self.buckets[0] <= 0:
             raise ValueError(f"prompt buckets must be positive, got {buckets}")
         self.max_len = self.buckets[-1]
-        max_prefix = self.config.prefix_len(self.n_cams, self.max_len)
-        self.buffers = Buffers([*io_buffer_specs(self.config, 1, self.n_cams, self.max_len),
-                                *kv_buffer_specs(self.config, 1, max_prefix, model.dtype),
-                                *rtc_buffer_specs(self.config, 1)], self.device)
+        self.batches = batch_buckets(batches)
+        rows, max_prefix = self.batches[-1], self.config.prefix_len(self.n_cams, self.max_len)
+        self.buffers = Buffers([*io_buffer_specs(self.config, rows, self.n_cams, self.max_len),
+                                *kv_buffer_specs(self.config, rows, max_prefix, model.dtype),
+                                *rtc_buffer_specs(self.config, rows)], self.device)
         self.buffers["expert_rtc_times"].copy_(euler_times_f32(self.config.num_steps))
+        spec = self.buffers.spec("expert_noise")
+        self._noise_spec = replace(spec, shape=(1, *spec.shape[1:]))  # one row's noise, as callers give it
         self._guided = False
         self.backend = backend_for_device(backend, self.device, **dict(backend_opts or {}))
-        self.graphs = GraphSet(self.backend, self._build, self.buckets, buffers=self.buffers)
+        self.graph_sets = {n: GraphSet(self.backend, self._build if n == 1 else self._batch_build(n),
+                                       self.buckets, buffers=self.buffers) for n in self.batches}
+        self.graphs = self.graph_sets[1]
+        self.replays: Counter[int] = Counter()  # replays per batch bucket
         self._generator: torch.Generator | None = None  # made on first use (none exists on meta)
         self._seeded = torch.Generator()  # CPU: re-seeded for each seed= draw
         self._kernel_counts: dict[int, KernelCount] = {}
 
     # ------------------------------------------------------------------------------ capture
-    def _build(self, bucket: int) -> Callable[[], None]:
+    def _batch_build(self, batch: int) -> Callable[[int], Callable[[], None]]:
+        return lambda bucket: self._build(bucket, batch)
+
+    def _build(self, bucket: int, batch: int = 1) -> Callable[[], None]:
         """The no-argument step of one bucket: views of the max-size buffers, nothing allocated."""
-        run = self.raw_step(bucket)
+        run = self.raw_step(bucket, batch)
         if self.device.type != "cuda":  # the scope is empty off CUDA: decided here, not per call
 
             def step() -> None:
@@ -108,22 +138,24 @@ class Pi0Frontend:
 
         return pinned_step
 
-    def raw_step(self, bucket: int) -> Callable[[], None]:
-        """The step of `bucket` without the inference-mode wrapper (for callers that wrap it their own
-        way, e.g. torch.compile, which cannot trace inside inference mode)."""
-        b, c = self.buffers, self.config
+    def raw_step(self, bucket: int, batch: int = 1) -> Callable[[], None]:
+        """The step of `bucket` over rows [0, batch) without the inference-mode wrapper (for callers that
+        wrap it their own way, e.g. torch.compile, which cannot trace inside inference mode)."""
+        b, c, n = self.buffers, self.config, batch
         t = c.prefix_len(self.n_cams, bucket) + c.suffix_len
-        kv = StaticKV(b["prefix_k"][:, :, :, :t], b["prefix_v"][:, :, :, :t])
-        args = (b["vision_images"], b["vision_masks"], b["prefix_tokens"][:, :bucket],
-                b["prefix_token_masks"][:, :bucket], b["expert_state"] if c.has_state_token else None,
-                b["expert_noise"])
-        guide = tuple(b[f"expert_rtc_{n}"] for n in ("frozen", "weights", "gains", "times"))
-        out, model = b["expert_actions"], self.model
+        kv = StaticKV(b["prefix_k"][:, :n, :, :t], b["prefix_v"][:, :n, :, :t])
+        args = (b["vision_images"][:n], b["vision_masks"][:n], b["prefix_tokens"][:n, :bucket],
+                b["prefix_token_masks"][:n, :bucket], b["expert_state"][:n] if c.has_state_token else None,
+                b["expert_noise"][:n])
+        guide = (b["expert_rtc_frozen"][:n], b["expert_rtc_weights"][:n], b["expert_rtc_gains"],
+                 b["expert_rtc_times"])
+        out, model = b["expert_actions"][:n], self.model
         return lambda: model.sample_actions(*args, kv=kv, out=out, guide=guide)
 
     def capture(self) -> dict[str, Any]:
-        """Capture every bucket now (load time); returns the GraphSet report."""
-        self.graphs.capture_all()
+        """Capture every (batch, prompt) bucket now (load time); returns the report."""
+        for graphs in self.graph_sets.values():
+            graphs.capture_all()
         return self.report()
 
     def kernels_per_replay(self, bucket: int | None = None) -> KernelCount:
@@ -138,8 +170,15 @@ class Pi0Frontend:
         return self._kernel_counts[bucket]
 
     def report(self) -> dict[str, Any]:
-        return {**self.graphs.report(), "buffers_bytes": self.buffers.nbytes(),
-                "buffers_by_role": {r: self.buffers.nbytes(r) for r in ("input", "output", "state")}}
+        """The batch-1 GraphSet's report (its buckets, captures, counters), the buffers' bytes, and per
+        batch bucket: the prompt buckets captured, capture seconds and replays."""
+        sets = {n: g.report() for n, g in self.graph_sets.items()}
+        return {**sets[1], "buffers_bytes": self.buffers.nbytes(),
+                "buffers_by_role": {r: self.buffers.nbytes(r) for r in ("input", "output", "state")},
+                "batches": list(self.batches),
+                "batch_captured": {n: r["captured"] for n, r in sets.items()},
+                "batch_capture_s": {n: sum(r["capture_s"].values()) for n, r in sets.items()},
+                "batch_replays": {n: self.replays[n] for n in self.batches}}
 
     # ------------------------------------------------------------------------------ hot path
     def bucket_for(self, n_tokens: int) -> int:
@@ -149,9 +188,16 @@ class Pi0Frontend:
                              f"buckets: {list(self.buckets)}")
         return self.graphs.bucket_for(n_tokens)
 
+    def batch_for(self, rows: int) -> int:
+        """The smallest batch bucket holding `rows` observations; InputError beyond the largest."""
+        batch = next((n for n in self.batches if n >= rows), None)
+        if batch is None or rows < 1:
+            raise InputError(f"{rows} rows: batch buckets are {list(self.batches)}")
+        return batch
+
     def check_noise(self, noise: Any) -> torch.Tensor:
         """Validate caller noise: (H, A) or (1, H, A), float, finite; returns (1, H, A) float32."""
-        spec = self.buffers.spec("expert_noise")
+        spec = self._noise_spec
         t = noise if isinstance(noise, torch.Tensor) else torch.as_tensor(noise)
         if t.dim() == len(spec.shape) - 1:
             t = t[None]
@@ -160,27 +206,41 @@ class Pi0Frontend:
         return check_value(spec, t.to(torch.float32))
 
     def write_noise(self, noise: torch.Tensor | None = None, seed: int | None = None) -> None:
-        """Fill the noise buffer: a checked caller array, or N(0, 1) from `seed` (drawn on a CPU
-        generator: the same noise on every device) / the own generator (drawn on the device). Host
-        values go through the buffer's host staging (`Buffers.host` / `upload`): nothing allocated."""
-        b = self.buffers
-        if noise is None and seed is None:
-            if self._generator is None:
-                self._generator = torch.Generator(self.device)
-                self._generator.seed()
-            b["expert_noise"].normal_(generator=self._generator)  # what randn does, in place
-            return
-        host = b.host("expert_noise")
-        if noise is not None:
-            host.copy_(noise)
-        else:  # == torch.randn(shape, generator=torch.Generator().manual_seed(seed)), in place
-            host.normal_(generator=self._seeded.manual_seed(int(seed)))
-        b.upload("expert_noise")
+        """Fill row 0's noise: a checked caller array, or N(0, 1) from `seed` (drawn on a CPU generator:
+        the same noise on every device) / the own generator (drawn on the device). Host values go
+        through the buffer's host staging (`Buffers.host` / `upload`): nothing allocated."""
+        self.write_noise_rows([(noise, seed)])
+
+    def write_noise_rows(self, rows: Sequence[tuple[torch.Tensor | None, int | None]]) -> None:
+        """`write_noise` for rows 0..n-1, each (noise, seed) as there: a row's values are the ones it
+        would get alone. The host rows go up in one upload; rows drawn on the device are drawn after
+        it (stream order), so the upload never overwrites them."""
+        b, drawn = self.buffers, []
+        host = b.host("expert_noise") if any(n is not None or s is not None for n, s in rows) else None
+        for row, (noise, seed) in enumerate(rows):
+            if noise is not None:
+                host[row : row + 1].copy_(noise)
+            elif seed is not None:  # == torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+                host[row].normal_(generator=self._seeded.manual_seed(int(seed)))
+            else:
+                drawn.append(row)
+        if host is not None:
+            b.upload("expert_noise")
+        for row in drawn:
+            b["expert_noise"][row].normal_(generator=self.generator())  # what randn does, in place
+
+    def generator(self) -> torch.Generator:
+        """The frontend's own device generator (seeded from the OS on first use)."""
+        if self._generator is None:
+            self._generator = torch.Generator(self.device)
+            self._generator.seed()
+        return self._generator
 
     def write_guidance(self, frozen: torch.Tensor | None = None, weights: torch.Tensor | None = None,
                        gains: torch.Tensor | None = None) -> None:
-        """Real-time chunking inputs: frozen (H, A) normalized actions (zero-padded), weights (H,),
-        gains (num_steps,); None (the default) clears them, so the next replay is unguided."""
+        """Real-time chunking inputs of row 0: frozen (H, A) normalized actions (zero-padded), weights
+        (H,), gains (num_steps,); None (the default) clears every row's, so the next replay is
+        unguided."""
         b = self.buffers
         if frozen is None:
             if self._guided:
@@ -192,16 +252,18 @@ class Pi0Frontend:
         b["expert_rtc_gains"].copy_(gains)
         self._guided = True
 
-    def run(self, bucket: int) -> None:
-        """Replay the graph of `bucket` (from `bucket_for`), after the inputs were written."""
-        self.graphs.replay(bucket)
+    def run(self, bucket: int, batch: int = 1) -> None:
+        """Replay the graph of (`batch`, `bucket`) (from `batch_for`, `bucket_for`), after the inputs of
+        rows [0, batch) were written."""
+        self.graph_sets[batch].replay(bucket)
+        self.replays[batch] += 1
 
-    def actions(self) -> torch.Tensor:
-        """The last replay's actions (H, A) float32, copied to the host."""
-        return self.buffers["expert_actions"][0].to("cpu", copy=True)
+    def actions(self, row: int = 0) -> torch.Tensor:
+        """The last replay's actions of `row` (H, A) float32, copied to the host."""
+        return self.buffers["expert_actions"][row].to("cpu", copy=True)
 
     def actions_host(self) -> torch.Tensor:
-        """The last replay's actions (H, A) float32 on the host without a tensor of their own: the
+        """The last replay's actions (B, H, A) float32 on the host without a tensor of their own: the
         buffer itself on the CPU, its pinned twin on CUDA (`Buffers.download`); valid until the next
         replay. `actions()` is the copy to keep."""
-        return self.buffers.download("expert_actions")[0]
+        return self.buffers.download("expert_actions")

@@ -208,6 +208,7 @@ class ImagePreprocessor:
         self.resolution = int(resolution)
         self._slot = {c: i for i, c in enumerate(self.cameras)}
         self._staging: dict[tuple[Any, ...], FrameStaging] = {}
+        self._rows = 1  # batch rows written so far (the staging bound grows with them)
         self._copied: Any = None  # CUDA event after the last write's frame copies (made on first use)
 
     def check(self, images: Mapping[str, Any]) -> dict[str, CheckedImage]:
@@ -224,22 +225,26 @@ class ImagePreprocessor:
             raise InputError(f"no camera image given; at least one of {list(self.cameras)} is required")
         return {c: check_image(c, v, self.resolution) for c, v in present.items()}
 
-    def staging(self, slot: int, pixels: torch.Tensor, device: torch.device) -> FrameStaging:
-        """The `FrameStaging` of camera `slot` for this frame's layout on `device` (made on its first
-        frame; at most MAX_LAYOUTS per camera are kept)."""
-        key = (slot, tuple(pixels.shape), pixels.stride(), pixels.dtype, device)
+    def staging(self, slot: int, pixels: torch.Tensor, device: torch.device, row: int = 0) -> FrameStaging:
+        """The `FrameStaging` of camera `slot` of batch `row` for this frame's layout on `device` (made on
+        its first frame; at most MAX_LAYOUTS per camera and row are kept). Rows of one batch never share
+        a host twin: their copies are all in flight at once."""
+        key = (row, slot, tuple(pixels.shape), pixels.stride(), pixels.dtype, device)
         stage = self._staging.get(key)
         if stage is None:
-            if len(self._staging) >= MAX_LAYOUTS * len(self.cameras):
+            self._rows = max(self._rows, row + 1)
+            if len(self._staging) >= MAX_LAYOUTS * len(self.cameras) * self._rows:
                 del self._staging[next(iter(self._staging))]
             stage = self._staging[key] = FrameStaging(pixels, device)
         return stage
 
-    def write(self, checked: Mapping[str, CheckedImage], pixels: torch.Tensor, masks: torch.Tensor) -> None:
-        """Fill `pixels` (N, 3, S, S) and `masks` (N,); a missing camera is -1 with its mask off.
-        On CUDA the frames go through pinned staging (`FrameStaging`): first wait for the previous
-        write's copies out of it, then record that this write's copies are queued."""
-        if self._copied is not None:
+    def write(self, checked: Mapping[str, CheckedImage], pixels: torch.Tensor, masks: torch.Tensor,
+              row: int = 0) -> None:
+        """Fill `pixels` (N, 3, S, S) and `masks` (N,) of batch `row`; a missing camera is -1 with its
+        mask off. On CUDA the frames go through pinned staging (`FrameStaging`): row 0 (the first of a
+        call) first waits for the previous call's copies out of it; each row then records that its
+        copies are queued."""
+        if self._copied is not None and row == 0:
             self._copied.synchronize()
         for camera, slot in self._slot.items():
             image = checked.get(camera)
@@ -247,7 +252,7 @@ class ImagePreprocessor:
                 pixels[slot].fill_(-1.0)
                 masks[slot].fill_(False)
             else:
-                self.staging(slot, image.pixels, pixels.device).write(image, pixels[slot])
+                self.staging(slot, image.pixels, pixels.device, row).write(image, pixels[slot])
                 masks[slot].fill_(True)
         if pixels.device.type == "cuda":
             if self._copied is None:

@@ -77,6 +77,10 @@ class Pi0FastChecked:
 class Pi0FastPolicyFrontend:
     """A loaded Pi0-FAST checkpoint behind the policy-frontend verbs (module docstring)."""
 
+    batches = (1,)  # one observation per replay (`Policy.infer_batch` runs them in turn)
+    cannot_batch = ("Pi0-FAST decodes its action tokens autoregressively, one sequence per captured "
+                    "decode step")
+
     def __init__(self, checkpoint: Pi0FastCheckpoint, model: Pi0FastDecodeModel, decoder: Decoder,
                  tokenizer: PaliGemmaTokenizer, detokenizer: Detokenizer, sync_every: int) -> None:
         self.checkpoint, self.model, self.decoder = checkpoint, model, decoder
@@ -128,7 +132,8 @@ class Pi0FastPolicyFrontend:
     # ------------------------------------------------------------------------------ reporting
     def describe(self) -> dict[str, Any]:
         return {"family": "pi0_fast", **self.checkpoint.summary(), **self.decoder.describe(),
-                "device": str(self.device), "sync_every": self.sync_every}
+                "device": str(self.device), "sync_every": self.sync_every, "batches": list(self.batches),
+                "cannot_batch": self.cannot_batch}
 
     def report(self) -> dict[str, Any]:
         """The decode runner's counters: captures per decode mode (never grow after load), replays,
