@@ -13,8 +13,8 @@ audio), ``--slow-consumer N`` (every Nth client reads no audio and holds its con
 seconds). ``--slots 1,8`` serves the voice once per value (an Orpheus-style voice decodes that many
 requests at once) on the same arrivals, capacity and deadline (measured on the first), side by side.
 Tables on stderr, results.json (every request's record) and serve.png under ``--out``, one
-JSON line last on stdout. Only the speech server (`flashrt serve`) for now: the policy server
-(`flashrt serve-policy`) is not covered yet.
+JSON line last on stdout. The policy server has its own: `flashrt bench serve-policy` (robots served per
+second, batched vs one at a time).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def bench_serve(
                                               "one value or a list compared side by side (e.g. 1,8); "
                                               "models with slots only (Orpheus-style)")] = None,
 ) -> None:
-    """Open-loop load against the speech server (`flashrt serve`; the policy server is not covered yet):
+    """Open-loop load against the speech server (`flashrt serve`; the policy server: `bench serve-policy`):
     goodput, TTFA and refusals against offered load."""
     from flashrt.bench.cli import _failure, _finish, _out_dir, _save_then_plot
     from flashrt.errors import ConfigError, FlashRTError

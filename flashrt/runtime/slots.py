@@ -119,7 +119,7 @@ class SlotIO:
         ], device)
 
     def __getattr__(self, name: str) -> torch.Tensor:
-        if name == "buffers":
+        if name == "buffers" or name not in self.buffers:
             raise AttributeError(name)
         return self.buffers[name]
 
