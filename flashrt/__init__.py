@@ -15,6 +15,7 @@ _LAZY = {
     "Policy": "flashrt.runner.policy",
     "AsyncPolicy": "flashrt.runner.async_policy",
     "Guidance": "flashrt.runtime.rtc",
+    "Runtime": "flashrt.runtime.owner",
     "load_vocoder": "flashrt.runner.vocoder",
     "load_tts": "flashrt.runner.tts",
     "InputError": "flashrt.errors",

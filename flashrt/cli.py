@@ -123,6 +123,7 @@ _HINTS: tuple[tuple[str, str], ...] = (  # (exception class name in the MRO, wha
 BENCH_FORMS: dict[str, tuple[str, str]] = {
     "serve": ("flashrt.bench.serve", "bench_serve"),
     "serve-policy": ("flashrt.bench.serve_policy", "bench_serve_policy"),
+    "act-and-talk": ("flashrt.bench.act_talk", "bench_act_and_talk"),
 }
 
 

@@ -20,6 +20,8 @@ Sizes (`profile.shapes.preset`), RANDOM seeded weights (latency does not depend 
             of tests/fixtures/tts (720 ids): for tests
     small   LM 512 wide x 4 layers (8 heads, 2 kv, head_dim 64, mlp 1536), SNAC 24 kHz as released
     full    LM at Orpheus-3B size (Llama-3.2-3B), SNAC 24 kHz (for a GPU)
+    cpu     LM 256 wide x 4 layers over the miniature layout (720 ids), SNAC 24 kHz as released: speech
+            faster than real time on a small CPU, beside a policy (`flashrt bench act-and-talk`)
 
 small and full use Orpheus' real vocabulary (156,940 ids: 128,256 text + specials + 7 x 4096 codes,
 tied head) and token layout; all use Llama-3 RoPE scaling. Random weights never emit valid frames by
@@ -72,6 +74,9 @@ SIZES: dict[str, tuple[LMConfig, str, OrpheusLayout]] = {
                        head_dim=64, eps=1e-5, tied=True, rope=LM_PRESETS["orpheus-3b"].rope,
                        rope_theta=500000.0, max_positions=4096), "24khz", OrpheusLayout()),
     "full": (LM_PRESETS["orpheus-3b"], "24khz", OrpheusLayout()),
+    "cpu": (LMConfig(vocab_size=720, width=256, depth=4, mlp=768, heads=4, kv_heads=2, head_dim=64, eps=1e-5,
+                     tied=True, rope=LM_PRESETS["orpheus-3b"].rope, rope_theta=500000.0, max_positions=4096),
+            "24khz", _MINIATURE),
 }
 
 
