@@ -325,6 +325,16 @@ def meta_twin(model: Pi0Model) -> Pi0Model:
     return twin
 
 
+def kernel_stages(model: Pi0Model) -> dict[str, list[nn.Module]]:
+    """The stages a kernel count splits a step into (`flashrt.profile.kernels`): ``vision`` (SigLIP and
+    the projector), ``prefix`` (the VLM's prefill), ``expert`` (the expert and its action/state/time
+    heads, over every denoise step); the rest (masks, RoPE tables, embedding, casts, Euler updates)
+    counts as "other"."""
+    heads = [m for name, m in model.named_children() if name not in ("vision", "projector", "vlm", "expert")]
+    return {"vision": [model.vision, model.projector], "prefix": [model.vlm],
+            "expert": [model.expert, *heads]}
+
+
 def select_cpu_kernels(model: Pi0Model) -> None:
     """CPU kernel and layout choices, all equal to the plain ATen path within float32 rounding:
 
