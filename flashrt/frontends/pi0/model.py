@@ -191,9 +191,7 @@ class Pi0Model(nn.Module):
 
     def prefill(self, emb: torch.Tensor, valid: torch.Tensor, kv: StaticKV) -> torch.Tensor:
         """VLM K/V of the prefix into slots [0, P); -> key bias (B, 1, 1, T) for every later stage."""
-        b, p = valid.shape
-        keys_valid = torch.cat([valid, valid.new_ones(b, kv.length - p)], dim=1)
-        bias = key_padding_bias(keys_valid, self.dtype)
+        bias = key_padding_bias(valid, self.dtype, always_valid=kv.length - valid.shape[1])
         positions = torch.cumsum(valid, dim=1) - 1
         rope = rope_cos_sin(positions, self.config.vlm.head_dim, self.config.vlm.rope_theta, self.dtype)
         self.vlm(emb, rope, kv, 0, bias, kv_only_last=True)
