@@ -42,12 +42,17 @@ What counts as one kernel (the rule, applied op by op as the dispatcher sees the
   so a following ``transpose(1, 2).reshape`` is a view there as on a GPU. Not counted: flash-attn's
   split-K/V combine kernel, which its heuristic may add on short batches depending on the GPU's SM count
   (the count depends on the inputs only, never on the device model);
+* ``torch.nn.functional.rms_norm`` (and ``torch.rms_norm``) is ONE kernel, ``aten._fused_rms_norm``
+  (plus a copy for a non-contiguous input), where torch's CUDA build runs its fused kernel: a real
+  input that is not channels-last, with no weight or one of the input's dtype; otherwise (and on the
+  counting device, which lacks that kernel) its decomposition, op by op;
 * a custom op (e.g. ``flashrt::rms_norm``) is one kernel: the dispatcher hands it to the counter as
   one op, whatever its implementation runs inside.
 
-Stages (``stages`` of `count_kernels`): name -> modules; a kernel counts toward the innermost stage whose
-module's ``forward`` is running (``"other"`` outside every one), in ``KernelCount.by_stage``. The fused
-share is the kernels of ``flashrt::`` custom ops (``KernelCount.fused``) over the total.
+Stages (``stages`` of `count_kernels`): name -> modules; a kernel counts toward the innermost stage
+whose module's ``forward`` is running (called through the module or directly), ``"other"`` outside
+every one, in ``KernelCount.by_stage``. The fused share is the kernels of ``flashrt::`` custom ops
+(``KernelCount.fused``) over the total.
 
 So the count is "aten-level kernels": a GEMM that cuBLAS splits into two launches counts one; that is
 the resolution that guides fusion. On a GPU, `torch.profiler` gives the launched count (bench/).
@@ -214,9 +219,21 @@ class KernelCount:
                 "stages": dict(self.by_stage), "top": dict(self.top(top))}
 
 
-class _Attention(TorchFunctionMode):
-    """Counts each scaled_dot_product_attention call by the CUDA backend that takes it (module
-    docstring); hides a fused backend's decomposition on the counting device."""
+def _fused_rms_norm_takes(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """Whether torch's CUDA build runs ``rms_norm(x, ..., weight)`` as its one fused kernel."""
+    channels_last = x.dim() in (4, 5) and not x.is_contiguous() and (
+        x.is_contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d))
+    return not x.is_complex() and not channels_last and (weight is None or weight.dtype == x.dtype)
+
+
+RMS_NORMS = (F.rms_norm, torch.rms_norm)
+FUSED_RMS_NORM = "aten._fused_rms_norm"
+
+
+class _CudaComposites(TorchFunctionMode):
+    """Counts the composites that a CUDA build runs as fused kernels (scaled_dot_product_attention by
+    its backend, rms_norm; module docstring) by those kernels, and hides their decomposition on the
+    counting device."""
 
     def __init__(self, counter: KernelCounter) -> None:
         super().__init__()
@@ -224,20 +241,35 @@ class _Attention(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention or self.counter.hidden:
+        if self.counter.hidden:
             return func(*args, **kwargs)
-        q, k, v, mask, gqa = _sdpa_inputs(args, kwargs)
-        backend = sdpa_backend(q, k, v, mask, self.counter.sdpa, gqa)
-        if backend == "math":
-            return func(*args, **kwargs)  # the decomposition is the work: counted op by op
-        for name, n in sdpa_launches(backend, q, k, v, mask).items():
+        if func is F.scaled_dot_product_attention:
+            q, k, v, mask, gqa = _sdpa_inputs(args, kwargs)
+            backend = sdpa_backend(q, k, v, mask, self.counter.sdpa, gqa)
+            if backend == "math":
+                return func(*args, **kwargs)  # the decomposition is the work: counted op by op
+            launches = sdpa_launches(backend, q, k, v, mask)
+        elif func in RMS_NORMS and _fused_rms_norm_takes(args[0], kwargs.get("weight", _arg(args, 2))):
+            launches = {FUSED_RMS_NORM: 1 + int(not args[0].is_contiguous())}
+        else:
+            return func(*args, **kwargs)
+        for name, n in launches.items():
             self.counter.add(name, n)
+        return self._hidden(func, args, kwargs)
+
+    def _hidden(self, func, args, kwargs):
         self.counter.hidden += 1
         try:
             out = func(*args, **kwargs)
-            return out.transpose(1, 2).contiguous().transpose(1, 2) if out.dim() == 4 else out
+            if func is F.scaled_dot_product_attention and out.dim() == 4:  # the fused kernels' layout
+                return out.transpose(1, 2).contiguous().transpose(1, 2)
+            return out
         finally:
             self.counter.hidden -= 1
+
+
+def _arg(args: tuple, i: int) -> Any:
+    return args[i] if len(args) > i else None
 
 
 class KernelCounter(TorchDispatchMode):
@@ -253,26 +285,35 @@ class KernelCounter(TorchDispatchMode):
         self.stages = dict(stages or {})
         self._stack: list[str] = []
         self._hooks: list[Any] = []
-        self._attention = _Attention(self)
+        self._attention = _CudaComposites(self)
 
     def add(self, name: str, n: int = 1) -> None:
         self.count.add(name, n, self._stack[-1] if self._stack else OTHER)
 
     def _hook_stages(self) -> None:
-        def enter(name: str) -> Callable[..., None]:
-            return lambda *_: self._stack.append(name)  # list.append returns None: the input is kept
-
-        def leave(*_: Any) -> None:
-            self._stack.pop()  # returns None: the module's output is kept
-
+        """Wrap each stage module's ``forward`` (an instance attribute, so direct ``.forward`` calls, which
+        the hot paths use to skip ``__call__``, are seen too); `_unhook_stages` restores it."""
         for name, modules in self.stages.items():
             for module in modules:
-                self._hooks.append(module.register_forward_pre_hook(enter(name)))
-                self._hooks.append(module.register_forward_hook(leave))
+                self._hooks.append((module, module.__dict__.get("forward")))
+                module.forward = self._staged(name, module.forward)
+
+    def _staged(self, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self._stack.append(name)
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self._stack.pop()
+
+        return run
 
     def _unhook_stages(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
+        for module, own in reversed(self._hooks):
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
         self._hooks.clear()
         self._stack.clear()
 

@@ -242,8 +242,7 @@ class GrootFrontend:
         self.buffers = Buffers(self._specs(), self.device)
         self.backend = backend
         self.graphs = GraphSet(backend, self._build, self.buckets, buffers=self.buffers)
-        self._generator = torch.Generator(self.device)
-        self._generator.seed()
+        self._generator: torch.Generator | None = None  # made on first draw (none exists on meta)
 
     def _layout(
         self, tokenizer: PromptTokenizer, buckets: Sequence[int] | None, frame_size: tuple[int, int] | None
@@ -447,6 +446,9 @@ class GrootFrontend:
         if seed is not None:  # drawn on the CPU generator and copied in: the same noise on every device
             target.copy_(torch.randn(target.shape, generator=torch.Generator().manual_seed(int(seed))))
             return
+        if self._generator is None:
+            self._generator = torch.Generator(self.device)
+            self._generator.seed()
         target.copy_(torch.randn(target.shape, generator=self._generator, device=self.device))
 
     def replay(self, bucket: int) -> None:
