@@ -291,6 +291,19 @@ class GrootFrontend:
         ]
 
     # ------------------------------------------------------------------------------ capture
+    def raw_step(self, bucket: int) -> Callable[[], None]:
+        """The no-argument step one graph of ``bucket`` captures (e.g. to count its kernels on a meta
+        frontend, `flashrt.bench.kernels`)."""
+        return self._build(bucket)
+
+    def kernel_stages(self) -> dict[str, list[torch.nn.Module]]:
+        """The stages a kernel count splits the step into: ``vision``, ``text`` (the kept Qwen3 layers),
+        ``vl`` (the head's VL self-attention), ``dit`` (the DiT blocks, every flow step); the rest
+        (embedding, masks, encoders, casts, updates) counts as "other"."""
+        head = self.model.head
+        return {"vision": [self.model.vision], "text": list(self.model.layers), "vl": list(head.vl_blocks),
+                "dit": list(head.blocks)}
+
     def _build(self, bucket: int) -> Callable[[], None]:
         sample = self.model.sample_actions
         args, kwargs = self._step_args(bucket)
