@@ -215,6 +215,6 @@ def kernels(
         typer.echo(f"{name:24} {c.total:>8,d} {c.fused:>7,d} {c.fused_share:>6.1%}   {_stages(c)}", err=True)
         for op, n in c.top(top):
             typer.echo(f"{'':26}{n:>8,d}  {op}", err=True)
-    rows = {name: c.to_dict() for name, c in counts.items()}
+    rows = {name: c.report() for name, c in counts.items()}
     typer.echo(json_line({"kind": "kernels", "path": path, "precision": precision, "cams": cams,
                           "models": rows}))

@@ -215,6 +215,11 @@ class KernelCount:
         return self.fused / self.total if self.total else 0.0
 
     def to_dict(self, top: int = 12) -> dict[str, Any]:
+        """{"total", "top"}: what bench results carry (their schema)."""
+        return {"total": self.total, "top": dict(self.top(top))}
+
+    def report(self, top: int = 12) -> dict[str, Any]:
+        """`to_dict` plus the fused kernels, their share and the split by stage (`flashrt kernels`)."""
         return {"total": self.total, "fused": self.fused, "fused_share": round(self.fused_share, 4),
                 "stages": dict(self.by_stage), "top": dict(self.top(top))}
 

@@ -150,7 +150,8 @@ def test_stages_count_by_the_innermost_running_module_and_fused_ops_are_counted_
     count = count_kernels(step, stages={"outer": [outer], "inner": [outer[1]]})
     assert dict(count.by_stage) == {"outer": 1, "inner": 2, "other": 3} and count.total == 6
     assert count.fused == 1 and count.fused_share == 1 / 6
-    assert count.to_dict()["stages"] == {"outer": 1, "inner": 2, "other": 3}
+    assert count.report()["stages"] == {"outer": 1, "inner": 2, "other": 3} and count.report()["fused"] == 1
+    assert count.to_dict() == {"total": 6, "top": dict(count.by_op.most_common(12))}  # bench results' schema
     assert "forward" not in vars(outer) and "forward" not in vars(outer[1])  # unwrapped after the count
 
 
