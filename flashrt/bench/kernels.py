@@ -20,6 +20,8 @@ ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 
     pi0-fast      Pi0-FAST (PaliGemma 2B, preset "pi0_fast", prompts up to 200 tokens): two rows, the
                   prefill of the largest bucket (with the first token's pick) and one decode step
                   (one token, greedy)
+    lm            the Orpheus-3B LM (Llama-3.2-3B sizes) as the Orpheus runner loads it: the prefill of
+                  the 256-token bucket and one sampled decode step
     <card>        any model card (models/<card>.toml): Pi0 / Pi0.5 cards, every vocoder at its preset,
                   the largest bucket of its card
 
@@ -46,7 +48,7 @@ import typer
 
 from flashrt.profile.kernels import KernelCount, count_kernels
 
-__all__ = ["FAMILIES", "PATHS", "count_card", "count_family", "groot_count", "pi0_fast_count",
+__all__ = ["FAMILIES", "PATHS", "count_card", "count_family", "groot_count", "lm_count", "pi0_fast_count",
            "policy_count", "vocoder_count", "kernels"]
 
 PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -134,6 +136,24 @@ def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200) -> dict[str, Ke
             "pi0-fast decode/token": count_kernels(decoder._decode_body("greedy"))}
 
 
+def lm_count(dtype: Any) -> dict[str, KernelCount]:
+    """The Orpheus-3B LM (Llama-3.2-3B, preset "orpheus-3b") built on meta as `flashrt.runner.orpheus`
+    loads it (2,048 cache slots, prompt buckets up to 256, sampling): the prefill of the largest bucket
+    and one sampled decode step."""
+    from flashrt.frontends.lm.config import preset
+    from flashrt.frontends.lm.frontend import CausalLM
+    from flashrt.io.loading import meta_twin
+    from flashrt.nn.llama import Llama
+    from flashrt.runtime.decode import Decoder
+
+    cfg = preset("orpheus-3b")
+    module = meta_twin(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), dtype)
+    lm = CausalLM(cfg, module, device="meta", dtype=dtype, cache_len=2048)
+    decoder = Decoder(lm, (32, 64, 128, 256), max_new_tokens=1200, backend="eager")
+    return {"orpheus-lm prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1])),
+            "orpheus-lm decode/token": count_kernels(decoder._decode_body("sample"))}
+
+
 def _pi0(card: str) -> Callable[[Any, int, str], dict[str, KernelCount]]:
     def count(dtype: Any, cams: int, row: str) -> dict[str, KernelCount]:
         from flashrt.resources import read_data
@@ -149,6 +169,7 @@ FAMILIES: dict[str, Callable[[Any, int, str], dict[str, KernelCount]]] = {
     "pi05": _pi0("pi05-base"),
     "groot": lambda dtype, cams, row: {"groot-n1.7": groot_count(dtype, cams)},
     "pi0-fast": lambda dtype, cams, row: pi0_fast_count(dtype, cams),
+    "lm": lambda dtype, cams, row: lm_count(dtype),
 }
 
 
@@ -195,7 +216,7 @@ def _stages(count: KernelCount) -> str:
 
 
 def kernels(
-    models: Annotated[list[str] | None, typer.Argument(help="families (pi0, pi05, groot, pi0-fast) or "
+    models: Annotated[list[str] | None, typer.Argument(help="families (pi0, pi05, groot, pi0-fast, lm) or "
                                                        "model cards [every family and vocoder card]")] = None,
     path: Annotated[str, typer.Option(help="cuda (csrc fused ops built) or cuda-aten (without)")] = "cuda",
     precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
@@ -209,12 +230,12 @@ def kernels(
     counts: dict[str, KernelCount] = {}
     for name in models or default_rows():
         counts.update(count_family(name, precision, cams, path))
-    typer.echo(f"{'model':24} {'kernels':>8} {'fused':>7} {'share':>6}   stages   ({path} path, {precision}, "
+    typer.echo(f"{'model':28} {'kernels':>8} {'fused':>7} {'share':>6}   stages   ({path} path, {precision}, "
                f"{cams} cameras)", err=True)
     for name, c in counts.items():
-        typer.echo(f"{name:24} {c.total:>8,d} {c.fused:>7,d} {c.fused_share:>6.1%}   {_stages(c)}", err=True)
+        typer.echo(f"{name:28} {c.total:>8,d} {c.fused:>7,d} {c.fused_share:>6.1%}   {_stages(c)}", err=True)
         for op, n in c.top(top):
-            typer.echo(f"{'':26}{n:>8,d}  {op}", err=True)
+            typer.echo(f"{'':30}{n:>8,d}  {op}", err=True)
     rows = {name: c.report() for name, c in counts.items()}
     typer.echo(json_line({"kind": "kernels", "path": path, "precision": precision, "cams": cams,
                           "models": rows}))
