@@ -47,7 +47,10 @@ What counts as one kernel (the rule, applied op by op as the dispatcher sees the
   input that is not channels-last, with no weight or one of the input's dtype; otherwise (and on the
   counting device, which lacks that kernel) its decomposition, op by op;
 * a custom op (e.g. ``flashrt::rms_norm``) is one kernel: the dispatcher hands it to the counter as
-  one op, whatever its implementation runs inside.
+  one op, whatever its implementation runs inside -- given its CUDA forms (``custom`` of
+  `count_kernels`: op name -> (whether the kernel takes the call, the reference); the csrc ones are
+  `flashrt.runtime.csrc_ops.CUDA_FORMS`), only when its kernel takes the call's shapes, dtypes and
+  layouts; otherwise its reference runs, which is counted op by op.
 
 Stages (``stages`` of `count_kernels`): name -> modules; a kernel counts toward the innermost stage
 whose module's ``forward`` is running (called through the module or directly), ``"other"`` outside
@@ -282,8 +285,10 @@ class KernelCounter(TorchDispatchMode):
     the ``sdpa`` backend priority, kernels by the innermost running module of ``stages``."""
 
     def __init__(self, sdpa: Sequence[str] | None = None,
-                 stages: Mapping[str, Sequence[torch.nn.Module]] | None = None) -> None:
+                 stages: Mapping[str, Sequence[torch.nn.Module]] | None = None,
+                 custom: Mapping[str, tuple[Callable[..., bool], Callable[..., Any]]] | None = None) -> None:
         super().__init__()
+        self.custom = dict(custom or {})
         self.count = KernelCount()
         self.hidden = 0
         self.sdpa = tuple(sdpa) if sdpa else SDPA_PRIORITY
@@ -343,18 +348,33 @@ class KernelCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        form = self.custom.get(str(func))
+        if form is not None and not self.hidden and not form[0](*args, **kwargs):
+            return self._reference(form[1], args, kwargs)
         out = func(*args, **kwargs)
         if not self.hidden and is_kernel(func, args, kwargs, out):
             self.add(str(func))
         return out
 
+    def _reference(self, reference: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A custom op whose kernel does not take the call: its reference, counted op by op."""
+        inner = KernelCounter(self.sdpa, custom=self.custom)
+        with inner:
+            out = reference(*args, **kwargs)
+        for name, n in inner.count.by_op.items():
+            self.add(name, n)
+        return out
+
 
 def count_kernels(fn: Callable[[], Any], sdpa: Sequence[str] | None = None,
-                  stages: Mapping[str, Sequence[torch.nn.Module]] | None = None) -> KernelCount:
+                  stages: Mapping[str, Sequence[torch.nn.Module]] | None = None,
+                  custom: Mapping[str, tuple[Callable[..., bool], Callable[..., Any]]] | None = None,
+                  ) -> KernelCount:
     """Run ``fn()`` once under no_grad and a `KernelCounter`; the kernels it launched. ``sdpa``: the
     attention backends in priority order (a family's pinned ones; torch's CUDA order by default);
-    ``stages``: name -> modules whose kernels are counted under that name."""
-    counter = KernelCounter(sdpa, stages)
+    ``stages``: name -> modules whose kernels are counted under that name; ``custom``: the custom ops'
+    CUDA forms (module docstring)."""
+    counter = KernelCounter(sdpa, stages, custom)
     with torch.no_grad(), counter:
         fn()
     return counter.count

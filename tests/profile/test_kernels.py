@@ -181,3 +181,19 @@ def test_the_fused_attention_layout_makes_the_usual_head_merge_a_view():
     q = torch.empty(2, 4, 16, 64, dtype=torch.bfloat16, device="meta")
     count = count_kernels(lambda: F.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(2, 16, 256))
     assert dict(count.by_op) == {"sdpa.flash": 1}
+
+
+def test_a_custom_op_is_one_kernel_only_where_its_cuda_kernel_takes_the_call():
+    from flashrt.runtime.csrc_ops import CUDA_FORMS
+
+    x, scale = torch.empty(4, 64, dtype=torch.bfloat16, device="meta"), torch.empty(64, device="meta")
+    taken = count_kernels(lambda: torch.ops.flashrt.rms_norm(x, scale, None, 1e-6), custom=CUDA_FORMS)
+    assert dict(taken.by_op) == {"flashrt.rms_norm.default": 1} and taken.fused == 1
+    rows = torch.empty(4, 128, dtype=torch.bfloat16, device="meta")[:, :64]  # rows not dense: the reference
+    fallback = count_kernels(lambda: torch.ops.flashrt.rms_norm(rows, scale, None, 1e-6), custom=CUDA_FORMS)
+    assert fallback.fused == 0 and fallback.total == 8  # casts in and out, square, mean, +eps, rsqrt, 2 muls
+    half = scale.bfloat16()  # the kernel wants a float32 scale
+    mixed = count_kernels(lambda: torch.ops.flashrt.rms_norm(x, half, None, 1e-6), custom=CUDA_FORMS)
+    assert mixed.fused == 0
+    plain = count_kernels(lambda: torch.ops.flashrt.rms_norm(rows, scale, None, 1e-6))  # no forms given
+    assert plain.total == 1

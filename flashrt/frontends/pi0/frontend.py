@@ -50,6 +50,7 @@ from flashrt.frontends.pi0.model import (
 from flashrt.nn.attention import StaticKV
 from flashrt.profile.kernels import KernelCount, count_kernels
 from flashrt.runtime.buffers import Buffers, check_value
+from flashrt.runtime.csrc_ops import CUDA_FORMS
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 from flashrt.runtime.numerics import Numerics
 from flashrt.runtime.rtc import euler_times_f32
@@ -130,13 +131,14 @@ class Pi0Frontend:
     def kernels_per_replay(self, bucket: int | None = None) -> KernelCount:
         """The kernels one replay of `bucket` (default: the largest) launches on a CUDA device, counted
         on a meta twin of this frontend (`flashrt.profile.kernels`: attention by the backends of its pinned
-        numerics, split by `kernel_stages`; computed once per bucket, ~2 s at full size)."""
+        numerics, each ``flashrt::`` op one kernel where its csrc kernel takes the call, split by
+        `kernel_stages`; computed once per bucket, ~2 s at full size)."""
         bucket = self.buckets[-1] if bucket is None else bucket
         if bucket not in self._kernel_counts:
             twin = self if self.device.type == "meta" else \
                 Pi0Frontend(meta_twin(self.model), self.n_cams, self.buckets, "eager")
             self._kernel_counts[bucket] = count_kernels(twin.raw_step(bucket), self.numerics.sdpa,
-                                                        kernel_stages(twin.model))
+                                                        kernel_stages(twin.model), CUDA_FORMS)
         return self._kernel_counts[bucket]
 
     def report(self) -> dict[str, Any]:
