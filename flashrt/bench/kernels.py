@@ -1,11 +1,18 @@
 """`flashrt kernels`: the kernels one step launches on the CUDA code path, per family at its release size.
 
-Counted on the meta device (`flashrt.profile.kernels`: the rule of what is one launch is there -- each
-aten op that writes memory, each ``flashrt::`` custom op one kernel, attention by the CUDA SDPA backend
-that takes the call and what that backend does with its inputs, e.g. the per-call pad of an unaligned
-bias), so it runs anywhere in seconds, no weights and no GPU needed. "The CUDA code path": every
-device-type check takes its CUDA branch -- the model built as a CUDA load builds it (the CPU's oneDNN
-and layout choices left out), the family's pinned SDPA backend priority, torch's fused RMSNorm.
+Counted on the meta device, so it runs anywhere in seconds, no weights and no GPU needed. "The CUDA
+code path": every device-type check takes its CUDA branch -- the model built as a CUDA load builds it
+(the CPU's oneDNN and layout choices left out), attention under the family's pinned SDPA priority.
+What counts as one launch (the rule, with its reasons, is `flashrt.profile.kernels`):
+
+* an aten op that writes memory is one kernel; views, metadata ops and bare allocations are none;
+* a ``flashrt::`` custom op (rms_norm, add_rms_norm, rope_qkv, gelu_mul) is one kernel where its csrc
+  CUDA kernel takes the call (`flashrt.runtime.csrc_ops.CUDA_FORMS`), else its reference op by op;
+* scaled_dot_product_attention: the backend torch's CUDA build picks from the priority -- flash: one
+  kernel (+2 per q/k/v head dim not a multiple of 8, which torch pads per call); memory-efficient: one
+  kernel, +2 to convert a boolean mask, +2 when the bias is unaligned (a stride before the last dim
+  not a multiple of 8: torch pads it on every call); math: its decomposition, op by op;
+* ``rms_norm``: one kernel (torch's fused CUDA RMSNorm) where torch takes it.
 
 ``--path``: ``cuda`` (a CUDA install with the csrc library built: each family's fused ops, which only
 the Pi0 / Pi0.5 loader selects today) or ``cuda-aten`` (without it: the ATen references of the same

@@ -89,7 +89,7 @@ __all__ = ["ALLOCATION_ONLY", "ATTENTION", "BIAS_ALIGN", "SDPA_PRIORITY", "Kerne
 
 ALLOCATION_ONLY = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 ATTENTION = "sdpa"  # the prefix the fused attention kernels are counted under: "sdpa.flash", ...
-SDPA_PRIORITY = ("flash", "efficient", "math")  # torch's order on a CUDA device for a family that pins none
+SDPA_PRIORITY = ("flash", "efficient", "math")  # for a family that pins none: torch's order of these three
 BIAS_ALIGN = 8  # memory-efficient attention pads a bias whose strides are not multiples of this (elements)
 FUSED_PREFIX = "flashrt."  # op names of the flashrt:: custom ops ("flashrt.rms_norm.default")
 OTHER = "other"  # the stage of kernels outside every named stage
