@@ -30,6 +30,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.frontends.groot.config import GrootN17Config, HeadConfig
+from flashrt.nn.attention import aligned_keys
 from flashrt.nn.dit import DiTBlock, timestep_sinusoid
 from flashrt.nn.qwen3vl import Qwen3Layer, VisionTower, mrope_cos_sin
 
@@ -156,11 +157,14 @@ class ActionHead(nn.Module):
 
 
 def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A bool key mask as the additive bias scaled_dot_product_attention turns it into (0 where True,
-    -inf elsewhere, in the query's dtype): built once per step and shared by every block it masks,
-    instead of converted again inside each attention call (two kernels each on a GPU)."""
-    masked = torch.full((), float("-inf"), dtype=dtype, device=mask.device)
-    return torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), masked)
+    """A bool key mask (..., S) as the additive bias scaled_dot_product_attention turns it into (0 where
+    True, -inf elsewhere, in the query's dtype): built once per step and shared by every block it masks,
+    instead of converted again inside each attention call (two kernels each on a GPU). Its rows are
+    allocated `aligned_keys` long (the padding masked, never read), so the memory-efficient kernel
+    takes it without a per-call pad whatever S is (`flashrt.nn.attention`)."""
+    keys = mask.shape[-1]
+    bias = torch.full((*mask.shape[:-1], aligned_keys(keys)), float("-inf"), dtype=dtype, device=mask.device)
+    return bias[..., :keys].masked_fill_(mask, 0.0)
 
 
 @dataclass
