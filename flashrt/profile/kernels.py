@@ -21,8 +21,8 @@ What counts as one kernel (the rule, applied op by op as the dispatcher sees the
   ``empty``, ``empty_like``, ``empty_strided``, ``new_empty``, ``new_empty_strided``);
 * ``torch.nn.functional.scaled_dot_product_attention`` is counted by what torch's CUDA build does with
   these inputs (`sdpa_backend`, `sdpa_launches`): the first backend of the priority (``sdpa``, a
-  family's pinned `flashrt.runtime.numerics.Numerics.sdpa`; torch's own order without one) that takes
-  the call, then that backend's launches:
+  family's pinned `flashrt.runtime.numerics.Numerics.sdpa`; else `SDPA_PRIORITY`: flash, efficient,
+  math) that takes the call, then that backend's launches:
 
   - flash (no mask, float16/bfloat16, q/k/v head dims equal and <= 256, the same batch and heads unless
     ``enable_gqa``, last dims dense): ONE kernel, plus 2 (a fill and a copy: ``constant_pad_nd``) for
