@@ -1,35 +1,65 @@
-"""`flashrt kernels`: the kernels one replay launches on a GPU, per model at its release size.
+"""`flashrt kernels`: the kernels one step launches on the CUDA code path, per family at its release size.
 
-Counted on the meta device (`flashrt.profile.kernels`: the rule of what is one kernel is there), so it
-runs anywhere in seconds, no weights and no GPU needed. Regime: batch 1; Pi0 / Pi0.5 from their model
-cards (models/pi0-base.toml, pi05-base.toml: SigLIP So400m/14, Gemma 2B + 300M expert) with
-``--cams`` cameras (default 2), the card's Euler steps (10) and chunk (50), its longest prompt bucket
-(``tokenizer_max_length``); every vocoder card at its preset, the largest bucket of its card. Metric:
-kernels per replay (total, and the most frequent ops with ``--top``), for each row of the kernel table
-(`flashrt.nn.fused.KERNELS`): "aten" (the references: what the CPU and a CUDA install without the csrc
-library run) and "fused" (the ``flashrt::`` custom ops, one kernel each: a CUDA install with csrc
-built). Vocoders use no fused op: both rows are the same.
+Counted on the meta device, so it runs anywhere in seconds, no weights and no GPU needed. "The CUDA
+code path": every device-type check takes its CUDA branch -- the model built as a CUDA load builds it
+(the CPU's oneDNN and layout choices left out), attention under the family's pinned SDPA priority.
+What counts as one launch (the rule, with its reasons, is `flashrt.profile.kernels`):
 
-    flashrt kernels                       # every model, bf16 (the GPU precision), table + JSON line
-    flashrt kernels pi05-base --top 12    # one model, its op breakdown (of the fused row)
-    flashrt kernels --precision fp32
+* an aten op that writes memory is one kernel; views, metadata ops and bare allocations are none;
+* a ``flashrt::`` custom op (rms_norm, add_rms_norm, rope_qkv, gelu_mul) is one kernel where its csrc
+  CUDA kernel takes the call (`flashrt.runtime.csrc_ops.CUDA_FORMS`), else its reference op by op;
+* scaled_dot_product_attention: the backend torch's CUDA build picks from the priority -- flash: one
+  kernel (+2 per q/k/v head dim not a multiple of 8, which torch pads per call); memory-efficient: one
+  kernel, +2 to convert a boolean mask, +2 when the bias is unaligned (a stride before the last dim
+  not a multiple of 8: torch pads it on every call); math: its decomposition, op by op;
+* ``rms_norm``: one kernel (torch's fused CUDA RMSNorm) where torch takes it.
 
-Prints a table on stderr and one JSON line last on stdout: {"kind": "kernels", "precision", "cams",
-"models": {card: {"aten": {"total", "top"}, "fused": {"total", "top"}}}}.
+``--path``: ``cuda`` (a CUDA install with the csrc library built: each family's fused ops, which only
+the Pi0 / Pi0.5 loader selects today) or ``cuda-aten`` (without it: the ATen references of the same
+ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 2):
+
+    pi0, pi05     the model cards (models/pi0-base.toml, pi05-base.toml: SigLIP So400m/14, Gemma 2B +
+                  300M expert), the card's 10 Euler steps and 50-action chunk, its longest prompt bucket;
+                  one whole step (vision, prefill, every denoise step)
+    groot         GR00T N1.7 at its published sizes (`flashrt.frontends.groot.synthetic` "full": the
+                  Cosmos-Reason2-2B backbone, 16 text layers kept, VL self-attention 4, AlternateVLDiT
+                  32 blocks, 4 flow steps), the largest default prompt bucket; one whole step
+    pi0-fast      Pi0-FAST (PaliGemma 2B, preset "pi0_fast", prompts up to 200 tokens): two rows, the
+                  prefill of the largest bucket (with the first token's pick) and one decode step
+                  (one token, greedy)
+    lm            the Orpheus-3B LM (Llama-3.2-3B sizes) as the Orpheus runner loads it: the prefill of
+                  the 256-token bucket and one sampled decode step
+    <card>        any model card (models/<card>.toml): Pi0 / Pi0.5 cards, every vocoder at its preset,
+                  the largest bucket of its card
+
+Metric: kernels per step; the fused share (kernels of ``flashrt::`` custom ops over the total); the
+split by stage (Pi0: vision, prefix, expert, other; GR00T: vision, text, vl, dit, other); the most
+frequent ops with ``--top``.
+
+    flashrt kernels                        # every family and vocoder card, table + JSON line
+    flashrt kernels pi0 pi05 --path cuda   # the two policies, the CUDA path with csrc built
+    flashrt kernels groot --top 12         # one family, its op breakdown
+
+Prints a table on stderr and one JSON line last on stdout: {"kind": "kernels", "path", "precision",
+"cams", "models": {row: {"total", "fused", "fused_share", "stages", "top"}}}.
 """
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from flashrt.profile.kernels import KernelCount
+from flashrt.profile.kernels import KernelCount, count_kernels
 
-__all__ = ["count_card", "policy_count", "vocoder_count", "kernels"]
+__all__ = ["FAMILIES", "PATHS", "count_card", "count_family", "groot_count", "lm_count", "pi0_fast_count",
+           "policy_count", "vocoder_count", "kernels"]
 
 PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-ROWS = ("aten", "fused")  # rows of flashrt.nn.fused.KERNELS
+PATHS = {"cuda": "fused", "cuda-aten": "aten"}  # --path -> the row of flashrt.nn.fused.KERNELS
 
 
 def policy_count(card: dict[str, Any], dtype: Any, cams: int = 2, kernels: str = "fused") -> KernelCount:
@@ -60,43 +90,159 @@ def vocoder_count(card: dict[str, Any], dtype: Any) -> KernelCount:
 
 def count_card(name: str, precision: str = "bf16", cams: int = 2, kernels: str = "fused") -> KernelCount:
     """Kernels per replay of the model card ``name`` (models/<name>.toml), kernel-table row ``kernels``."""
-    import torch
-
     from flashrt.resources import read_data
 
     card = read_data("models", name)
-    dtype = getattr(torch, PRECISIONS[precision])
+    dtype = _dtype(precision)
     if card.get("family") == "pi0":
         return policy_count(card, dtype, cams, kernels)
     return vocoder_count(card, dtype)
 
 
-def release_cards() -> list[str]:
-    """Every shipped release-size card (the tiny test cards left out)."""
-    from flashrt.resources import list_data
+def groot_count(dtype: Any, cams: int = 2) -> KernelCount:
+    """GR00T N1.7 at its published sizes (module docstring), built on meta, one step of the largest
+    bucket. No fused op: its loader selects none (both paths count the same)."""
+    import torch
 
-    return [name for name in list_data("models") if not name.endswith("-tiny")]
+    from flashrt.frontends.groot import synthetic
+    from flashrt.frontends.groot.config import GrootN17Config, TokenIds, text_config, vision_config
+    from flashrt.frontends.groot.model import GrootN17Model
+    from flashrt.frontends.groot.preprocess import PromptTokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer = PromptTokenizer(synthetic.write_tokenizer(Path(folder)))
+    p, ids = synthetic.PRESETS["full"], tokenizer.ids
+    tokens = TokenIds(ids["<|image_pad|>"], ids["<|vision_start|>"], ids["<|vision_end|>"])
+    config = GrootN17Config(vision_config(p.backbone, "full"),
+                            text_config(p.backbone, p.select_layer, "full"), tokens, p.head)
+    with torch.device("meta"):
+        model = GrootN17Model(config).to(dtype).eval().requires_grad_(False)
+    model.vision.reset_derived()
+    frontend = synthetic.frontend(model, tokenizer, "full", cams, backend="eager", capture=False)
+    return count_kernels(frontend.raw_step(frontend.buckets[-1]), stages=frontend.kernel_stages())
 
 
-def kernels(
-    models: Annotated[list[str] | None, typer.Argument(help="model cards [all release ones]")] = None,
-    precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
-    cams: Annotated[int, typer.Option(help="cameras of the Pi0 / Pi0.5 step")] = 2,
-    top: Annotated[int, typer.Option(help="also print the N most frequent ops of each model")] = 0,
-) -> None:
-    """Kernels one replay launches on a GPU, per model at its release size (counted on the meta device)."""
+def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200) -> dict[str, KernelCount]:
+    """Pi0-FAST (preset "pi0_fast") built on meta as its loader builds it (no fused op selected): the
+    prefill of the largest default bucket and one greedy decode step."""
+    from flashrt.frontends.pi0.frontend import default_buckets
+    from flashrt.frontends.pi0_fast.config import preset
+    from flashrt.frontends.pi0_fast.model import Pi0FastDecodeModel, Pi0FastNet
+    from flashrt.io.loading import meta_twin
+    from flashrt.runtime.decode import Decoder
+
+    config = preset("pi0_fast")
+    net = meta_twin(lambda: Pi0FastNet(config), dtype)
+    buckets = default_buckets(prompt + 1)  # the prompt and its bos, as the family's loader sizes them
+    slots = max(buckets) + config.max_decoding_steps
+    model = Pi0FastDecodeModel(net, cams, slots, net.vlm.embed.weight.device)
+    decoder = Decoder(model, buckets, max_new_tokens=config.max_decoding_steps, backend="eager",
+                      candidates=1, penalty=False)
+    stages = {"vision": [net.vision, net.projector], "prefix": [net.vlm]}
+    return {"pi0-fast prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1]), stages=stages),
+            "pi0-fast decode/token": count_kernels(decoder._decode_body("greedy"))}
+
+
+def lm_count(dtype: Any) -> dict[str, KernelCount]:
+    """The Orpheus-3B LM (Llama-3.2-3B, preset "orpheus-3b") built on meta as `flashrt.runner.orpheus`
+    loads it (2,048 cache slots, prompt buckets up to 256, sampling): the prefill of the largest bucket
+    and one sampled decode step."""
+    from flashrt.frontends.lm.config import preset
+    from flashrt.frontends.lm.frontend import CausalLM
+    from flashrt.io.loading import meta_twin
+    from flashrt.nn.llama import Llama
+    from flashrt.runtime.decode import Decoder
+
+    cfg = preset("orpheus-3b")
+    module = meta_twin(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), dtype)
+    lm = CausalLM(cfg, module, device="meta", dtype=dtype, cache_len=2048)
+    decoder = Decoder(lm, (32, 64, 128, 256), max_new_tokens=1200, backend="eager")
+    return {"orpheus-lm prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1])),
+            "orpheus-lm decode/token": count_kernels(decoder._decode_body("sample"))}
+
+
+def _pi0(card: str) -> Callable[[Any, int, str], dict[str, KernelCount]]:
+    def count(dtype: Any, cams: int, row: str) -> dict[str, KernelCount]:
+        from flashrt.resources import read_data
+
+        return {card: policy_count(read_data("models", card), dtype, cams, row)}
+
+    return count
+
+
+# family -> count(dtype, cams, kernel-table row) -> {row name: count}
+FAMILIES: dict[str, Callable[[Any, int, str], dict[str, KernelCount]]] = {
+    "pi0": _pi0("pi0-base"),
+    "pi05": _pi0("pi05-base"),
+    "groot": lambda dtype, cams, row: {"groot-n1.7": groot_count(dtype, cams)},
+    "pi0-fast": lambda dtype, cams, row: pi0_fast_count(dtype, cams),
+    "lm": lambda dtype, cams, row: lm_count(dtype),
+}
+
+
+def count_family(name: str, precision: str = "bf16", cams: int = 2,
+                 path: str = "cuda") -> dict[str, KernelCount]:
+    """The rows of a family (`FAMILIES`) or a model card ``name`` on the code path ``path`` (`PATHS`)."""
     from flashrt.errors import ConfigError
-    from flashrt.profile.report import json_line
+
+    if path not in PATHS:
+        raise ConfigError(f"--path {path!r}: choose one of {sorted(PATHS)}")
+    if name in FAMILIES:
+        return FAMILIES[name](_dtype(precision), cams, PATHS[path])
+    if name not in release_cards(tiny=True):
+        raise ConfigError(f"unknown family or model card {name!r}: families {sorted(FAMILIES)}, cards "
+                          f"{release_cards(tiny=True)}")
+    return {name: count_card(name, precision, cams, PATHS[path])}
+
+
+def _dtype(precision: str) -> Any:
+    import torch
+
+    from flashrt.errors import ConfigError
 
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision {precision!r}: choose one of {sorted(PRECISIONS)}")
-    names = models or release_cards()
-    counts = {name: {k: count_card(name, precision, cams, k) for k in ROWS} for name in names}
-    typer.echo(f"{'model':32} {'aten':>8} {'fused':>8}   kernels per replay ({precision}, {cams} cameras "
-               "for Pi0/Pi0.5)", err=True)
-    for name, rows in counts.items():
-        typer.echo(f"{name:32} {rows['aten'].total:>8,d} {rows['fused'].total:>8,d}", err=True)
-        for op, n in rows["fused"].top(top):
-            typer.echo(f"{'':34}{n:>8,d}  {op}", err=True)
-    models = {name: {k: c.to_dict() for k, c in rows.items()} for name, rows in counts.items()}
-    typer.echo(json_line({"kind": "kernels", "precision": precision, "cams": cams, "models": models}))
+    return getattr(torch, PRECISIONS[precision])
+
+
+def release_cards(tiny: bool = False) -> list[str]:
+    """Every shipped release-size card (the tiny test cards left out unless ``tiny``)."""
+    from flashrt.resources import list_data
+
+    return [name for name in list_data("models") if tiny or not name.endswith("-tiny")]
+
+
+def default_rows() -> list[str]:
+    """What a bare ``flashrt kernels`` counts: every family, then every vocoder release card."""
+    policies = {"pi0-base", "pi05-base"}
+    return [*FAMILIES, *(c for c in release_cards() if c not in policies)]
+
+
+def _stages(count: KernelCount) -> str:
+    return " ".join(f"{k} {n:,d}" for k, n in count.by_stage.most_common() if n)
+
+
+def kernels(
+    models: Annotated[list[str] | None, typer.Argument(help="families (pi0, pi05, groot, pi0-fast, lm) or "
+                                                       "model cards [every family and vocoder card]")] = None,
+    path: Annotated[str, typer.Option(help="cuda (csrc fused ops built) or cuda-aten (without)")] = "cuda",
+    precision: Annotated[str, typer.Option(help="bf16, fp16 or fp32")] = "bf16",
+    cams: Annotated[int, typer.Option(help="cameras of a policy step")] = 2,
+    top: Annotated[int, typer.Option(help="also print the N most frequent ops of each row")] = 0,
+) -> None:
+    """Kernels one step launches on the CUDA code path, per family at its release size (counted on the
+    meta device, no GPU needed): total, fused share, split by stage."""
+    from flashrt.profile.report import json_line
+
+    counts: dict[str, KernelCount] = {}
+    for name in models or default_rows():
+        counts.update(count_family(name, precision, cams, path))
+    typer.echo(f"{'model':28} {'kernels':>8} {'fused':>7} {'share':>6}   stages   ({path} path, {precision}, "
+               f"{cams} cameras)", err=True)
+    for name, c in counts.items():
+        typer.echo(f"{name:28} {c.total:>8,d} {c.fused:>7,d} {c.fused_share:>6.1%}   {_stages(c)}", err=True)
+        for op, n in c.top(top):
+            typer.echo(f"{'':30}{n:>8,d}  {op}", err=True)
+    rows = {name: c.report() for name, c in counts.items()}
+    typer.echo(json_line({"kind": "kernels", "path": path, "precision": precision, "cams": cams,
+                          "models": rows}))

@@ -10,6 +10,12 @@ when the mask does not depend on the query, which holds for every mask used here
 biases (B, 1, 1, S) (`key_padding_bias`). Masked keys get a large finite negative bias (not -inf), so a
 query with no valid key yields a finite uniform average rather than NaN, as in the reference.
 
+A bias is allocated with its key rows padded to a multiple of `BIAS_ALIGN` (8) and handed out as the
+(B, 1, 1, S) view of the first S keys (the padded keys masked, never read). On a GPU the Gemmas'
+masked attention runs torch's memory-efficient kernel, which pads any bias whose strides before the
+last dim are not multiples of 8, on EVERY call (two kernels each); rows 8 apart are taken as they are,
+and slicing the key dim for a shorter call keeps them so. The values are the same, so the numerics are.
+
 `StaticKV` owns nothing: it wraps two preallocated tensors (normally the frontend's static buffers
 ``prefix_k`` / ``prefix_v``) and documents the contract of the Pi0 prefix cache (see its docstring).
 """
@@ -25,11 +31,25 @@ def mask_value(dtype: torch.dtype) -> float:
     return 0.7 * torch.finfo(dtype).min
 
 
-def key_padding_bias(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, S) bool validity -> (B, 1, 1, S) additive bias: 0 where valid, `mask_value` elsewhere."""
-    zero = torch.zeros((), dtype=dtype, device=valid.device)
-    masked = torch.full((), mask_value(dtype), dtype=dtype, device=valid.device)
-    return torch.where(valid, zero, masked)[:, None, None, :]
+BIAS_ALIGN = 8  # key rows of a bias are this many elements apart (or a multiple): no per-call pad
+
+
+def aligned_keys(keys: int) -> int:
+    """``keys`` rounded up to a multiple of `BIAS_ALIGN`: the row length a bias is allocated with."""
+    return -(-keys // BIAS_ALIGN) * BIAS_ALIGN
+
+
+def key_padding_bias(valid: torch.Tensor, dtype: torch.dtype, always_valid: int = 0) -> torch.Tensor:
+    """(B, S) bool validity -> (B, 1, 1, S + always_valid) additive bias: 0 where valid and on the
+    ``always_valid`` keys after them, `mask_value` elsewhere. Its rows are `aligned_keys` long (the
+    keys past the end masked): a view of them, aligned for every slice of the key dim."""
+    b, s = valid.shape
+    keys = s + always_valid
+    bias = torch.full((b, aligned_keys(keys)), mask_value(dtype), dtype=dtype, device=valid.device)
+    bias[:, :s].masked_fill_(valid, 0.0)
+    if always_valid:
+        bias[:, s:keys].zero_()
+    return bias[:, None, None, :keys]
 
 
 def attend(

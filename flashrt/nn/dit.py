@@ -75,7 +75,8 @@ class DiTBlock(nn.Module):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x (B, T, E); mod (2, E) from `norm1_mod` (ada blocks); kv from `cross_kv` (cross blocks) or
-        None (self-attention); mask (B, 1, 1, S) bool key mask or None."""
+        None (self-attention); mask (B, 1, 1, S) bool key mask, its additive bias (0 / -inf, x's dtype:
+        the same result, converted once by the caller) or None."""
         if self.ada:
             h = torch.addcmul(mod[1], F.layer_norm(x, x.shape[-1:], eps=1e-5), mod[0])
         else:

@@ -24,10 +24,14 @@ def rope_inv_freq(head_dim: int, theta: float = 10_000.0,
 
 
 def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float = 10_000.0, dtype: torch.dtype = torch.float32
+    positions: torch.Tensor, head_dim: int, theta: float = 10_000.0, dtype: torch.dtype = torch.float32,
+    inv_freq: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[c | c]``, ``[-s | s]`` tables (B, L, 1, D) in ``dtype`` for integer or float positions (B, L)."""
-    inv_freq = rope_inv_freq(head_dim, theta, positions.device)
+    """``[c | c]``, ``[-s | s]`` tables (B, L, 1, D) in ``dtype`` for integer or float positions (B, L).
+
+    ``inv_freq``: `rope_inv_freq` (head_dim, theta) computed once on positions' device (e.g. at load:
+    a captured step then does not recompute it, five kernels a call); None computes it here."""
+    inv_freq = rope_inv_freq(head_dim, theta, positions.device) if inv_freq is None else inv_freq
     freqs = (positions.float()[..., None] * inv_freq)[..., None, :]  # (B, L, 1, D/2)
     cos, sin = freqs.cos(), freqs.sin()
     return torch.cat([cos, cos], -1).to(dtype), torch.cat([-sin, sin], -1).to(dtype)

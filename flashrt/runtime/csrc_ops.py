@@ -18,7 +18,7 @@ from torch import Tensor
 from flashrt.nn.fused import gelu_mul_ref, rope_qkv_ref
 from flashrt.nn.norms import add_rms_norm_ref, rms_norm_ref
 
-__all__ = ["CudaOps"]
+__all__ = ["CudaOps", "CUDA_FORMS", "gelu_mul_takes", "norm_takes", "rope_qkv_takes"]
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -30,12 +30,53 @@ SIGNATURES = {
 }
 
 
+def _shaped_vector(v: Tensor | None, dim: int, dtype: torch.dtype) -> bool:
+    return v is None or (v.shape == (dim,) and v.dtype == dtype and v.is_contiguous())
+
+
+def norm_takes(x: Tensor, y: Tensor | None, gate: Tensor | None, scale: Tensor, shift: Tensor | None) -> bool:
+    """Whether the norm kernel takes these arguments' shapes, dtypes and layouts (any device)."""
+    d = x.shape[-1] if x.dim() else 0
+    same = y is None or (y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous())
+    return (x.dtype in DTYPES and x.is_contiguous() and d > 0 and same and _shaped_vector(gate, d, x.dtype)
+            and _shaped_vector(scale, d, torch.float32) and _shaped_vector(shift, d, torch.float32))
+
+
+def rope_qkv_takes(qkv: Tensor, cos: Tensor, sin: Tensor, k_out: Tensor, v_out: Tensor, heads: int) -> bool:
+    """Whether the RoPE kernel takes these arguments (any device)."""
+    b, length, total, d = qkv.shape
+    kv = k_out.shape[2]
+    ok = (qkv.dtype in DTYPES and all(t.dtype == qkv.dtype and t.dim() == 4 and t.stride(-1) == 1
+                                      for t in (qkv, cos, sin, k_out, v_out))
+          and total == heads + 2 * kv and k_out.shape == v_out.shape == (b, length, kv, d)
+          and cos.shape == sin.shape and cos.stride() == sin.stride() and cos.shape[2] == 1
+          and cos.shape[-1] == d and d % 2 == 0)
+    try:
+        return ok and cos.expand(b, length, 1, d) is not None
+    except RuntimeError:
+        return False
+
+
+def gelu_mul_takes(gate_up: Tensor) -> bool:
+    """Whether the GeGLU product kernel takes ``gate_up`` (any device)."""
+    return gate_up.dtype in DTYPES and gate_up.is_contiguous() and gate_up.shape[-1] % 2 == 0
+
+
+# op name (as the dispatcher names it) -> (whether its CUDA kernel takes the call, its reference): what
+# `flashrt.profile.kernels` counts a custom op by (one kernel, or the reference's ops)
+CUDA_FORMS = {
+    "flashrt.rms_norm.default": (lambda x, scale, shift, _eps: norm_takes(x, None, None, scale, shift),
+                                 rms_norm_ref),
+    "flashrt.add_rms_norm.default": (lambda x, y, gate, scale, shift, _eps: norm_takes(x, y, gate, scale,
+                                                                                         shift),
+                                     add_rms_norm_ref),
+    "flashrt.rope_qkv.default": (rope_qkv_takes, rope_qkv_ref),
+    "flashrt.gelu_mul.default": (gelu_mul_takes, gelu_mul_ref),
+}
+
+
 def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
-
-
-def _vector_ok(v: Tensor | None, dim: int, dtype: torch.dtype) -> bool:
-    return v is None or (v.shape == (dim,) and v.dtype == dtype and v.is_contiguous() and v.is_cuda)
 
 
 class CudaOps:
@@ -57,11 +98,8 @@ class CudaOps:
     # ---------------------------------------------------------------------------------- norms
     def _norm_ok(self, x: Tensor, y: Tensor | None, gate: Tensor | None, scale: Tensor,
                  shift: Tensor | None) -> bool:
-        d = x.shape[-1] if x.dim() else 0
-        same = y is None or (y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous())
-        return (x.dtype in DTYPES and x.is_cuda and x.is_contiguous() and d > 0 and same
-                and _vector_ok(gate, d, x.dtype) and _vector_ok(scale, d, torch.float32)
-                and _vector_ok(shift, d, torch.float32))
+        on_gpu = all(t is None or t.is_cuda for t in (x, gate, scale, shift))
+        return on_gpu and norm_takes(x, y, gate, scale, shift)
 
     def _norm(self, x: Tensor, y: Tensor | None, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
               eps: float) -> tuple[Tensor | None, Tensor]:
@@ -86,20 +124,12 @@ class CudaOps:
     # ---------------------------------------------------------------------------------- RoPE
     def rope_qkv(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_out: Tensor, v_out: Tensor,
                  heads: int) -> Tensor:
-        b, length, total, d = qkv.shape
+        b, length, _, d = qkv.shape
         kv = k_out.shape[2]
-        tensors = (qkv, cos, sin, k_out, v_out)
-        ok = (qkv.dtype in DTYPES and all(t.dtype == qkv.dtype and t.is_cuda and t.dim() == 4
-                                          and t.stride(-1) == 1 for t in tensors)
-              and total == heads + 2 * kv and k_out.shape == v_out.shape == (b, length, kv, d)
-              and cos.shape == sin.shape and cos.stride() == sin.stride() and cos.shape[2] == 1
-              and cos.shape[-1] == d and d % 2 == 0)
-        try:
-            rope = cos.expand(b, length, 1, d) if ok else None
-        except RuntimeError:
-            rope = None
-        if rope is None:
+        on_gpu = all(t.is_cuda for t in (qkv, cos, sin, k_out, v_out))
+        if not (on_gpu and rope_qkv_takes(qkv, cos, sin, k_out, v_out, heads)):
             return rope_qkv_ref(qkv, cos, sin, k_out, v_out, heads)
+        rope = cos.expand(b, length, 1, d)
         q = qkv.new_empty((b, length, heads, d))
         self._launch("flashrt_rope_qkv", qkv.device, DTYPES[qkv.dtype], _ptr(qkv), *qkv.stride()[:3],
                      _ptr(cos), _ptr(sin), *rope.stride()[:2], _ptr(q), _ptr(k_out), *k_out.stride()[:3],
@@ -108,7 +138,7 @@ class CudaOps:
 
     # ---------------------------------------------------------------------------------- GeGLU
     def gelu_mul(self, gate_up: Tensor) -> Tensor:
-        if gate_up.dtype not in DTYPES or not gate_up.is_contiguous() or gate_up.shape[-1] % 2:
+        if not gelu_mul_takes(gate_up):
             return gelu_mul_ref(gate_up)
         m = gate_up.shape[-1] // 2
         out = gate_up.new_empty((*gate_up.shape[:-1], m))

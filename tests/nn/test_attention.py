@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flashrt.nn.attention import StaticKV, attend, key_padding_bias, mask_value
+from flashrt.nn.attention import BIAS_ALIGN, StaticKV, aligned_keys, attend, key_padding_bias, mask_value
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import get_backend
 
@@ -94,3 +94,21 @@ def test_mask_and_attention_capture_without_host_sync():
     graph.replay()
     want = attend(inputs["q"], inputs["k"], inputs["v"], key_padding_bias(inputs["valid"], torch.float32))
     assert torch.equal(bufs["out"], want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("keys,extra", [(7, 0), (8, 0), (560, 51), (712, 50), (1, 0), (3, 13)])
+def test_key_padding_bias_rows_are_a_multiple_of_8_apart_and_hold_the_same_values(dtype, keys, extra):
+    """Rows padded at allocation (memory-efficient attention would pad them again on every call); the
+    values are those of the plain (B, 1, 1, S) bias, bit for bit; every key-dim slice stays aligned."""
+    valid = torch.rand(3, keys, generator=torch.Generator().manual_seed(keys)) > 0.4
+    bias = key_padding_bias(valid, dtype, always_valid=extra)
+    full = torch.cat([valid, valid.new_ones(3, extra)], dim=1)
+    plain = torch.where(full, torch.zeros((), dtype=dtype), torch.full((), mask_value(dtype), dtype=dtype))
+    assert bias.shape == (3, 1, 1, keys + extra) and torch.equal(bias, plain[:, None, None, :])
+    assert bias.stride(0) == aligned_keys(keys + extra) < keys + extra + BIAS_ALIGN
+    for end in (1, keys, keys + extra):  # what torch's memory-efficient attention takes without a pad
+        view = bias[..., :end]
+        assert view.stride(-1) == 1 and all(s % BIAS_ALIGN == 0 for s in view.stride()[:-1])
+    row = bias.as_strided((3, bias.stride(0)), (bias.stride(0), 1))
+    assert (row[:, keys + extra:] == mask_value(dtype)).all()  # the padded keys are masked

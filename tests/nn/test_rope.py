@@ -98,3 +98,11 @@ def test_out_writes_into_a_strided_destination():
     assert torch.equal(cache[:, :, 2:7].transpose(1, 2), apply_rope(x, cos, sin))
     assert got.data_ptr() == cache[:, :, 2:7].data_ptr()
     assert torch.count_nonzero(cache[:, :, :2]) == 0 and torch.count_nonzero(cache[:, :, 7:]) == 0
+
+
+def test_a_precomputed_inverse_frequency_table_gives_the_same_tables_bit_for_bit():
+    positions = torch.tensor([[0, 1, 5, 17, 300]])
+    for dtype in (torch.float32, torch.bfloat16):
+        own = rope_cos_sin(positions, 32, 10_000.0, dtype)
+        given = rope_cos_sin(positions, 32, 10_000.0, dtype, rope_inv_freq(32, 10_000.0))
+        assert all(torch.equal(a, b) for a, b in zip(own, given))

@@ -245,8 +245,7 @@ class GrootFrontend:
         self.buffers = Buffers(self._specs(), self.device)
         self.backend = backend
         self.graphs = GraphSet(backend, self._build, self.buckets, buffers=self.buffers)
-        self._generator = torch.Generator(self.device)
-        self._generator.seed()
+        self._generator: torch.Generator | None = None  # made on first draw (none exists on meta)
 
     def _layout(
         self, tokenizer: PromptTokenizer, buckets: Sequence[int] | None, frame_size: tuple[int, int] | None
@@ -295,6 +294,19 @@ class GrootFrontend:
         ]
 
     # ------------------------------------------------------------------------------ capture
+    def raw_step(self, bucket: int) -> Callable[[], None]:
+        """The no-argument step one graph of ``bucket`` captures (e.g. to count its kernels on a meta
+        frontend, `flashrt.bench.kernels`)."""
+        return self._build(bucket)
+
+    def kernel_stages(self) -> dict[str, list[torch.nn.Module]]:
+        """The stages a kernel count splits the step into: ``vision``, ``text`` (the kept Qwen3 layers),
+        ``vl`` (the head's VL self-attention), ``dit`` (the DiT blocks, every flow step); the rest
+        (embedding, masks, encoders, casts, updates) counts as "other"."""
+        head = self.model.head
+        return {"vision": [self.model.vision], "text": list(self.model.layers), "vl": list(head.vl_blocks),
+                "dit": list(head.blocks)}
+
     def _build(self, bucket: int) -> Callable[[], None]:
         sample = self.model.sample_actions
         args, kwargs = self._step_args(bucket)
@@ -452,6 +464,9 @@ class GrootFrontend:
         if seed is not None:  # drawn on the CPU generator and copied in: the same noise on every device
             target.copy_(torch.randn(target.shape, generator=torch.Generator().manual_seed(int(seed))))
             return
+        if self._generator is None:
+            self._generator = torch.Generator(self.device)
+            self._generator.seed()
         target.copy_(torch.randn(target.shape, generator=self._generator, device=self.device))
 
     def replay(self, bucket: int) -> None:

@@ -16,7 +16,8 @@ What the reference (lerobot 0.6.1 ``GR00TN17.get_action``) computes, and how it 
   padding keys (the reference runs it unmasked over an unpadded batch of one: the same values).
 * The flow-matching time of step s is ``int(s / N * buckets)``: every timestep-dependent tensor (DiT
   AdaLayerNorm modulations, output modulation, the action encoder's sinusoid) is evaluated once in
-  `step_tables`. Cross-attention K/V of the VL tokens are computed once per observation.
+  `step_tables`. Cross-attention K/V of the VL tokens are computed once per observation, and so are
+  the key masks, as the additive biases attention would convert them to (`key_bias`).
 * The embodiment is fixed at load: its slice of every category-specific weight is a view.
 """
 
@@ -29,6 +30,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.frontends.groot.config import GrootN17Config, HeadConfig
+from flashrt.nn.attention import aligned_keys
 from flashrt.nn.dit import DiTBlock, timestep_sinusoid
 from flashrt.nn.qwen3vl import Qwen3Layer, VisionTower, mrope_cos_sin
 
@@ -131,15 +133,14 @@ class ActionHead(nn.Module):
         c, dtype = self.config, self.time_1.weight.dtype
         valid = token_mask[:, None, None, :]  # (1, 1, 1, L)
         vl = self.vlln.forward(features)
+        vl_bias = key_bias(valid, vl.dtype)
         for block in self.vl_blocks:
-            vl = block.forward(vl, mask=valid)
+            vl = block.forward(vl, mask=vl_bias)
         if c.alternate:  # cross block i: text keys when i % (2 * text_every) == 0, else image keys
-            masks = [
-                valid & ~image_keys if i % (2 * c.text_every) == 0 else valid & image_keys
-                for i in range(c.dit_layers)
-            ]
+            text, image = key_bias(valid & ~image_keys, dtype), key_bias(valid & image_keys, dtype)
+            masks = [text if i % (2 * c.text_every) == 0 else image for i in range(c.dit_layers)]
         else:
-            masks = [valid] * c.dit_layers
+            masks = [key_bias(valid, dtype)] * c.dit_layers
         kvs = {i: b.cross_kv(vl) for i, b in enumerate(self.blocks) if b.is_cross}
         prefix = [self.state_encoder.run(state.to(dtype), e)]  # (1, 1, E)
         if c.future_tokens:
@@ -153,6 +154,17 @@ class ActionHead(nn.Module):
             x = torch.addcmul(mod[1], F.layer_norm(x, x.shape[-1:], eps=1e-6), mod[0])
             pred = self.action_decoder.run(F.linear(x, self.proj_out_2.weight, self.proj_out_2.bias), e)
             out.add_(pred[:, -c.horizon :].to(out.dtype), alpha=1.0 / c.num_steps)
+
+
+def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A bool key mask (..., S) as the additive bias scaled_dot_product_attention turns it into (0 where
+    True, -inf elsewhere, in the query's dtype): built once per step and shared by every block it masks,
+    instead of converted again inside each attention call (two kernels each on a GPU). Its rows are
+    allocated `aligned_keys` long (the padding masked, never read), so the memory-efficient kernel
+    takes it without a per-call pad whatever S is (`flashrt.nn.attention`)."""
+    keys = mask.shape[-1]
+    bias = torch.full((*mask.shape[:-1], aligned_keys(keys)), float("-inf"), dtype=dtype, device=mask.device)
+    return bias[..., :keys].masked_fill_(mask, 0.0)
 
 
 @dataclass

@@ -50,6 +50,7 @@ from flashrt.errors import ConfigError, InputError
 from flashrt.frontends.pi0.model import (
     Pi0Model,
     io_buffer_specs,
+    kernel_stages,
     kv_buffer_specs,
     meta_twin,
     rtc_buffer_specs,
@@ -57,6 +58,7 @@ from flashrt.frontends.pi0.model import (
 from flashrt.nn.attention import StaticKV
 from flashrt.profile.kernels import KernelCount, count_kernels
 from flashrt.runtime.buffers import Buffers, check_value
+from flashrt.runtime.csrc_ops import CUDA_FORMS
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 from flashrt.runtime.numerics import Numerics
 from flashrt.runtime.rtc import euler_times_f32
@@ -160,13 +162,15 @@ class Pi0Frontend:
 
     def kernels_per_replay(self, bucket: int | None = None) -> KernelCount:
         """The kernels one replay of `bucket` (default: the largest) launches on a CUDA device, counted
-        on a meta twin of this frontend (`flashrt.profile.kernels`; computed once per bucket, seconds at
-        full size)."""
+        on a meta twin of this frontend (`flashrt.profile.kernels`: attention by the backends of its pinned
+        numerics, each ``flashrt::`` op one kernel where its csrc kernel takes the call, split by
+        `kernel_stages`; computed once per bucket, seconds at full size)."""
         bucket = self.buckets[-1] if bucket is None else bucket
         if bucket not in self._kernel_counts:
             twin = self if self.device.type == "meta" else \
                 Pi0Frontend(meta_twin(self.model), self.n_cams, self.buckets, "eager")
-            self._kernel_counts[bucket] = count_kernels(twin.raw_step(bucket))
+            self._kernel_counts[bucket] = count_kernels(twin.raw_step(bucket), self.numerics.sdpa,
+                                                        kernel_stages(twin.model), CUDA_FORMS)
         return self._kernel_counts[bucket]
 
     def report(self) -> dict[str, Any]:

@@ -77,7 +77,7 @@ from flashrt.io import loading as load
 from flashrt.nn.attention import StaticKV, key_padding_bias
 from flashrt.nn.fused import use_kernels
 from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
-from flashrt.nn.rope import rope_cos_sin
+from flashrt.nn.rope import rope_cos_sin, rope_inv_freq
 from flashrt.nn.siglip import FC1_GELU_KERNELS, Siglip
 from flashrt.quant.linear import QuantWeight
 from flashrt.runtime.buffers import BufferSpec
@@ -144,14 +144,23 @@ class Pi0Model(nn.Module):
         return {"time_mods": (n, norms, 3, we), "time_gates": (n, norms, we)}
 
     def _register_schedule(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        shapes = {**shapes, **{f"{n}_inv_freq": (s.head_dim // 2,) for n, s in self._rope_specs().items()}}
         for name, shape in shapes.items():
             self.register_buffer(name, torch.zeros(shape), persistent=False)
 
+    def _rope_specs(self) -> dict[str, GemmaSpec]:
+        return {"vlm": self.config.vlm, "expert": self.config.expert}
+
     def reset_derived(self) -> None:
-        """Recompute the schedule tables from the loaded weights (call again after changing them); on
-        the CPU, also pick the CPU kernels and weight layouts (`select_cpu_kernels`)."""
+        """Recompute the schedule tables from the loaded weights (call again after changing them) and
+        the RoPE inverse frequencies of both Gemmas (``vlm_inv_freq``, ``expert_inv_freq``: on the
+        model's device, the values a call would compute); on the CPU, also pick the CPU kernels and
+        weight layouts (`select_cpu_kernels`)."""
         for name, table in self.schedule(self.config.num_steps).items():
             setattr(self, name, table)
+        device = self.action_in.weight.device
+        for name, spec in self._rope_specs().items():
+            setattr(self, f"{name}_inv_freq", rope_inv_freq(spec.head_dim, spec.rope_theta, device))
         if self.action_in.weight.device.type == "cpu":
             select_cpu_kernels(self)
 
@@ -191,11 +200,10 @@ class Pi0Model(nn.Module):
 
     def prefill(self, emb: torch.Tensor, valid: torch.Tensor, kv: StaticKV) -> torch.Tensor:
         """VLM K/V of the prefix into slots [0, P); -> key bias (B, 1, 1, T) for every later stage."""
-        b, p = valid.shape
-        keys_valid = torch.cat([valid, valid.new_ones(b, kv.length - p)], dim=1)
-        bias = key_padding_bias(keys_valid, self.dtype)
+        bias = key_padding_bias(valid, self.dtype, always_valid=kv.length - valid.shape[1])
         positions = torch.cumsum(valid, dim=1) - 1
-        rope = rope_cos_sin(positions, self.config.vlm.head_dim, self.config.vlm.rope_theta, self.dtype)
+        spec = self.config.vlm
+        rope = rope_cos_sin(positions, spec.head_dim, spec.rope_theta, self.dtype, self.vlm_inv_freq)
         self.vlm(emb, rope, kv, 0, bias, kv_only_last=True)
         return bias
 
@@ -204,7 +212,7 @@ class Pi0Model(nn.Module):
         n_valid = valid.sum(dim=1, keepdim=True)  # (B, 1)
         positions = n_valid + torch.arange(self.config.suffix_len, device=valid.device)
         spec = self.config.expert
-        return rope_cos_sin(positions, spec.head_dim, spec.rope_theta, self.dtype)
+        return rope_cos_sin(positions, spec.head_dim, spec.rope_theta, self.dtype, self.expert_inv_freq)
 
     def encode_state(self, state: torch.Tensor, rope: tuple, kv: StaticKV, start: int,
                      bias: torch.Tensor) -> None:
@@ -323,6 +331,16 @@ def meta_twin(model: Pi0Model) -> Pi0Model:
     twin = load.meta_twin(lambda: Pi0Model(model.config), slots=slots)
     use_kernels(twin, model.vlm.kernels)
     return twin
+
+
+def kernel_stages(model: Pi0Model) -> dict[str, list[nn.Module]]:
+    """The stages a kernel count splits a step into (`flashrt.profile.kernels`): ``vision`` (SigLIP and
+    the projector), ``prefix`` (the VLM's prefill), ``expert`` (the expert and its action/state/time
+    heads, over every denoise step); the rest (masks, RoPE tables, embedding, casts, Euler updates)
+    counts as "other"."""
+    heads = [m for name, m in model.named_children() if name not in ("vision", "projector", "vlm", "expert")]
+    return {"vision": [model.vision, model.projector], "prefix": [model.vlm],
+            "expert": [model.expert, *heads]}
 
 
 def select_cpu_kernels(model: Pi0Model) -> None:

@@ -50,7 +50,7 @@ from flashrt.frontends.pi0.model import use_mlp_kernels
 from flashrt.frontends.pi0_fast.config import IMAGE_FEATURE_NORM, Pi0FastConfig
 from flashrt.nn.attention import StaticKV, key_padding_bias, mask_value
 from flashrt.nn.gemma import Gemma, GemmaLayer, onednn_available
-from flashrt.nn.rope import apply_rope, rope_cos_sin
+from flashrt.nn.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from flashrt.nn.siglip import Siglip
 from flashrt.runtime.buffers import Buffers, BufferSpec
 
@@ -189,6 +189,7 @@ class Pi0FastDecodeModel:
         self.buffers["vision_masks"].fill_(True)
         # load-time constants of the decode step: RoPE rows of every position (the same float32 math as
         # `rope_cos_sin` per position, gathered by index), the text slot indices, the bias values
+        self.inv_freq = rope_inv_freq(g.head_dim, g.rope_theta, self.device)  # the prefill's, once
         every = torch.arange(self.image_slots + self.cache_len, device=self.device)[None]
         self.rope_table = tuple(t[0, :, 0] for t in rope_cos_sin(every, g.head_dim, g.rope_theta, net.dtype))
         # per layer: views of batch row 0 of the K/V buffers (same storage, fixed at load)
@@ -212,7 +213,8 @@ class Pi0FastDecodeModel:
         text_valid = (torch.arange(bucket, device=self.device) < io.length)[None]
         valid = torch.cat([img_valid, text_valid], dim=1)  # (B, I + L)
         positions = torch.cumsum(valid, dim=1) - 1
-        rope = rope_cos_sin(positions, net.config.vlm.head_dim, net.config.vlm.rope_theta, net.dtype)
+        g = net.config.vlm
+        rope = rope_cos_sin(positions, g.head_dim, g.rope_theta, net.dtype, self.inv_freq)
         bias = key_padding_bias(valid, net.dtype)
         h = net.vlm(torch.cat([img, net.embed(io.prompt[:, :bucket])], dim=1), rope, self.kv, 0, bias)
         last = h.index_select(1, self.image_slots + io.length - 1)  # (B, 1, W): the bos row

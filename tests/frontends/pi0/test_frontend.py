@@ -169,3 +169,19 @@ def test_fused_kernels_trace_and_equal_the_aten_step_bit_for_bit(name):
         assert trace.kernels_per_replay().total < aten_count
     finally:
         use_kernels(model, "aten")
+
+
+@pytest.mark.parametrize("name", ["pi0_cam3", "pi05_cam2"])
+@pytest.mark.parametrize("cams", [1, 2, 3])
+def test_every_gemma_attention_takes_its_bias_without_a_per_call_pad(name, cams):
+    """The key bias is allocated with rows a multiple of 8 apart (`key_padding_bias`), so on the CUDA path
+    torch's memory-efficient attention never re-pads it, whatever the prefix length (cameras, bucket)."""
+    _, model = _model(name)
+    frontend = Pi0Frontend(model, cams, (16, 32), backend="eager")
+    c = model.config
+    for bucket in (16, 32):
+        count = frontend.kernels_per_replay(bucket)
+        gemma = (c.vlm.depth - 1) + (c.expert.depth - 1) * c.has_state_token + c.num_steps * c.expert.depth
+        vision = c.vision.depth  # float32: SigLIP's unmasked attention takes memory-efficient too
+        assert count.by_op["sdpa.efficient"] == gemma + vision
+        assert "sdpa.efficient pad bias" not in count.by_op
