@@ -59,25 +59,29 @@ need bench/runtime_block.py
 need bench/pi0_gpu.py
 need bench/pi0_host_work.py
 need bench/orpheus_streams.py
-step install 30 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
-step info 10 "$PY" -m flashrt.cli info --device cuda
+need bench/act_talk_gpu.py
+step install 25 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
+step info 8 "$PY" -m flashrt.cli info --device cuda
 step cuda-tests 140 "$PY" -m pytest -q -m cuda -p no:cacheprovider --ignore=tests/runtime/test_tensorrt.py tests
-step bench-runtime-block 30 "$PY" bench/runtime_block.py --device cuda --out "$OUT/runtime-block"
+step bench-runtime-block 25 "$PY" bench/runtime_block.py --device cuda --out "$OUT/runtime-block"
 # the bench's own budget stays 15 s inside the step's limit, so it prints its JSON line before the kill
 PI0_GPU_LIMIT=120
 step bench-pi0-gpu $PI0_GPU_LIMIT "$PY" bench/pi0_gpu.py --budget-s $((PI0_GPU_LIMIT - 15)) --out "$OUT"
 # host work per infer() outside the replay on the GPU (issue #17: <= 0.3 ms), tiny preset, allocations too
-step bench-pi0-host-work 20 "$PY" bench/pi0_host_work.py --device cuda --preset tiny --calls 50
+step bench-pi0-host-work 17 "$PY" bench/pi0_host_work.py --device cuda --preset tiny --calls 50
 # TensorRT (issue #18): the backend's GPU tests verbosely (parity with eager on the buffers, the second
 # capture from the engine cache, replay on a side stream and inside a CUDA graph, bf16/fp16 builds), then
 # one Gemma layer at full size in bf16: CUDA graph vs a TensorRT engine (strongly typed bf16), interleaved
-trt_step tensorrt-tests 30 "$PY" -m pytest -q -m cuda -rs -p no:cacheprovider tests/runtime/test_tensorrt.py
-trt_step bench-runtime-block-tensorrt 30 "$PY" -m flashrt.cli bench runtime-block -p h200-bf16 --vs tensorrt --iters 30 --warmup 3 --no-progress --no-plot --out "$OUT/runtime-block-tensorrt"
+trt_step tensorrt-tests 25 "$PY" -m pytest -q -m cuda -rs -p no:cacheprovider tests/runtime/test_tensorrt.py
+trt_step bench-runtime-block-tensorrt 25 "$PY" -m flashrt.cli bench runtime-block -p h200-bf16 --vs tensorrt --iters 30 --warmup 3 --no-progress --no-plot --out "$OUT/runtime-block-tensorrt"
 # Orpheus-style TTS chain at Orpheus-3B size, random weights, bf16, CUDA graphs: TTFA (stage "ttfa"), RTF
-step bench-tts-orpheus 35 "$PY" -m flashrt.cli bench tts-orpheus -p h200-bf16 --iters 5 --warmup 1 --no-progress --out "$OUT/tts-orpheus"
+step bench-tts-orpheus 30 "$PY" -m flashrt.cli bench tts-orpheus -p h200-bf16 --iters 5 --warmup 1 --no-progress --out "$OUT/tts-orpheus"
 # many streams (issue #29): the same Orpheus-3B-sized random LM with 1, 4, 8, 16 streams decoding together
 # (slot-batched decode, one captured step per batch bucket): per-stream TTFA and RTF; budget inside the limit
 step bench-orpheus-streams 35 "$PY" bench/orpheus_streams.py --device cuda --preset full --streams 1,4,8,16 --budget-s 25
+# a robot that acts and talks (issue #31): full-size Pi0.5 at 50 Hz beside an Orpheus-3B-sized stream,
+# naive threads vs one Runtime (control on a high-priority CUDA stream): misses, RTF, underruns
+step bench-act-talk-gpu 30 "$PY" bench/act_talk_gpu.py --budget-s 20
 if [ "$spent" -gt "$BUDGET" ]; then
   echo "gpu_check: step limits sum to ${spent}s, over the ${BUDGET}s budget"
   status=1

@@ -126,14 +126,16 @@ def _load(checkpoint: str | None, frames: int, stream_chunk: int) -> _Models:
 
 
 def run_setup(models: _Models, setup: str, rate_hz: float, ticks: int, frames: int = 36,
-              trace: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One setup ("naive" or "runtime") for ``ticks`` ticks at ``rate_hz`` with speech throughout."""
+              trace: list[dict[str, Any]] | None = None,
+              cuda_priority: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
+    """One setup ("naive" or "runtime") for ``ticks`` ticks at ``rate_hz`` with speech throughout;
+    ``cuda_priority``: the control and stream lanes' CUDA stream priorities (runtime setup, on a GPU)."""
     from flashrt.profile.stats import LatencyStats
     from flashrt.runtime.owner import Runtime
 
     runtime = Runtime()
-    arm = runtime.lane("policy", "control", rate_hz=rate_hz)
-    voice = runtime.lane("speech", "stream")
+    arm = runtime.lane("policy", "control", rate_hz=rate_hz, cuda_priority=cuda_priority[0])
+    voice = runtime.lane("speech", "stream", cuda_priority=cuda_priority[1])
     if setup == "runtime":
         runtime.adopt(models.policy, arm)
         runtime.adopt(models.tts, voice)

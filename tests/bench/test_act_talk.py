@@ -33,3 +33,18 @@ def test_a_short_run_reports_both_setups(tmp_path, capsys):
 def test_bad_options_are_one_line(args, tmp_path, capsys):
     code, line, err = _run([*args, "--out", str(tmp_path / "out")], capsys)
     assert code == 2 and line["status"] == "error" and not (tmp_path / "out").exists()
+
+
+def test_the_gpu_scripts_act_and_talk_row_runs_its_cpu_smoke_form():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "bench" / "act_talk_gpu.py"), "--device", "cpu",
+                           "--preset", "tiny", "--ticks", "10", "--frames", "3", "--rate-hz", "20"],
+                          capture_output=True, text=True, timeout=240, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["status"] == "ok" and {"naive", "runtime"} == set(line["setups"])
+    assert line["setups"]["runtime"]["ticks"] == 10
