@@ -51,10 +51,12 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def _local_modules() -> set[str]:
-    """Modules the suite itself puts on the path (tests/support, tests/fixtures/gen, conftest)."""
+    """Modules the suite itself puts on the path (tests/support, tests/fixtures/gen, conftest, and the
+    packages this repository ships under packages/)."""
     found = {"conftest", "flashrt"}
     for folder in (TESTS, TESTS / "fixtures" / "gen"):
         found |= {p.stem for p in folder.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    found |= {p.name for p in (ROOT / "packages").iterdir() if p.is_dir()}  # this repo's own packages
     return found | {p.name for p in TESTS.iterdir() if p.is_dir()}
 
 
