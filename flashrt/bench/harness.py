@@ -102,7 +102,8 @@ class BenchResult:
                 "implementation": self.implementation, "profile": self.profile.get("name"),
                 "trace_digest": self.trace.get("digest"), "reason": self.reason or None}
         if isinstance(total, LatencyStats):
-            line |= {k: getattr(total, k) for k in ("p50", "p90", "p99", "max", "jitter", "miss_rate")}
+            line |= {k: getattr(total, k) for k in ("p50", "p90", "p99", "max", "jitter", "miss_rate",
+                                                    "deadline_ms")}
         if self.kernels:
             line["kernels_per_replay"] = self.kernels.get("total")
         if self.vs:

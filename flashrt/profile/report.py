@@ -74,7 +74,8 @@ def _fmt(value: Any) -> str:
 
 
 def stats_table(stats: Mapping[str, LatencyStats], title: str = "latency (ms)") -> Any:
-    """A rich Table with one row per stage: count, failures, mean, p50/p90/p99/max, jitter, miss rate."""
+    """A rich Table with one row per stage: count, failures, mean, p50/p90/p99/max, jitter, and the miss
+    rate with the deadline it was counted against."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -83,8 +84,15 @@ def stats_table(stats: Mapping[str, LatencyStats], title: str = "latency (ms)") 
         table.add_column(column, justify="right")
     for name, s in stats.items():
         row = s.to_dict()
-        table.add_row(name, *(_fmt(row[c]) for c in _COLUMNS))
+        table.add_row(name, *(_miss(row) if c == "miss_rate" else _fmt(row[c]) for c in _COLUMNS))
     return table
+
+
+def _miss(row: Mapping[str, Any]) -> str:
+    """A miss rate with the deadline it was counted against ("0.02 @ 50 ms"); "-" without a deadline."""
+    if row.get("miss_rate") is None or row.get("deadline_ms") is None:
+        return "-"
+    return f"{_fmt(row['miss_rate'])} @ {row['deadline_ms']:g} ms"
 
 
 def kv_table(rows: Mapping[str, Any], title: str) -> Any:

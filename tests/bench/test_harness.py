@@ -42,6 +42,7 @@ def test_ok_run_has_pinned_schema_and_strict_json(tmp_path, tiny_profile, fake_n
     line = result.summary_line()
     assert json.loads(json.dumps(line, allow_nan=False))["status"] == "ok" and line["vs"] == "eager"
     assert line["kernels_per_replay"] == 2
+    assert line["deadline_ms"] == data["steady"]["total"]["deadline_ms"]  # the miss rate's deadline beside it
     render(result)
 
 

@@ -26,5 +26,7 @@ def test_tables_render():
     console = Console(record=True, width=160)
     console.print(stats_table({"replay": LatencyStats.from_samples([1.0, 2.0, 3.0], 100)}))
     console.print(kv_table({"load_ms": 12.5, "nan": math.nan, "text": "ok"}, "cold"))
+    console.print(stats_table({"free": LatencyStats.from_samples([1.0, 2.0])}))  # no rate: no deadline
     text = console.export_text()
     assert "replay" in text and "2.000" in text and "load_ms" in text
+    assert "0 @ 10 ms" in text  # each miss rate says the deadline it was counted against (100 Hz)
