@@ -21,8 +21,11 @@ The chain (`flashrt.chain.Chain`, bounded queues between the stages):
                                                 chunks of ``frames_per_chunk`` frames
     snac    code chunks -> audio chunks         a batched stage: each request's own SNAC stream
                                                 (`StreamRunner.open`: exact overlap windows, so the
-                                                chunks concatenate to the one-shot decode), requests'
-                                                windows interleaved
+                                                chunks concatenate to the one-shot decode); the windows
+                                                due across requests decoded together, those of one
+                                                length stacked as rows of one replay
+                                                (`StreamRunner.decode_together`; one row each with
+                                                seeded SNAC noise, whose positions are per window)
 
 So several requests decode at once, each at its own pace, and each stage's batch follows its compute
 (live rows of the LM), not the arrival of requests. A request's tokens are those it would get alone
@@ -90,10 +93,12 @@ class _Job:
 
 @dataclass
 class _Codes:
-    """What the lm stage sends the snac stage: stacked frames (None: none) and whether they are the last."""
+    """What the lm stage sends the snac stage: stacked frames (None: none) and whether they are the last;
+    ``queued`` once the snac stage has queued them (a retry alone after a failed batch does not again)."""
 
     codes: tuple[torch.Tensor, ...] | None
     last: bool
+    queued: bool = False
 
 
 @dataclass
@@ -161,15 +166,17 @@ class OrpheusTTS:
 
     def __init__(self, decoder: SlotDecoder, vocoder: Any, layout: OrpheusLayout, tokenizer: Any, *,
                  sample_rate: int, frames_per_chunk: int = 1, queue_size: int = 8,
-                 sampling: Sampling = ORPHEUS_SAMPLING) -> None:
+                 sampling: Sampling = ORPHEUS_SAMPLING, stack_windows: bool = True) -> None:
         self.decoder, self.vocoder, self.layout, self.tokenizer = decoder, vocoder, layout, tokenizer
         self.sample_rate = int(sample_rate)
         self.frames_per_chunk, self.sampling = int(frames_per_chunk), sampling
+        self.stack_windows = stack_windows
         self.chain = self._build_chain(queue_size=queue_size)
         self._last: dict[str, Any] = {}
 
     def _build_chain(self, **limits: Any) -> Chain:
-        stages = [Stage.continuous("lm", _LMEngine(self)), Stage.batched("snac", self._snac, 1)]
+        rows = self.vocoder.frontend.batch if self.stack_windows else 1
+        stages = [Stage.continuous("lm", _LMEngine(self)), Stage.batched("snac", self._snac, rows)]
         return Chain(stages, **limits)
 
     def serving_chain(self, queue_size: int = 8, max_pending: int = 64,
@@ -249,17 +256,28 @@ class OrpheusTTS:
 
     # ------------------------------------------------------------------------------ stages
     def _snac(self, items: list[_Codes], requests: list[Any]) -> list[np.ndarray | None]:
-        return [self._snac_one(item, request.payload) for item, request in zip(items, requests)]
-
-    def _snac_one(self, item: _Codes, job: _Job) -> np.ndarray | None:
-        if job.oneshot:
-            return _mono(self.vocoder(*item.codes)) if item.codes is not None else None
-        if job.snac is None:
-            job.snac = self.vocoder.open()
-        audio = list(job.snac.push(item.codes)) if item.codes is not None else []
-        if item.last:
-            audio += list(job.snac.close())
-        return np.concatenate([_mono(a) for a in audio]) if audio else None
+        """The snac stage (batched): each request's codes into its own SNAC stream, then the windows due
+        in all of them decoded together, windows of one length stacked as rows of one replay."""
+        outs: list[np.ndarray | None] = [None] * len(items)
+        streams = []
+        for k, (item, request) in enumerate(zip(items, requests)):
+            job = request.payload
+            if job.oneshot:
+                outs[k] = _mono(self.vocoder(*item.codes)) if item.codes is not None else None
+                continue
+            job.snac = job.snac or self.vocoder.open()
+            if not item.queued:
+                if item.codes is not None:
+                    job.snac.feed(item.codes)
+                if item.last:
+                    job.snac.finish()
+                item.queued = True
+            streams.append((k, job.snac))
+        self.vocoder.decode_together([st for _, st in streams], stack=self.stack_windows)
+        for k, stream in streams:
+            audio = stream.take()
+            outs[k] = np.concatenate([_mono(a) for a in audio]) if audio else None
+        return outs
 
     # ------------------------------------------------------------------------------ reporting
     def _record(self, job: _Job, start: float, first_ms: float | None, samples: int) -> None:
@@ -382,11 +400,12 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
     if stream_chunk is None:
         stream_chunk = 1 if torch.device(device).type == "cuda" else 4
     noise = {"noise_mode": snac_noise} if snac_noise is not None else None
+    stack = snac_noise in (None, "off")  # seeded noise follows each window's own offset: one row each
     vocoder = flashrt.load_vocoder(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk,
-                                   overrides=noise)
+                                   overrides=noise, batch=slots if stack else 1)
     return OrpheusTTS(decoder, vocoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
                       frames_per_chunk=frames_per_chunk, queue_size=queue_size,
-                      sampling=sampling)
+                      sampling=sampling, stack_windows=stack)
 
 
 FAMILY = TtsFamily(

@@ -215,6 +215,38 @@ class StreamRunner:
         queue.advance(keep)
         return audio
 
+    def decode_together(self, streams: Sequence[Stream], stack: bool = True) -> None:
+        """Decode every window due in ``streams`` (after their `Stream.feed` / `Stream.finish`): one
+        window per stream at a time, windows of the same length stacked as rows of one replay (up to
+        the frontend's batch; ``stack=False``: one replay each). Each window's audio is appended to its
+        stream's ``audio`` as soon as its replay is read, so a failure later leaves it there."""
+        while due := [s for s in streams if s.due()]:
+            groups: dict[int, list[tuple[Stream, tuple[int, int, int, bool]]]] = {}
+            for st in due:
+                final = not st.queue.ready()
+                start, stop, keep = st.queue.next_window(final)
+                groups.setdefault(stop - start, []).append((st, (start, stop, keep, final)))
+            rows = self.frontend.batch if stack else 1
+            for frames, members in groups.items():
+                for i in range(0, len(members), rows):
+                    self._decode_rows(frames, members[i:i + rows])
+
+    def _decode_rows(self, frames: int, members: list[tuple[Stream, tuple[int, int, int, bool]]]) -> None:
+        """One replay of windows of ``frames`` frames, one per row; each row's samples to its stream."""
+        hop, fe = self.frontend.hop, self.frontend
+        parts = [st.queue.slice(start, stop) for st, (start, stop, _, _) in members]
+        inputs = tuple(torch.cat(level, dim=0) for level in zip(*parts))
+        first_start = members[0][1][0]
+        log = members[0][0].log
+        audio = self._decode(log, Window(inputs, frames, first_start, 0, fe.samples(frames)))
+        for row, (st, (start, stop, keep, final)) in enumerate(members):
+            lo = (st.queue.emitted - start) * hop
+            hi = fe.samples(stop - start) if final and keep == st.queue.total else (keep - start) * hop
+            st.audio.append(audio[row:row + 1, lo:hi])
+            st.queue.advance(keep)
+            if st is not members[0][0]:
+                st.log.windows += 1
+
     # ------------------------------------------------------------------------------ reporting
     def report(self) -> dict[str, Any]:
         """Timing of the last call/stream: compute_ms, audio_s, rtf, ttfa_ms (stream), windows, graphs."""
@@ -236,17 +268,42 @@ class StreamRunner:
 class Stream:
     """One stream of a `StreamRunner` (`StreamRunner.open`): ``push(chunk)`` checks and queues the
     chunk at once and returns an iterator over the windows it made ready (decode them before the next
-    push); ``close()`` the iterator over the final windows. Together they give `StreamRunner.stream`."""
+    push); ``close()`` the iterator over the final windows. Together they give `StreamRunner.stream`.
+
+    Several streams decoded together (`StreamRunner.decode_together`): ``feed(chunk)`` and
+    ``finish()`` only queue; the runner then decodes the windows due in every stream, stacking windows
+    of the same length into one replay (rows), and each stream collects its audio (``take()``)."""
 
     def __init__(self, runner: StreamRunner, queue: FrameQueue, log: _RunLog) -> None:
         self.runner, self.queue, self.log = runner, queue, log
+        self.closing = False
+        self.audio: list[torch.Tensor] = []  # decoded by `decode_together`, not yet taken
 
     def push(self, chunk: Any) -> Iterator[torch.Tensor]:
+        self.feed(chunk)
+        return self._ready()
+
+    def feed(self, chunk: Any) -> None:
+        """Check and queue a chunk (InputError before anything is queued); decode nothing."""
         with self.log.timer.stage("validate"):
             values = chunk if isinstance(chunk, (list, tuple)) else (chunk,)
             _, tensors = self.runner.frontend.check(values, partial=True)
             self.queue.push(tensors)
-        return self._ready()
+
+    def finish(self) -> None:
+        """No more input (the held steps must be whole frames): the final windows become due."""
+        if not self.closing:
+            self.queue.close()
+            self.closing = True
+
+    def due(self) -> bool:
+        return self.queue.ready() or (self.closing and self.queue.pending())
+
+    def take(self) -> list[torch.Tensor]:
+        audio, self.audio = self.audio, []
+        if self.closing and not self.queue.pending():
+            self.log.frames = self.queue.total
+        return audio
 
     def _ready(self) -> Iterator[torch.Tensor]:
         while self.queue.ready():

@@ -78,6 +78,7 @@ def test_each_request_sounds_as_it_does_alone_whoever_shares_its_steps(tts, io, 
     assert report["captures"] == captures  # no capture since load
     if concurrent == 8:
         assert any(k.endswith(("@4", "@8")) for k in report["decode_replays"])
+        assert tts.chain.stats()["stages"]["snac"]["batch"]["max"] > 1  # SNAC windows stacked as rows
 
 
 def test_sampled_speech_reproduces_under_other_neighbours(tts):
