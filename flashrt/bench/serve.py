@@ -10,7 +10,9 @@ server; with ``--url`` it measures a running `flashrt serve`. Requests ask for `
 what it cannot start in time (503 ``deadline_unmeetable``); ``--compare-admission`` runs both on the
 same arrivals, side by side. Variants: ``--cancel-every N`` (every Nth client hangs up after its first
 audio), ``--slow-consumer N`` (every Nth client reads no audio and holds its connection ``--slow-hold``
-seconds). ``--slots 1,8`` serves the voice once per value (an Orpheus-style voice decodes that many
+seconds), ``--restart-at S`` (the in-process server is restarted S seconds into each level, requests in
+flight cut: they must fail cleanly, never time out, and those sent after it is back are served;
+reported per level). ``--slots 1,8`` serves the voice once per value (an Orpheus-style voice decodes that many
 requests at once) on the same arrivals, capacity and deadline (measured on the first), side by side.
 Tables on stderr, results.json (every request's record) and serve.png under ``--out``, one
 JSON line last on stdout. The policy server has its own: `flashrt bench serve-policy` (robots served per
@@ -20,6 +22,7 @@ second, batched vs one at a time).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +56,8 @@ def bench_serve(
     seed: Annotated[int, typer.Option(help="seed of the arrival schedules")] = 0,
     out: Annotated[Path | None, typer.Option(help="output folder [bench/results/serve-...]")] = None,
     plot: Annotated[bool, typer.Option(help="write serve.png")] = True,
+    restart_at: Annotated[float | None, typer.Option(help="in-process server: restart it this many seconds "
+                                                    "into each level (requests in flight are cut)")] = None,
     slots: Annotated[str | None, typer.Option(help="in-process server: requests a voice decodes at once, "
                                               "one value or a list compared side by side (e.g. 1,8); "
                                               "models with slots only (Orpheus-style)")] = None,
@@ -66,8 +71,10 @@ def bench_serve(
     try:
         plan = _Plan(_loads(loads), requests, warm, ttfa_factor, _modes(admission, compare_admission),
                      cancel_every, slow_consumer, slow_hold, timeout, level_cap, seed,
-                     None if trace is None else _trace(trace))
+                     None if trace is None else _trace(trace), restart_at)
         slot_list = _slot_list(slots, url)
+        if restart_at is not None and (url is not None or not restart_at > 0):
+            raise ConfigError("--restart-at restarts the in-process server (not --url) and must be positive")
         if min(requests, warm) < 1 or min(cancel_every, slow_consumer) < 0 \
                 or not min(ttfa_factor, timeout, level_cap) > 0 or not slow_hold >= 0:
             raise ConfigError("--requests and --warm must be >= 1, --cancel-every and --slow-consumer >= 0, "
@@ -78,8 +85,9 @@ def bench_serve(
     try:
         record = None
         for n in slot_list:  # the same capacity, deadline and arrivals for every server compared
-            with _target(voice, url, max_pending, n) as (base, served_name):
-                run = asyncio.run(_measure(base, served_name, plan, record))
+            with _target(voice, url, max_pending, n) as target:
+                base, served_name = target.url, target.name
+                run = asyncio.run(_measure(base, served_name, plan, record, target))
             record = _merge(record, run, n, len(slot_list) > 1)
     except (FlashRTError, ImportError) as exc:
         return _finish(_failure("serve", name, "speech", exc), folder)
@@ -115,6 +123,7 @@ class _Plan:
     cap_s: float
     seed: int
     trace: list[Any] | None
+    restart_at_s: float | None = None
 
     def arrivals(self, capacity: float) -> list[tuple[float, list[Any]]]:
         """(load as a multiple of `capacity`, arrivals) per level: the trace once, as recorded (its
@@ -180,21 +189,38 @@ class _target:
 
     def __init__(self, voice: str, url: str | None, max_pending: int, slots: int | None = None) -> None:
         self.voice, self.url, self.max_pending, self.slots = voice, url, max_pending, slots
-        self.thread = self.server = None
+        self.thread = self.server = self.model = None
+        self.name = voice
 
-    def __enter__(self) -> tuple[str, str]:
+    def __enter__(self) -> _target:
         if self.url is not None:
-            return self.url.rstrip("/"), self.voice
+            self.url = self.url.rstrip("/")
+            return self
         from flashrt.runner.tts import load_tts
-        from flashrt.serve.app import ServerLimits, SpeechServer
         from flashrt.serve.cli import voice_name
+
+        self.name = voice_name(self.voice)
+        self.model = load_tts(self.voice, **({} if self.slots is None else {"slots": self.slots}))
+        self._start()
+        self.url = self.thread.url
+        return self
+
+    def _start(self, port: int | None = None) -> None:
+        from flashrt.serve.app import ServerLimits, SpeechServer
         from flashrt.serve.thread import ServerThread
 
-        name = voice_name(self.voice)
-        model = load_tts(self.voice, **({} if self.slots is None else {"slots": self.slots}))
-        self.server = SpeechServer({name: model}, ServerLimits(max_pending=self.max_pending))
-        self.thread = ServerThread(self.server)
-        return self.thread.url, name
+        self.server = SpeechServer({self.name: self.model}, ServerLimits(max_pending=self.max_pending))
+        self.thread = ServerThread(self.server, port=port)
+
+    def restart(self) -> float:
+        """Stop the in-process server the hard way (requests in flight cut after 0.2 s), start a new one
+        on the same port over the same loaded model; the ms it was down."""
+        start = time.perf_counter()
+        port = self.thread.port
+        self.thread.stop(grace_s=0.2)
+        self.server.close()
+        self._start(port)
+        return (time.perf_counter() - start) * 1e3
 
     def __exit__(self, *exc: object) -> None:
         if self.thread is not None:
@@ -203,8 +229,8 @@ class _target:
             self.server.close()
 
 
-async def _measure(url: str, voice: str, plan: _Plan,
-                   baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+async def _measure(url: str, voice: str, plan: _Plan, baseline: dict[str, Any] | None = None,
+                   target: _target | None = None) -> dict[str, Any]:
     """Single-stream capacity, then every load level per mode. With a ``baseline`` record (an earlier
     server of a side-by-side run) its capacity and deadline are used, so the arrivals are the same."""
     from flashrt.bench.serve_load import TEXTS, run_level, single_stream, summarize
@@ -239,14 +265,46 @@ async def _measure(url: str, voice: str, plan: _Plan,
         for load, arrivals in levels:
             before = await _drained_health(url, voice, plan.timeout_s)
             start = time.perf_counter()
+            restart = _Restart(target, plan.restart_at_s)
             outcomes = await run_level(url, voice, arrivals, plan.timeout_s, bps, plan.cap_s,
                                        deadline if mode == "on" else None, plan.slow_hold_s)
             level = summarize(load, load * capacity, outcomes, deadline)
             level.wall_s = time.perf_counter() - start
-            level.server = _since(before, await _drained_health(url, voice, plan.timeout_s))
-            results.append(level.to_dict())
+            after = await _drained_health(url, voice, plan.timeout_s)
+            level.server = _since(before, after) if not restart.done() else {"restarted": True, **after}
+            results.append({**level.to_dict(), **restart.record(outcomes)})
         record["modes"][mode] = results
     return record
+
+
+class _Restart:
+    """A restart of the in-process server ``at_s`` into a level, on a timer thread (none: nothing)."""
+
+    def __init__(self, target: _target | None, at_s: float | None) -> None:
+        self.at_s, self.down_ms = at_s, None
+        self.timer = None
+        if target is not None and at_s is not None:
+            self.timer = threading.Timer(at_s, self._run, args=(target,))
+            self.timer.start()
+
+    def _run(self, target: _target) -> None:
+        self.down_ms = target.restart()
+
+    def done(self) -> bool:
+        if self.timer is None:
+            return False
+        self.timer.join(60)
+        return self.down_ms is not None
+
+    def record(self, outcomes: list[Any]) -> dict[str, Any]:
+        """The restart's time and downtime, and the requests sent after the server was back: served?"""
+        if not self.done():
+            return {}
+        back = self.at_s + self.down_ms / 1e3
+        later = [o for o in outcomes if o.scheduled_s > back]
+        return {"restart": {"at_s": self.at_s, "down_ms": self.down_ms,
+                            "sent_after": len(later), "served_after": sum(1 for o in later if o.served),
+                            "errors": sorted({o.error for o in outcomes if o.error} - {"timeout"})}}
 
 
 def _outcome(o: Any) -> dict[str, Any]:

@@ -48,9 +48,13 @@ class ServerThread:
             time.sleep(0.02)
         self.url = f"http://{host}:{self.port}"
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stop serving. ``grace_s``: how long requests in flight may still run before they are cut
+        (their clients see the response end early); None waits for them (uvicorn's default)."""
+        if grace_s is not None:
+            self.uv.config.timeout_graceful_shutdown = grace_s
         self.uv.should_exit = True
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=10 + (grace_s or 0.0))
 
     def __enter__(self) -> ServerThread:
         return self

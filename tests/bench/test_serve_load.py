@@ -242,3 +242,51 @@ def test_slots_compared_share_capacity_and_name_their_modes():
     first = _merge(None, {"capacity_rps": 2.0, "modes": {"off": [1]}}, 1, True)
     both = _merge(first, {"capacity_rps": 2.0, "modes": {"off": [2]}}, 8, True)
     assert both["modes"] == {"off, slots 1": [1], "off, slots 8": [2]} and both["slots"] == [1, 8]
+
+
+class _Slow:
+    sample_rate = 8000
+
+    def stream(self, text, seed=None, speed=1.0):
+        import time
+
+        for _ in range(6):
+            time.sleep(0.03)
+            yield np.full(400, 0.1, dtype=np.float32)
+
+
+@pytest.fixture
+def slow_toy():
+    def detect(source):
+        if not str(source).startswith("slowtoy"):
+            raise CheckpointError(f"{source}: not a slow toy voice")
+
+    register_tts_family(TtsFamily("slow-toy-serve", detect, lambda source, **o: _Slow()))
+    yield
+    unregister_tts_family("slow-toy-serve")
+
+
+def test_a_restart_mid_level_cuts_what_is_in_flight_cleanly_and_serves_what_comes_after(slow_toy, tmp_path,
+                                                                                         capsys):
+    from flashrt.cli import main
+
+    code = main(["bench", "serve", "--voice", "slowtoy", "--warm", "2", "--no-plot", "--timeout", "20",
+                 "--level-cap", "60", "--loads", "2", "--requests", "16", "--restart-at", "0.6",
+                 "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    record = json.loads((tmp_path / "results.json").read_text())
+    (level,) = record["modes"]["off"]
+    _check_accounting([level], 16)
+    restart = level["restart"]
+    assert restart["at_s"] == 0.6 and restart["down_ms"] > 0 and level["timeouts"] == 0
+    assert restart["sent_after"] > 0 and restart["served_after"] == restart["sent_after"]
+    assert level["server"]["restarted"] is True
+
+
+def test_restart_at_needs_the_in_process_server(capsys):
+    from flashrt.cli import main
+
+    assert main(["bench", "serve", "--restart-at", "1", "--url", "http://127.0.0.1:9"]) == 2
+    out, err = capsys.readouterr()
+    assert "--restart-at" in err and json.loads(out.strip().splitlines()[-1])["status"] == "error"
