@@ -18,9 +18,11 @@ Differences from transformers' `LlamaForCausalLM` / `Qwen3ForCausalLM`, all exac
 * Qwen3's q/k RMSNorms over head_dim run before RoPE, as in the reference.
 * Norms are the Llama form ``w * normalize(x)`` (statistics in float32, `rms_normalize`).
 
-Attention is SDPA with ``enable_gqa`` (the causal prefill mask depends on the query, so the query-fold
-trick of `flashrt.nn.attention.attend` does not apply) and an additive bias from `causal_bias` /
-`decode_bias` (finite `mask_value`, never -inf).
+Attention is SDPA with an additive bias from `causal_bias` / `decode_bias` (finite `mask_value`, never
+-inf): a prefill with ``enable_gqa`` (its causal mask depends on the query), a decode token through
+`flashrt.nn.attention.attend` (its bias depends on the key only, so the queries of each K/V group fold
+into one call: no ``enable_gqa`` with a mask, which CUDA's fused SDPA kernels refuse, sending the call
+to the math path, op by op).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.errors import CheckpointError
-from flashrt.nn.attention import StaticKV, mask_value
+from flashrt.nn.attention import StaticKV, attend, mask_value
 from flashrt.nn.norms import rms_normalize
 from flashrt.nn.rope import apply_rope
 
@@ -194,9 +196,13 @@ class LlamaLayer(nn.Module):
         """x (B, L, W) -> (B, L, W); this call's K/V stored at ``slot`` (module docstring)."""
         q, k, v = self._qkv(x, rope)
         keys, values = _store(kv, index, slot, k, v)
-        att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
-                                             scale=self.s.head_dim ** -0.5, enable_gqa=True)
-        x = x + F.linear(att.transpose(1, 2).flatten(2), self.o.weight, self.o.bias)
+        if isinstance(slot, int):  # a prefill: the causal mask depends on the query
+            att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
+                                                 scale=self.s.head_dim ** -0.5, enable_gqa=True)
+            att = att.transpose(1, 2).flatten(2)
+        else:  # one decode token: a key-only bias, so each group's queries fold into one SDPA call
+            att = attend(q, keys, values, bias)
+        x = x + F.linear(att, self.o.weight, self.o.bias)
         gate, up = F.linear(self.post_norm(x), self.gate_up.weight).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate).mul_(up), self.down.weight)
 
