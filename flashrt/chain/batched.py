@@ -32,7 +32,7 @@ from flashrt.chain.channel import Closed, Finished
 if TYPE_CHECKING:
     from flashrt.chain.chain import Chain, Request
 
-__all__ = ["BatchedWorker"]
+__all__ = ["BatchedWorker", "send_deadline", "cut_if_stalled", "idle_timeout"]
 
 
 class BatchedWorker:
@@ -118,21 +118,11 @@ class BatchedWorker:
         self._given.discard(request.seq)
 
     def _check_stalled(self, request: Request) -> None:
-        timeout = self.chain.send_timeout_s
-        if timeout is None or self.k != len(self.chain.stages) - 1:
-            return
-        stalled = request.channels[self.k].stalled_s()
-        if stalled >= timeout:
-            request._slow_consumer(f"the consumer took nothing for {timeout:g} s")
+        if cut_if_stalled(self.chain, self.k, request):
             self._drop(request)
 
     def _idle_timeout(self) -> float | None:
-        """How long to sleep with nothing ready: until the next send deadline, or until woken."""
-        timeout = self.chain.send_timeout_s
-        if timeout is None or self.k != len(self.chain.stages) - 1:
-            return None
-        left = [timeout - r.channels[self.k].stalled_s() for r in self.active if r.channels[self.k].full]
-        return max(0.0, min(left)) + 1e-3 if left else None
+        return idle_timeout(self.chain, self.k, self.active)
 
     # ------------------------------------------------------------------------------ calls
     def _serve(self, batch: list[tuple[Request, Any]]) -> None:
@@ -158,6 +148,31 @@ class BatchedWorker:
             stats.items += 1
             stats.depth.append(out.depth)
             stats.max_depth = max(stats.max_depth, out.max_depth)
+
+
+def send_deadline(chain: Chain, k: int) -> float | None:
+    """The chain's send deadline when stage ``k`` feeds the caller (the last stage), else None."""
+    timeout = chain.send_timeout_s
+    return timeout if timeout is not None and k == len(chain.stages) - 1 else None
+
+
+def cut_if_stalled(chain: Chain, k: int, request: Request) -> bool:
+    """Cancel ``request`` as a slow consumer when its caller took nothing for the send deadline."""
+    timeout = send_deadline(chain, k)
+    if timeout is None or request.channels[k].stalled_s() < timeout:
+        return False
+    request._slow_consumer(f"the consumer took nothing for {timeout:g} s")
+    return True
+
+
+def idle_timeout(chain: Chain, k: int, requests: list[Request]) -> float | None:
+    """How long a stage worker with nothing to run may sleep: until the next send deadline of a request
+    whose channel is full, or until woken (None)."""
+    timeout = send_deadline(chain, k)
+    if timeout is None:
+        return None
+    left = [timeout - r.channels[k].stalled_s() for r in requests if r.channels[k].full]
+    return max(0.0, min(left)) + 1e-3 if left else None
 
 
 def _call(fn: Callable[[list[Any], list[Any]], Any], batch: list[tuple[Any, Any]]) -> list[tuple[bool, Any]]:

@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from flashrt.chain.batched import cut_if_stalled, idle_timeout
 from flashrt.chain.channel import Closed
 
 if TYPE_CHECKING:
@@ -165,19 +166,11 @@ class ContinuousWorker:
         return running
 
     def _check_stalled(self, request: Request) -> None:
-        timeout = self.chain.send_timeout_s
-        if timeout is None or self.k != len(self.chain.stages) - 1 or request not in self.live:
-            return
-        if request.channels[self.k].stalled_s() >= timeout:
-            request._slow_consumer(f"the consumer took nothing for {timeout:g} s")
+        if request in self.live and cut_if_stalled(self.chain, self.k, request):
             self._leave(request)
 
     def _idle_timeout(self) -> float | None:
-        timeout = self.chain.send_timeout_s
-        if timeout is None or self.k != len(self.chain.stages) - 1:
-            return None
-        left = [timeout - r.channels[self.k].stalled_s() for r in self.live if r.channels[self.k].full]
-        return max(0.0, min(left)) + 1e-3 if left else None
+        return idle_timeout(self.chain, self.k, self.live)
 
     # ------------------------------------------------------------------------------ steps
     def _step(self) -> None:
