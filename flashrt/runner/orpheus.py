@@ -402,7 +402,7 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
     noise = {"noise_mode": snac_noise} if snac_noise is not None else None
     stack = snac_noise in (None, "off")  # seeded noise follows each window's own offset: one row each
     vocoder = flashrt.load_vocoder(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk,
-                                   overrides=noise, batch=slots if stack else 1)
+                                   overrides=noise, batch=slots if stack else 1, stack_windows=stack)
     return OrpheusTTS(decoder, vocoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
                       frames_per_chunk=frames_per_chunk, queue_size=queue_size,
                       sampling=sampling, stack_windows=stack)

@@ -226,10 +226,14 @@ class StreamRunner:
                 final = not st.queue.ready()
                 start, stop, keep = st.queue.next_window(final)
                 groups.setdefault(stop - start, []).append((st, (start, stop, keep, final)))
-            rows = self.frontend.batch if stack else 1
             for frames, members in groups.items():
+                rows = self._max_rows(frames) if stack else 1
                 for i in range(0, len(members), rows):
                     self._decode_rows(frames, members[i:i + rows])
+
+    def _max_rows(self, frames: int) -> int:
+        max_rows = getattr(self.frontend, "max_rows", None)
+        return max_rows(frames) if callable(max_rows) else self.frontend.batch
 
     def _decode_rows(self, frames: int, members: list[tuple[Stream, tuple[int, int, int, bool]]]) -> None:
         """One replay of windows of ``frames`` frames, one per row; each row's samples to its stream."""

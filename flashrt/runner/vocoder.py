@@ -71,13 +71,15 @@ class Vocoder(StreamRunner):
         exact_stream: bool = False,
         exact_length: bool | None = None,
         frontend: type[VocoderFrontend] = VocoderFrontend,
+        stack_windows: bool = False,
     ) -> None:
         chunk = int(stream_chunk or family.default_stream_chunk)
         if chunk <= 0:
             raise ConfigError(f"stream_chunk ({chunk}) must be positive")
         window = sum(family.signature(config).context) + chunk
         fe = frontend(family, config, module, device=device, backend=backend, batch=batch, strict=strict,
-                      dtype=dtype, buckets=buckets, extra_buckets=(window,), exact_length=exact_length)
+                      dtype=dtype, buckets=buckets, extra_buckets=(window,), exact_length=exact_length,
+                      stack_frames=window if stack_windows else None)
         super().__init__(fe, chunk, exact_stream=exact_stream)
 
     def capture(self) -> Vocoder:
@@ -149,6 +151,7 @@ def load_vocoder(
     checkpoint: Any = None,
     stream_chunk: int | None = None,
     batch: int = 1,
+    stack_windows: bool = False,
     strict: bool = False,
     capture: bool = True,
     exact_stream: bool = False,
@@ -157,12 +160,15 @@ def load_vocoder(
     allow_download: bool = False,
 ) -> Vocoder:
     """Load, map strictly, and capture a vocoder (see the module docstring for every argument; SNAC's
-    default drops the released decoders' noise: ``overrides={"noise_mode": "seeded"}`` keeps it)."""
+    default drops the released decoders' noise: ``overrides={"noise_mode": "seeded"}`` keeps it).
+    ``stack_windows`` (with ``batch`` > 1): the batch serves stream windows of several streams decoded
+    together (`StreamRunner.decode_together`), so only one-row graphs cover the long one-shot buckets."""
     loaded = load_vocoder_module(path_or_card, device, precision, family=family, config=config,
                                  checkpoint=checkpoint, conv=conv, overrides=overrides,
                                  allow_download=allow_download)
     runtime = loaded.runtime
     voc = Vocoder(loaded.family, loaded.config, loaded.module, device=device, backend=backend,
                   dtype=loaded.dtype, batch=batch, strict=strict, buckets=buckets or runtime.get("buckets"),
-                  stream_chunk=stream_chunk or runtime.get("stream_chunk"), exact_stream=exact_stream)
+                  stream_chunk=stream_chunk or runtime.get("stream_chunk"), exact_stream=exact_stream,
+                  stack_windows=stack_windows)
     return voc.capture() if capture else voc

@@ -39,6 +39,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -126,6 +127,7 @@ class VocoderFrontend:
         dtype: torch.dtype = torch.float32,
         exact_length: bool | None = None,
         extra_buckets: Sequence[int] = (),
+        stack_frames: int | None = None,
     ) -> None:
         self.family, self.config, self.module = family, config, module
         self.device = torch.device(device)
@@ -140,9 +142,11 @@ class VocoderFrontend:
         self.context = self.signature.context
         self.hop, self.sample_rate = self.signature.hop_length, self.signature.sample_rate
         self.buffers: Buffers | None = None
-        self.graphs: GraphSet | None = None
+        self.graphs: GraphSet | None = None          # the full-batch set (rows = batch)
+        self.row_sets: dict[int, GraphSet] = {}      # rows bucket -> its set (bucketed path, batch > 1)
         self._rows, self._frames = self.batch, 0     # the window written last (rows, frames)
         self.padding = PaddingLog()
+        self.stack_frames = stack_frames  # rows between 1 and batch: only buckets up to this many frames
         if self.batch <= 0 or self.buckets[0] <= 0:
             raise ConfigError(f"batch ({self.batch}) and buckets ({list(self.buckets)}) must be positive")
 
@@ -170,29 +174,55 @@ class VocoderFrontend:
                                 doc="waveform; valid up to length*hop - trim"))
         return specs
 
+    @property
+    def row_buckets(self) -> tuple[int, ...]:
+        """Rows a bucketed replay computes: powers of two below ``batch``, and ``batch`` (a window of one
+        stream on a batch-8 vocoder replays one row, not eight)."""
+        return tuple(sorted({1 << i for i in range(self.batch.bit_length()) if 1 << i < self.batch}
+                            | {self.batch}))
+
+    def _row_buckets_of(self, rows: int) -> tuple[int, ...]:
+        """The length buckets captured at ``rows`` rows: all of them at one row; at more rows those up to
+        ``stack_frames`` (stacked stream windows: no batch-size graphs of a long one-shot's length)."""
+        if rows == 1 or self.stack_frames is None:
+            return self.buckets
+        return tuple(b for b in self.buckets if b <= self.stack_frames) or self.buckets[:1]
+
     def capture(self) -> VocoderFrontend:
-        """Allocate the buffers; capture one graph per bucket unless running at the exact length."""
+        """Allocate the buffers; capture one graph per (rows, length) bucket unless running at the exact
+        length (the graphs of all row buckets share the backend, hence one memory pool on CUDA).
+        ``graphs`` is the one-row set (every length bucket)."""
         self.buffers = Buffers(self.buffer_specs(), self.device)
         backend = backend_for_device(self.backend_name, self.device)
         if not self.exact_length:
-            self.graphs = GraphSet(backend, self._graph_fn, self.buckets, buffers=self.buffers,
-                                   strict=self.strict)
-            self.graphs.capture_all()
+            for rows in self.row_buckets:
+                graphs = GraphSet(backend, partial(self._graph_fn, rows=rows), self._row_buckets_of(rows),
+                                  buffers=self.buffers, strict=self.strict)
+                self.row_sets[rows] = graphs.capture_all()
+            self.graphs = self.row_sets[1]
         return self
 
-    def _graph_fn(self, frames: int) -> Callable[[], None]:
-        """The captured function of one bucket: reads views of the input buffers, writes `audio`. On the
-        eager backend (a plain call per replay) a window filling its bucket runs the `EXACT` variant."""
-        padded = self._bucket_fn(frames, exact=False)
+    def max_rows(self, frames: int) -> int:
+        """How many windows of ``frames`` frames one replay can stack (rows)."""
+        if self.exact_length:
+            return self.batch
+        return max(r for r, gs in self.row_sets.items() if gs.buckets[-1] >= frames or r == 1)
+
+    def _graph_fn(self, frames: int, rows: int | None = None) -> Callable[[], None]:
+        """The captured function of one bucket: reads views of the input buffers' first ``rows`` rows,
+        writes `audio`. On the eager backend (a plain call per replay) a window filling its bucket runs
+        the `EXACT` variant."""
+        rows = self.batch if rows is None else rows
+        padded = self._bucket_fn(frames, exact=False, rows=rows)
         if self.backend_name != "eager":
             return padded
-        exact = self._bucket_fn(frames, exact=True)
+        exact = self._bucket_fn(frames, exact=True, rows=rows)
         return lambda: (exact if self._frames == frames else padded)()
 
-    def _bucket_fn(self, frames: int, exact: bool) -> Callable[[], None]:
-        bufs = self.buffers
-        inputs = [bufs[s.name][..., :frames * s.rate] for s in self.signature.inputs]
-        out, length = bufs["audio"][:, :self.samples(frames)], bufs["length"]
+    def _bucket_fn(self, frames: int, exact: bool, rows: int | None = None) -> Callable[[], None]:
+        bufs, rows = self.buffers, self.batch if rows is None else rows
+        inputs = [bufs[s.name][:rows, ..., :frames * s.rate] for s in self.signature.inputs]
+        out, length = bufs["audio"][:rows, :self.samples(frames)], bufs["length"]
         extra = {"offset": bufs["offset"]} if self.takes_offset else {}
 
         def run() -> None:
@@ -246,7 +276,12 @@ class VocoderFrontend:
         if self.exact_length:
             self._run_exact(bucket)
         else:
-            self.graphs.replay(bucket)
+            fits = [r for r in self.row_buckets if r >= self._rows and bucket in self.row_sets[r].buckets]
+            rows = fits[0] if fits else None
+            if rows is None:
+                raise InputError(f"{self._rows} rows of {bucket} frames: no graph stacks that many windows "
+                                 f"that long (stack_frames={self.stack_frames}); decode them fewer at a time")
+            self.row_sets[rows].replay(bucket)
 
     def read(self, window: Window) -> torch.Tensor:
         """Samples [lo, hi) of the window just replayed, copied to the host (B, hi - lo) float32."""
@@ -257,7 +292,11 @@ class VocoderFrontend:
     def report(self) -> dict[str, Any]:
         """The graphs' counters (captures, replays, fallbacks); at the exact length: no graphs."""
         if self.graphs is not None:
-            return self.graphs.report()
+            report = self.graphs.report()
+            if len(self.row_sets) > 1:
+                report["row_buckets"] = {rows: gs.report()["captured"] for rows, gs in self.row_sets.items()}
+                report["captures"] = sum(gs.captures for gs in self.row_sets.values())
+            return report
         return {"backend": self.backend_name, "exact_length": self.exact_length,
                 "buckets": list(self.buckets), "captured": []}
 
