@@ -50,6 +50,9 @@ def serve(
         "this machine)")] = None,
     snac_noise: SnacNoiseOpt = None,
     voices_dir: VoicesDirOpt = None,
+    slots: Annotated[int | None, typer.Option(
+        help="requests an Orpheus-style voice decodes at once (its K/V cache rows) [the model's default, 8]; "
+        "other voices take none")] = None,
 ) -> None:
     """Serve POST /v1/audio/speech, GET /v1/models, GET /health and GET /metrics (OpenAI-compatible)."""
     import uvicorn
@@ -59,6 +62,10 @@ def serve(
     from flashrt.serve.app import ServerLimits, SpeechServer, build_app
 
     check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)  # before any voice loads
+    if slots is not None and slots < 1:
+        from flashrt.errors import ConfigError
+
+        raise ConfigError(f"--slots {slots} must be at least 1")
     resolve_device(device)
     sources = named_sources(voice or ["en_US-joe-medium"])
     if api_key is None and not _loopback(host):
@@ -69,7 +76,8 @@ def serve(
     try:
         voices = {}
         for name, source in sources.items():
-            model = load_tts(source, device=device, voices_dir=voices_dir, **snac_options(snac_noise))
+            extra = {**snac_options(snac_noise), **({"slots": slots} if slots is not None else {})}
+            model = load_tts(source, device=device, voices_dir=voices_dir, **extra)
             voices[name] = model
             if warmup:
                 for _ in model.stream("Ready."):

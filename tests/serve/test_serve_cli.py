@@ -79,3 +79,19 @@ def test_voice_names():
         named_sources(["/a/d", "/b/d"])
     with pytest.raises(ConfigError, match="NAME=SOURCE"):
         named_sources(["a/b=/c"])
+
+
+def test_slots_reach_the_loader_and_bad_slots_load_nothing(capsys, monkeypatch):
+    seen = []
+
+    def fake_load(source, **kw):
+        seen.append(kw.get("slots"))
+        return _Voice()
+
+    monkeypatch.setattr("flashrt.runner.tts.load_tts", fake_load)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    assert main(["serve", "--port", "0", "--no-warmup", "--voice", "/srv/orpheus", "--slots", "4"]) == 0
+    assert main(["serve", "--port", "0", "--no-warmup", "--voice", "/srv/piper.onnx"]) == 0
+    assert seen == [4, None]  # only given when asked: other families take no slots
+    assert main(["serve", "--port", "0", "--voice", "/srv/orpheus", "--slots", "0"]) == 2
+    assert seen == [4, None] and "--slots" in capsys.readouterr().err
