@@ -276,3 +276,28 @@ def test_lanes_run_their_replays_on_their_own_priority_streams():
         assert torch.cuda.current_stream() == arm._stream
     torch.cuda.synchronize()
     assert float(y.sum()) == 2048.0
+
+
+def test_among_control_lanes_the_earliest_deadline_goes_first():
+    log = []
+    rt = Runtime()
+    slow_arm = rt.lane("arm", "control", deadline_ms=5000)
+    fast_arm = rt.lane("gripper", "control", deadline_ms=5)
+    blocker = rt.lane("speech", "stream")
+    hold = Point("speech", log, 0.3)
+    rt.adopt(Model(hold), blocker)
+    t = _thread(hold.replay)  # holds the device while both control calls ask
+    while ("speech", "start") not in log:
+        time.sleep(0.001)
+
+    def call(lane, name):
+        with lane.call():
+            log.append((name, "start"))
+
+    a = _thread(lambda: call(slow_arm, "arm"))
+    time.sleep(0.01)  # the arm asks first, but its deadline is later
+    b = _thread(lambda: call(fast_arm, "gripper"))
+    for th in (t, a, b):
+        th.join(WAIT)
+    starts = [name for name, what in log if what == "start" and name != "speech"]
+    assert starts == ["gripper", "arm"]
