@@ -27,8 +27,9 @@ ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 
     pi0-fast      Pi0-FAST (PaliGemma 2B, preset "pi0_fast", prompts up to 200 tokens): two rows, the
                   prefill of the largest bucket (with the first token's pick) and one decode step
                   (one token, greedy)
-    lm            the Orpheus-3B LM (Llama-3.2-3B sizes) as the Orpheus runner loads it: the prefill of
-                  the 256-token bucket and one sampled decode step
+    lm            the Orpheus-3B LM (Llama-3.2-3B sizes) as the Orpheus runner loads it (a slot-batched
+                  decoder of 8 rows): the prefill of the 256-token bucket into one row, and one sampled
+                  decode step at 1 and at 8 live rows (per step: every row advances one token)
     <card>        any model card (models/<card>.toml): Pi0 / Pi0.5 cards, every vocoder at its preset,
                   the largest bucket of its card
 
@@ -145,20 +146,21 @@ def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200) -> dict[str, Ke
 
 def lm_count(dtype: Any) -> dict[str, KernelCount]:
     """The Orpheus-3B LM (Llama-3.2-3B, preset "orpheus-3b") built on meta as `flashrt.runner.orpheus`
-    loads it (2,048 cache slots, prompt buckets up to 256, sampling): the prefill of the largest bucket
-    and one sampled decode step."""
+    loads it (8 slots of 2,048 cache positions, prompt buckets up to 256, sampling): the prefill of the
+    largest bucket into one row, and one sampled decode step at 1 and at 8 live rows."""
     from flashrt.frontends.lm.config import preset
     from flashrt.frontends.lm.frontend import CausalLM
     from flashrt.io.loading import meta_twin
     from flashrt.nn.llama import Llama
-    from flashrt.runtime.decode import Decoder
+    from flashrt.runtime.slots import SlotDecoder
 
     cfg = preset("orpheus-3b")
     module = meta_twin(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), dtype)
-    lm = CausalLM(cfg, module, device="meta", dtype=dtype, cache_len=2048)
-    decoder = Decoder(lm, (32, 64, 128, 256), max_new_tokens=1200, backend="eager")
+    lm = CausalLM(cfg, module, device="meta", dtype=dtype, cache_len=2048, batch=8)
+    decoder = SlotDecoder(lm, (32, 64, 128, 256), max_new_tokens=1200, backend="eager")
     return {"orpheus-lm prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1])),
-            "orpheus-lm decode/token": count_kernels(decoder._decode_body("sample"))}
+            "orpheus-lm decode/token @1": count_kernels(decoder._decode_body("sample", 1)),
+            "orpheus-lm decode/step @8": count_kernels(decoder._decode_body("sample", 8))}
 
 
 def _pi0(card: str) -> Callable[[Any, int, str], dict[str, KernelCount]]:

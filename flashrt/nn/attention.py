@@ -119,14 +119,21 @@ class RowKV(StaticKV):
     def __init__(self, k: torch.Tensor, v: torch.Tensor, row: torch.Tensor) -> None:
         super().__init__(k, v)
         self.row = row
+        self._written: tuple[int, int, torch.Tensor, torch.Tensor] | None = None
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         end = start + k.shape[1]
         if end > self.length:
             raise ValueError(f"RowKV.write: slots [{start}, {end}) exceed the buffer length {self.length}")
-        self.k[layer, :, :, start:end].index_copy_(0, self.row, k.transpose(1, 2))
-        self.v[layer, :, :, start:end].index_copy_(0, self.row, v.transpose(1, 2))
+        kt, vt = k.transpose(1, 2), v.transpose(1, 2)
+        self.k[layer, :, :, start:end].index_copy_(0, self.row, kt)
+        self.v[layer, :, :, start:end].index_copy_(0, self.row, vt)
+        self._written = (layer, end, kt, vt) if start == 0 else None
 
     def read(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row's slots [0, end): what the last write of this layer stored, when it covered exactly
+        that (a prefill from slot 0: the same values, no gather), else gathered from the cache."""
+        if self._written is not None and self._written[:2] == (layer, end):
+            return self._written[2], self._written[3]
         return (self.k[layer, :, :, :end].index_select(0, self.row),
                 self.v[layer, :, :, :end].index_select(0, self.row))

@@ -17,7 +17,8 @@ PINNED = {
     ("pi05", "cuda-aten"): {"pi05-base": 6814},
     ("groot", "cuda"): {"groot-n1.7": 2973},
     ("pi0-fast", "cuda"): {"pi0-fast prefill": 974, "pi0-fast decode/token": 417},
-    ("lm", "cuda"): {"orpheus-lm prefill": 1409, "orpheus-lm decode/token": 1062},
+    ("lm", "cuda"): {"orpheus-lm prefill": 1415, "orpheus-lm decode/token @1": 1068,
+                     "orpheus-lm decode/step @8": 1068},
 }
 
 
