@@ -43,8 +43,6 @@ frame rows x columns.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 import time
 import types
@@ -198,35 +196,21 @@ class LoopPolicy:
 
 
 # ------------------------------------------------------------------------------------------ lerobot
-_VS_LEROBOT = Path("bench") / "pi0_vs_lerobot.py"   # in the flashrt checkout the bench runs from
 _LEROBOT_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 _UNPATCHED: dict[str, tuple[Any, Any, Any]] = {}
 
 
 def _lerobot_gen() -> Any:
-    """The e2e fixture generator (tests/fixtures/gen/gen_pi0_e2e.py, loaded by bench/pi0_vs_lerobot.py):
-    lerobot's modules, its tiny-size patch `shrink`, the offline tokenizer loader, `lerobot_batch`."""
-    if not _VS_LEROBOT.is_file():
-        raise ReferenceUnavailable(f"the lerobot reference builds lerobot at these sizes with the checkout's "
-                                   f"{_VS_LEROBOT}: run from a flashrt checkout (not found in {Path.cwd()})")
-    _share_sentencepiece_proto()
-    spec = importlib.util.spec_from_file_location("_flashrt_pi0_vs_lerobot", _VS_LEROBOT)
-    module = importlib.util.module_from_spec(spec)
+    """lerobot's Pi0 / Pi0.5 at any size (`flashrt.bench.reference.lerobot_pi0`, shipped in the package):
+    lerobot's modules, the size patch `shrink`, the offline tokenizer loader, `lerobot_batch`."""
+    from flashrt.bench.reference import lerobot_pi0
+
     try:
-        spec.loader.exec_module(module)
-        return module._gen_module()
+        lerobot_pi0.pi0_modeling, lerobot_pi0.pi05_modeling, lerobot_pi0.tokenizer_processor  # noqa: B018
     except ImportError as exc:
         raise ReferenceUnavailable(f"lerobot 0.6.1 is not importable here ({exc}); run under the reference "
-                                   "venv (bench/README.md)") from None
-
-
-def _share_sentencepiece_proto() -> None:
-    """transformers' copy of sentencepiece_model.proto cannot be registered once sentencepiece's own is
-    (the tokenizer writer loaded it: "duplicate file name"); both define the same messages, so the
-    generator's import of transformers' copy is pointed at the loaded one."""
-    loaded = sys.modules.get("sentencepiece.sentencepiece_model_pb2")
-    if loaded is not None:
-        sys.modules.setdefault("transformers.utils.sentencepiece_model_pb2_new", loaded)
+                                   "environment (docs: benchmarks)") from None
+    return lerobot_pi0
 
 
 def _shrink(gen: Any, modeling: Any, config: Any) -> None:
