@@ -56,6 +56,8 @@ def bench_serve(
     seed: Annotated[int, typer.Option(help="seed of the arrival schedules")] = 0,
     out: Annotated[Path | None, typer.Option(help="output folder [bench/results/serve-...]")] = None,
     plot: Annotated[bool, typer.Option(help="write serve.png")] = True,
+    threads: Annotated[int, typer.Option(help="in-process server: torch CPU threads per op (0: torch's "
+                                         "default)")] = 0,
     restart_at: Annotated[float | None, typer.Option(help="in-process server: restart it this many seconds "
                                                     "into each level (requests in flight are cut)")] = None,
     slots: Annotated[str | None, typer.Option(help="in-process server: requests a voice decodes at once, "
@@ -73,6 +75,8 @@ def bench_serve(
                      cancel_every, slow_consumer, slow_hold, timeout, level_cap, seed,
                      None if trace is None else _trace(trace), restart_at)
         slot_list = _slot_list(slots, url)
+        if threads < 0:
+            raise ConfigError("--threads must be 0 (torch's default) or more")
         if restart_at is not None and (url is not None or not restart_at > 0):
             raise ConfigError("--restart-at restarts the in-process server (not --url) and must be positive")
         if min(requests, warm) < 1 or min(cancel_every, slow_consumer) < 0 \
@@ -83,12 +87,16 @@ def bench_serve(
         return _finish(_failure("serve", name, "speech", exc), None)
     folder = _out_dir(out, "serve", name, "speech")
     try:
+        from flashrt.bench.harness import torch_threads
+
         record = None
-        for n in slot_list:  # the same capacity, deadline and arrivals for every server compared
-            with _target(voice, url, max_pending, n) as target:
-                base, served_name = target.url, target.name
-                run = asyncio.run(_measure(base, served_name, plan, record, target))
-            record = _merge(record, run, n, len(slot_list) > 1)
+        with torch_threads(threads):
+            for n in slot_list:  # the same capacity, deadline and arrivals for every server compared
+                with _target(voice, url, max_pending, n) as target:
+                    base, served_name = target.url, target.name
+                    run = asyncio.run(_measure(base, served_name, plan, record, target))
+                record = _merge(record, run, n, len(slot_list) > 1)
+        record["threads"] = threads
     except (FlashRTError, ImportError) as exc:
         return _finish(_failure("serve", name, "speech", exc), folder)
     _render(record)

@@ -53,6 +53,9 @@ def serve(
     slots: Annotated[int | None, typer.Option(
         help="requests an Orpheus-style voice decodes at once (its K/V cache rows) [the model's default, 8]; "
         "other voices take none")] = None,
+    threads: Annotated[int | None, typer.Option(
+        help="torch CPU threads per op [torch's default: every core]; a voice whose stages run on their own "
+        "threads (Orpheus: LM and SNAC) serves small models best with 1")] = None,
 ) -> None:
     """Serve POST /v1/audio/speech, GET /v1/models, GET /health and GET /metrics (OpenAI-compatible)."""
     import uvicorn
@@ -62,10 +65,14 @@ def serve(
     from flashrt.serve.app import ServerLimits, SpeechServer, build_app
 
     check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)  # before any voice loads
-    if slots is not None and slots < 1:
+    if slots is not None and slots < 1 or threads is not None and threads < 1:
         from flashrt.errors import ConfigError
 
-        raise ConfigError(f"--slots {slots} must be at least 1")
+        raise ConfigError(f"--slots ({slots}) and --threads ({threads}) must be at least 1")
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     resolve_device(device)
     sources = named_sources(voice or ["en_US-joe-medium"])
     if api_key is None and not _loopback(host):

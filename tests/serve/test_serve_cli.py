@@ -94,4 +94,24 @@ def test_slots_reach_the_loader_and_bad_slots_load_nothing(capsys, monkeypatch):
     assert main(["serve", "--port", "0", "--no-warmup", "--voice", "/srv/piper.onnx"]) == 0
     assert seen == [4, None]  # only given when asked: other families take no slots
     assert main(["serve", "--port", "0", "--voice", "/srv/orpheus", "--slots", "0"]) == 2
+    assert main(["serve", "--port", "0", "--voice", "/srv/orpheus", "--threads", "0"]) == 2
     assert seen == [4, None] and "--slots" in capsys.readouterr().err
+
+
+def test_threads_set_torchs_cpu_threads_before_the_voices_load(monkeypatch):
+    import torch
+
+    seen = []
+
+    def fake_load(source, **kw):
+        seen.append(torch.get_num_threads())
+        return _Voice()
+
+    monkeypatch.setattr("flashrt.runner.tts.load_tts", fake_load)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    before = torch.get_num_threads()
+    try:
+        assert main(["serve", "--port", "0", "--no-warmup", "--voice", "/srv/orpheus", "--threads", "1"]) == 0
+        assert seen == [1]
+    finally:
+        torch.set_num_threads(before)
