@@ -225,8 +225,8 @@ class _target:
         on the same port over the same loaded model; the ms it was down."""
         start = time.perf_counter()
         port = self.thread.port
+        self.server.close()  # its requests end first: 503 before their first audio, a cut stream after
         self.thread.stop(grace_s=0.2)
-        self.server.close()
         self._start(port)
         return (time.perf_counter() - start) * 1e3
 

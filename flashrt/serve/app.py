@@ -274,6 +274,9 @@ class SpeechServer:
         try:
             first = await anext(chunks)
         except StopAsyncIteration:
+            if request.state == "cancelled":  # the server closed the chain (shutting down): not the input
+                raise ApiError(503, "the server is shutting down; retry", code="server_shutting_down",
+                               retry_after_s=1) from None
             raise ApiError(400, "nothing to say", "input", "empty_audio") from None
         except StageError as exc:
             request.cancel()
@@ -386,16 +389,24 @@ async def _read_body(request: Any, limit: int) -> bytes:
     return bytes(body)
 
 
-async def _whole_file(head: bytes, chunks: AsyncIterator[Any], encoder: Any, finished: Any) -> Any:
+class StreamCut(Exception):
+    """A streamed response whose request ended before its audio did: the connection is dropped without
+    the chunked body's end, so no client takes the audio so far for the whole utterance."""
+
+
+async def _whole_file(head: bytes, chunks: AsyncIterator[Any], encoder: Any, finished: Any,
+                      handle: Any) -> Any:
     """A WAV or FLAC file with its true length (one response once the utterance is done): readers that
     trust the header (Python's `wave`, libsndfile) get the right duration. A failure after the first chunk
-    is a 500."""
+    is a 500; a request cut short by the server shutting down a 503 (never a short file)."""
     from starlette.responses import Response
 
     parts = [head]
     try:
         async for chunk in chunks:
             parts.append(encoder(chunk))
+        if handle.state == "cancelled":
+            return _error(ApiError(503, "the server is shutting down; retry", code="server_shutting_down"))
         parts.append(encoder.end())
     except StageError as exc:
         return _error(ApiError(500, f"synthesis failed: {exc.original}", code="server_error"))
@@ -445,13 +456,15 @@ def build_app(server: SpeechServer):
                 server.metrics.total.labels(job.voice).observe(time.perf_counter() - arrived)
 
         if not encoder.fmt.streamed:
-            return await _whole_file(head, chunks, encoder, finished)
+            return await _whole_file(head, chunks, encoder, finished, handle)
 
         async def body():
             try:
                 yield head
                 async for chunk in chunks:
                     yield encoder(chunk)
+                if handle.state != "done":  # cut short (the server is shutting down): no clean end, so
+                    raise StreamCut(handle.state)  # the client sees a broken stream, not a short one
                 yield encoder.end()
             except SlowConsumer:
                 return  # the client stopped reading: its request is gone, the response ends here

@@ -282,6 +282,10 @@ def test_a_restart_mid_level_cuts_what_is_in_flight_cleanly_and_serves_what_come
     assert restart["at_s"] == 0.6 and restart["down_ms"] > 0 and level["timeouts"] == 0
     assert restart["sent_after"] > 0 and restart["served_after"] == restart["sent_after"]
     assert level["server"]["restarted"] is True
+    served = [r for r in level["requests"] if _category(r) == "served"]
+    assert len({r["bytes"] for r in served}) == 1  # a stream cut by the restart is an error, never "served"
+    cut = [r for r in level["requests"] if _category(r) == "errors" and r["status"] is not None]
+    assert all(r["status"] == 503 and r["code"] == "server_shutting_down" for r in cut if r["status"] != 200)
 
 
 def test_restart_at_needs_the_in_process_server(capsys):
