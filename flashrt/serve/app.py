@@ -132,6 +132,7 @@ class SpeechServer:
         if api_key is not None and not api_key.strip():
             raise ValueError("an API key must not be empty")
         self.api_key = api_key
+        self.closing = False
         self.voices, self.limits, self.formats = dict(voices), limits, dict(formats)
         self.refusals = {"server_busy": 0, "deadline_unmeetable": 0}
         self.chains = {name: self._chain(model) for name, model in self.voices.items()}
@@ -262,6 +263,9 @@ class SpeechServer:
     async def speak(self, job: Speech) -> tuple[bytes, AsyncIterator[Any], Any, Any]:
         """Submit, wait for the first chunk; (first bytes, the rest, the chain request, the encoder of
         the rest)."""
+        if self.closing:
+            raise ApiError(503, "the server is shutting down; retry", code="server_shutting_down",
+                           retry_after_s=1)
         chain = self.chains[job.voice]
         payload = self._payload(job)
         self._admit(chain, job)
@@ -317,6 +321,7 @@ class SpeechServer:
         }
 
     def close(self) -> None:
+        self.closing = True  # requests from now on: 503 server_shutting_down
         for chain in self.chains.values():
             chain.close()
 

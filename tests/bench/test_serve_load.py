@@ -284,8 +284,12 @@ def test_a_restart_mid_level_cuts_what_is_in_flight_cleanly_and_serves_what_come
     assert level["server"]["restarted"] is True
     served = [r for r in level["requests"] if _category(r) == "served"]
     assert len({r["bytes"] for r in served}) == 1  # a stream cut by the restart is an error, never "served"
-    cut = [r for r in level["requests"] if _category(r) == "errors" and r["status"] is not None]
-    assert all(r["status"] == 503 and r["code"] == "server_shutting_down" for r in cut if r["status"] != 200)
+    # what the restart touched failed cleanly: refused (503 server_shutting_down) before its first audio,
+    # a broken stream after it, or no connection while the server was down
+    for r in level["requests"]:
+        if _category(r) != "served":
+            assert (r["status"], r["code"]) == (503, "server_shutting_down") or r["error"] in (
+                "RemoteProtocolError", "ReadError", "ConnectError"), r
 
 
 def test_restart_at_needs_the_in_process_server(capsys):
