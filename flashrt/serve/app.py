@@ -30,7 +30,9 @@ Errors (OpenAI shape ``{"error": {"message", "type", "param", "code"}}``):
     503  the chain holds ``max_pending`` requests already (code ``server_busy``), or the request's
          time-to-first-audio deadline cannot be met (code ``deadline_unmeetable``: the wait estimated
          from the voice's measured service times and its queue exceeds it); ``Retry-After`` says when
-         to retry. Refused at once, never left to time out.
+         to retry. Refused at once, never left to time out. Also ``server_shutting_down``: the server
+         is closing (its requests end; a stream already sending audio is cut without the chunked
+         body's end, so no client mistakes part of an utterance for all of it).
     500  the model failed, or anything unexpected (still in the OpenAI shape; the server keeps serving)
 
 Memory is bounded: the body is read up to its limit, each request's chain links hold ``queue_size``
