@@ -1,0 +1,173 @@
+"""flashrt on Ray Serve, on a local one-node Ray cluster the module starts (127.0.0.1, 2 CPUs): the
+speech chain split into lm -> vocoder -> ingress deployments answers the OpenAI request with the audio
+the single-process SpeechServer sends for it; its errors have `flashrt serve`'s shape; the policy
+deployment answers `Policy.infer`'s actions for the same seed; an lm replica killed mid-stream ends that
+stream with an error, and the next request is served."""
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'flashrt[ray]')")
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'flashrt[ray]')")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("msgpack")
+
+from support.servers import RunningServer  # noqa: E402
+
+from flashrt.integrations.ray_serve import (  # noqa: E402
+    PolicyApp,
+    SpeechApp,
+    StageScale,
+    deploy_policy,
+    deploy_speech,
+)
+from flashrt.runner.tts import load_tts  # noqa: E402
+from flashrt.runtime.decode import Sampling  # noqa: E402
+from flashrt.serve.app import ServerLimits, SpeechServer  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tts" / "orpheus_tiny"
+OPTIONS = {"max_new_tokens": 300, "cache_len": 512, "slots": 2, "sampling": Sampling()}
+SERVE_PORT = 18431
+WAIT = 30.0
+SMALL = StageScale(num_cpus=0.25, max_ongoing_requests=4, max_queued_requests=4, threads=1)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from ray import serve
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
+    yield f"http://127.0.0.1:{SERVE_PORT}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def speech(cluster):
+    from ray import serve
+
+    deploy_speech(SpeechApp(str(FIXTURE), options=OPTIONS, lm=SMALL, vocoder=SMALL, ingress=SMALL))
+    yield cluster
+    serve.delete("flashrt-speech")
+
+
+@pytest.fixture(scope="module")
+def local(one_thread):
+    model = load_tts(FIXTURE, **OPTIONS)
+    server = SpeechServer({"orpheus": model}, ServerLimits())
+    running = RunningServer(server)
+    yield running.url
+    running.stop()
+    server.close()
+
+
+def _speech(url, text, seed=None, **extra):
+    body = {"model": "tts-1", "voice": "tara", "input": text, "response_format": "pcm", **extra}
+    if seed is not None:
+        body["seed"] = seed
+    return httpx.post(url + "/v1/audio/speech", json=body, timeout=WAIT)
+
+
+@pytest.mark.parametrize("text,seed", [("Hello there.", None), ("Numbers: one, two, three.", 7)])
+def test_speech_matches_the_single_process_server(speech, local, text, seed):
+    ray_reply, local_reply = _speech(speech, text, seed), _speech(local, text, seed)
+    assert local_reply.status_code == 200, local_reply.text
+    assert ray_reply.status_code == 200, ray_reply.text
+    assert len(local_reply.content) > 0
+    assert ray_reply.content == local_reply.content  # bit-identical pcm
+    assert ray_reply.headers["x-sample-rate"] == local_reply.headers["x-sample-rate"]
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "tts-1", "voice": "tara", "input": ""},                       # 400 empty_input
+    {"model": "tts-1", "voice": "nobody", "input": "Hi."},                  # 400 unknown_voice
+    {"model": "tts-1", "voice": "tara", "input": "Hi.", "speed": 9},        # 422 invalid_value
+    {"model": "tts-1", "voice": "tara", "input": "Hi.", "speed": 2},        # 400 from the model (lm stage)
+    {"model": "tts-1", "voice": "tara", "input": "Hi.", "response_format": "nope"},
+])
+def test_errors_have_the_single_process_shape(speech, local, body):
+    ray_reply = httpx.post(speech + "/v1/audio/speech", json=body, timeout=WAIT)
+    local_reply = httpx.post(local + "/v1/audio/speech", json=body, timeout=WAIT)
+    assert local_reply.status_code >= 400
+    assert (ray_reply.status_code, ray_reply.json()) == (local_reply.status_code, local_reply.json())
+
+
+def _lm_replicas():
+    from ray.util import list_named_actors
+
+    return [a for a in list_named_actors(all_namespaces=True)
+            if "orpheus-lm" in a["name"] and a["name"].startswith("SERVE_REPLICA")]
+
+
+def test_a_replica_killed_mid_stream_ends_that_stream_with_an_error(speech):
+    from ray import serve
+
+    got, first = {}, threading.Event()
+
+    def read():
+        try:
+            body = {"model": "tts-1", "voice": "tara", "input": "A long sentence to keep the stream going.",
+                    "response_format": "pcm"}
+            with httpx.stream("POST", speech + "/v1/audio/speech", json=body, timeout=WAIT) as r:
+                got["status"] = r.status_code
+                for _ in r.iter_raw():
+                    first.set()
+            got["ended"] = "cleanly"
+        except httpx.HTTPError as exc:
+            got["ended"] = repr(exc)
+        finally:
+            first.set()
+
+    replicas = _lm_replicas()
+    assert len(replicas) == 1
+    victim = ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"])
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert first.wait(WAIT)
+    ray.kill(victim, no_restart=True)
+    reader.join(WAIT)
+    assert not reader.is_alive()
+    assert got.get("status") == 200 and got["ended"] != "cleanly", got  # an error, never a clean end
+    deadline = __import__("time").monotonic() + WAIT
+    while True:  # Serve replaces the replica; the next request is served
+        reply = _speech(speech, "Hello there.")
+        if reply.status_code == 200 or __import__("time").monotonic() > deadline:
+            break
+    assert reply.status_code == 200 and len(reply.content) > 0, reply.text
+    serve.status()
+
+
+@pytest.fixture(scope="module")
+def demo_policy(tmp_path_factory):
+    from flashrt.demo import ensure_demo_checkpoint
+
+    folder, _ = ensure_demo_checkpoint(tmp_path_factory.mktemp("demo") / "pi05")
+    return folder
+
+
+def test_policy_matches_policy_infer(cluster, demo_policy, one_thread):  # replicas: threads=1
+    from ray import serve
+
+    from flashrt.demo import ToyRobot
+    from flashrt.runner.policy import load_policy
+    from flashrt.serve.wire import packb, unpackb
+
+    deploy_policy(PolicyApp(str(demo_policy), scale=SMALL), route_prefix="/policy")
+    try:
+        obs = ToyRobot().observe()
+        reply = httpx.post(cluster + "/policy/infer", content=packb({**obs, "seed": 5}), timeout=WAIT)
+        assert reply.status_code == 200, reply.text
+        want = load_policy(demo_policy).infer(obs, seed=5)["actions"]
+        assert np.array_equal(unpackb(reply.content, 1 << 24)["actions"], want)
+        bad = httpx.post(cluster + "/policy/infer", content=b"\xc1 not msgpack", timeout=WAIT)
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_message"
+    finally:
+        serve.delete("flashrt-policy")
