@@ -4,7 +4,10 @@ the single-process SpeechServer sends for it; its errors have `flashrt serve`'s 
 deployment answers `Policy.infer`'s actions for the same seed; an lm replica killed mid-stream ends that
 stream with an error, and the next request is served."""
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +35,8 @@ from flashrt.serve.app import ServerLimits, SpeechServer  # noqa: E402
 pytestmark = pytest.mark.timeout(120)
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tts" / "orpheus_tiny"
-OPTIONS = {"max_new_tokens": 300, "cache_len": 512, "slots": 2, "sampling": Sampling()}
+OPTIONS = {"max_new_tokens": 300, "cache_len": 512, "slots": 1, "constrain_frames": True,
+           "sampling": Sampling()}  # one row: a burst is decoded one request after another
 SERVE_PORT = 18431
 WAIT = 30.0
 SMALL = StageScale(num_cpus=0.25, max_ongoing_requests=4, max_queued_requests=4, threads=1)
@@ -100,49 +104,72 @@ def test_errors_have_the_single_process_shape(speech, local, body):
     assert (ray_reply.status_code, ray_reply.json()) == (local_reply.status_code, local_reply.json())
 
 
-def _lm_replicas():
+def _lm_replica():
     from ray.util import list_named_actors
 
-    return [a for a in list_named_actors(all_namespaces=True)
-            if "orpheus-lm" in a["name"] and a["name"].startswith("SERVE_REPLICA")]
+    names = [a for a in list_named_actors(all_namespaces=True)
+             if a["name"].startswith("SERVE_REPLICA") and "orpheus-lm" in a["name"]]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
 
 
-def test_a_replica_killed_mid_stream_ends_that_stream_with_an_error(speech):
-    from ray import serve
+def _stream(url, text, got, key, started):
+    """One streamed request: ("complete", bytes) when it ended cleanly, ("cut", bytes) when the stream
+    broke after its 200, (status, json) for an error answer."""
+    body = {"model": "tts-1", "voice": "tara", "input": text, "response_format": "pcm"}
+    parts = []
+    try:
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=WAIT) as r:
+            if r.status_code != 200:
+                got[key] = (r.status_code, __import__("json").loads(r.read()))
+                return
+            for part in r.iter_raw():
+                parts.append(part)
+                started.set()
+        got[key] = ("complete", b"".join(parts))
+    except httpx.HTTPError:
+        got[key] = ("cut", b"".join(parts))
+    finally:
+        started.set()
 
-    got, first = {}, threading.Event()
 
-    def read():
-        try:
-            body = {"model": "tts-1", "voice": "tara", "input": "A long sentence to keep the stream going.",
-                    "response_format": "pcm"}
-            with httpx.stream("POST", speech + "/v1/audio/speech", json=body, timeout=WAIT) as r:
-                got["status"] = r.status_code
-                for _ in r.iter_raw():
-                    first.set()
-            got["ended"] = "cleanly"
-        except httpx.HTTPError as exc:
-            got["ended"] = repr(exc)
-        finally:
-            first.set()
-
-    replicas = _lm_replicas()
-    assert len(replicas) == 1
-    victim = ray.get_actor(replicas[0]["name"], namespace=replicas[0]["namespace"])
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    assert first.wait(WAIT)
-    ray.kill(victim, no_restart=True)
-    reader.join(WAIT)
-    assert not reader.is_alive()
-    assert got.get("status") == 200 and got["ended"] != "cleanly", got  # an error, never a clean end
-    deadline = __import__("time").monotonic() + WAIT
+def test_a_replica_killed_mid_stream_ends_its_streams_with_an_error(speech, local):
+    """The lm replica (one row: requests one after another) is stopped (SIGSTOP) and killed (ray.kill)
+    once the first audio arrives;
+    every request then either has its whole audio, or ends with an error (a 5xx in OpenAI's shape, or
+    a stream cut short): never a clean end of partial audio. Serve restarts it; the next is served."""
+    texts = [f"Request number {k} of the burst." for k in range(4)]
+    want = {text: _speech(local, text).content for text in texts}
+    got, started = {}, threading.Event()
+    victim = _lm_replica()
+    pid = ray.get(victim.__ray_call__.remote(lambda _: os.getpid()), timeout=WAIT)
+    readers = [threading.Thread(target=_stream, args=(speech, text, got, text, started), daemon=True)
+               for text in texts]
+    for reader in readers:
+        reader.start()
+    assert started.wait(WAIT)
+    os.kill(pid, signal.SIGSTOP)  # frozen at once (ray.kill lands later): the lm is mid-utterance
+    ray.kill(victim, no_restart=False)
+    for reader in readers:
+        reader.join(WAIT)
+    assert len(got) == len(texts), got
+    outcomes = []
+    for text, (kind, value) in got.items():
+        if kind == "complete":
+            assert value == want[text], text  # a clean end is the whole utterance, never a part
+        elif kind == "cut":
+            assert len(value) < len(want[text])
+        else:
+            assert kind >= 500 and value["error"]["type"] == "server_error", (kind, value)
+        outcomes.append(kind)
+    assert "cut" in outcomes, outcomes  # the stream the lm was speaking when it died broke off
+    deadline = time.monotonic() + WAIT
     while True:  # Serve replaces the replica; the next request is served
         reply = _speech(speech, "Hello there.")
-        if reply.status_code == 200 or __import__("time").monotonic() > deadline:
+        if reply.status_code == 200 or time.monotonic() > deadline:
             break
-    assert reply.status_code == 200 and len(reply.content) > 0, reply.text
-    serve.status()
+        time.sleep(0.2)
+    assert reply.status_code == 200 and reply.content == _speech(local, "Hello there.").content, reply.text
 
 
 @pytest.fixture(scope="module")
