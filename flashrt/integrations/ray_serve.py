@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,10 @@ import numpy as np
 from flashrt.errors import ConfigError, FlashRTError, InputError
 
 __all__ = ["StageScale", "SpeechApp", "PolicyApp", "speech_app", "policy_app", "deploy_speech",
-           "deploy_policy", "LMStage", "VocoderStage", "SpeechIngress", "PolicyIngress"]
+           "deploy_policy", "LMStage", "VocoderStage", "SpeechIngress", "PolicyIngress", "parse_replicas",
+           "serve_config", "speech_builder", "serve_command", "STAGES"]
+
+STAGES = ("lm", "vocoder", "ingress")  # the deployments of a SpeechApp, as --replicas names them
 
 VOCODER_OPTIONS = ("device", "backend", "stream_chunk", "snac_noise", "slots")  # `load_snac`'s options
 
@@ -96,8 +99,31 @@ class SpeechApp:
     options: dict[str, Any] = field(default_factory=dict)
     lm: StageScale = StageScale()
     vocoder: StageScale = StageScale()
-    ingress: StageScale = StageScale(max_ongoing_requests=64, max_queued_requests=64)
+    ingress: StageScale = StageScale(num_cpus=0.25, max_ongoing_requests=64, max_queued_requests=64)
     limits: Any = None
+
+
+    def args(self) -> dict[str, Any]:
+        """This app as the plain ``args`` of a Serve config (`speech_builder` rebuilds it)."""
+        from dataclasses import asdict
+
+        from flashrt.serve.app import ServerLimits
+
+        return {"folder": str(self.folder), "name": self.name, "options": dict(self.options),
+                **{stage: asdict(getattr(self, stage)) for stage in STAGES},
+                "limits": asdict(self.limits or ServerLimits())}
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> SpeechApp:
+        from flashrt.serve.app import ServerLimits
+
+        unknown = sorted(set(args) - {"folder", "name", "options", "limits", *STAGES})
+        if unknown or "folder" not in args:
+            raise ConfigError(f"speech app args: unknown {unknown} or no 'folder' (args: {sorted(args)})")
+        scales = {stage: StageScale(**args[stage]) for stage in STAGES if stage in args}
+        limits = ServerLimits(**args["limits"]) if "limits" in args else None
+        return cls(str(args["folder"]), args.get("name", "orpheus"), dict(args.get("options", {})),
+                   limits=limits, **scales)
 
 
 @dataclass(frozen=True)
@@ -413,3 +439,80 @@ def deploy_policy(app: PolicyApp, name: str = "flashrt-policy", route_prefix: st
                   blocking: bool = False) -> Any:
     """Run `app` on the connected Ray cluster; the deployment's handle."""
     return _serve().run(policy_app(app), name=name, route_prefix=route_prefix, blocking=blocking)
+
+
+def speech_builder(args: dict[str, Any]) -> Any:
+    """The application builder a Serve config's ``import_path`` names
+    (``flashrt.integrations.ray_serve:speech_builder``): `SpeechApp.args` -> the application."""
+    return speech_app(SpeechApp.from_args(dict(args)))
+
+
+def parse_replicas(spec: str) -> dict[str, int]:
+    """``lm=2,vocoder=1`` -> {"lm": 2, "vocoder": 1}: stages of `STAGES`, each a count >= 1."""
+    counts: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        stage, sep, count = part.partition("=")
+        if not sep or stage not in STAGES or not count.isdigit() or int(count) < 1 or stage in counts:
+            raise ConfigError(f"--replicas {spec!r}: give STAGE=COUNT[,...] with STAGE one of {STAGES} "
+                              "(each once) and COUNT >= 1")
+        counts[stage] = int(count)
+    return counts
+
+
+def serve_config(app: SpeechApp, host: str = "127.0.0.1", port: int = 8000, name: str = "flashrt-speech",
+                 route_prefix: str = "/") -> dict[str, Any]:
+    """Serve's own config (``serve deploy config.yaml``) running `app`: its args must be plain values
+    (YAML), so options such as a `Sampling` object are refused here."""
+    import json
+
+    args = app.args()
+    try:
+        json.dumps(args)
+    except TypeError as exc:
+        raise ConfigError(f"a Serve config holds plain values only: {exc}") from None
+    return {"http_options": {"host": host, "port": port},
+            "applications": [{"name": name, "route_prefix": route_prefix,
+                              "import_path": "flashrt.integrations.ray_serve:speech_builder", "args": args}]}
+
+
+def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, *, host: str, port: int,
+                  address: str | None, replicas: str, write_config: Path | None) -> None:
+    """`flashrt serve --ray`: one Orpheus-style voice as a `SpeechApp`; with ``write_config`` its Serve
+    config written there (nothing started), else deployed on the cluster at ``address`` (None: a local
+    one on 127.0.0.1) and served until interrupted."""
+    import time
+
+    import typer
+
+    if len(voices) != 1:
+        raise ConfigError(f"--ray serves one voice (an Orpheus-style folder), got {sorted(voices) or 'none'}")
+    (name, folder), = voices.items()
+    counts = parse_replicas(replicas)
+    scales = {stage: StageScale(replicas=counts[stage]) for stage in counts if stage != "ingress"}
+    if "ingress" in counts:
+        scales["ingress"] = replace(SpeechApp.ingress, replicas=counts["ingress"])
+    app = SpeechApp(str(Path(folder).resolve()), name, options, limits=limits, **scales)
+    if write_config is not None:
+        import yaml  # a dependency of ray
+
+        write_config.write_text(yaml.safe_dump(serve_config(app, host, port), sort_keys=False))
+        typer.echo(f"flashrt serve: wrote {write_config} (serve deploy {write_config})")
+        return
+    import ray
+
+    if address is None:
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False)
+    else:
+        ray.init(address=address)
+    serve = _serve()
+    serve.start(http_options={"host": host, "port": port})
+    deploy_speech(app)
+    typer.echo(f"flashrt serve: voice {name!r} on Ray Serve at http://{host}:{port} (Ctrl-C stops)")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()

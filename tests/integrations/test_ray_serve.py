@@ -198,3 +198,39 @@ def test_policy_matches_policy_infer(cluster, demo_policy, one_thread):  # repli
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_message"
     finally:
         serve.delete("flashrt-policy")
+
+
+def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
+    """`flashrt serve --ray --write-config` writes Serve's config; its args rebuild the same SpeechApp,
+    and its import_path's builder makes the application (lm, vocoder and ingress deployments)."""
+    import importlib
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from flashrt.cli import app as cli
+
+    path = tmp_path / "serve.yaml"
+    result = CliRunner().invoke(cli, ["serve", "--ray", "--voice", f"talk={FIXTURE}", "--replicas",
+                                      "lm=2,vocoder=1", "--port", "8123", "--write-config", str(path)])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(path.read_text())
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
+    (application,) = config["applications"]
+    module, _, builder = application["import_path"].partition(":")
+    speech = SpeechApp.from_args(application["args"])
+    assert (speech.name, speech.lm.replicas, speech.vocoder.replicas) == ("talk", 2, 1)
+    assert speech.options == {"device": "cpu"} and speech.limits == ServerLimits()
+    assert SpeechApp.from_args(speech.args()) == speech
+    built = getattr(importlib.import_module(module), builder)(application["args"])
+    assert type(built).__name__ == "Application"
+
+
+@pytest.mark.parametrize("spec", ["lm=0", "lm", "lm=2,lm=1", "gpu=1", "lm=x"])
+def test_replicas_spec_is_checked(spec):
+    from flashrt.errors import ConfigError
+    from flashrt.integrations.ray_serve import parse_replicas
+
+    with pytest.raises(ConfigError, match="--replicas"):
+        parse_replicas(spec)
+    assert parse_replicas("lm=2, vocoder=1") == {"lm": 2, "vocoder": 1}
