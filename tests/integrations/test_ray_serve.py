@@ -80,13 +80,15 @@ def _speech(url, text, seed=None, **extra):
     return httpx.post(url + "/v1/audio/speech", json=body, timeout=WAIT)
 
 
-@pytest.mark.parametrize("text,seed", [("Hello there.", None), ("Numbers: one, two, three.", 7)])
-def test_speech_matches_the_single_process_server(speech, local, text, seed):
-    ray_reply, local_reply = _speech(speech, text, seed), _speech(local, text, seed)
+@pytest.mark.parametrize("text,seed,fmt", [
+    ("Hello there.", None, "pcm"), ("Numbers: one, two, three.", 7, "pcm"), ("Hello there.", 3, "wav")])
+def test_speech_matches_the_single_process_server(speech, local, text, seed, fmt):
+    ray_reply = _speech(speech, text, seed, response_format=fmt)
+    local_reply = _speech(local, text, seed, response_format=fmt)
     assert local_reply.status_code == 200, local_reply.text
     assert ray_reply.status_code == 200, ray_reply.text
     assert len(local_reply.content) > 0
-    assert ray_reply.content == local_reply.content  # bit-identical pcm
+    assert ray_reply.content == local_reply.content  # bit-identical audio (a wav: the same file)
     assert ray_reply.headers["x-sample-rate"] == local_reply.headers["x-sample-rate"]
 
 
