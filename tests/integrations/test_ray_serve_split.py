@@ -1,0 +1,44 @@
+"""The speech chain split at its stage boundary, without Ray: `load_orpheus(..., vocoder=False)` streams a
+request's SNAC code chunks, and the vocoder stage of `flashrt.integrations.ray_serve` decodes them into
+exactly the audio the whole model streams for the same request and seed (what the Ray deployments rely on)."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flashrt.integrations.ray_serve import VocoderStage
+from flashrt.runner.orpheus import load_orpheus
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tts" / "orpheus_tiny"
+OPTIONS = {"max_new_tokens": 200, "cache_len": 512, "slots": 2}
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def models(one_thread):
+    whole, lm = load_orpheus(FIXTURE, **OPTIONS), load_orpheus(FIXTURE, vocoder=False, **OPTIONS)
+    yield whole, lm, VocoderStage(str(FIXTURE), OPTIONS, 1, lm=None)
+    whole.close()
+    lm.close()
+
+
+@pytest.mark.parametrize("text,seed", [("Hello there.", 5), ("Numbers: one, two, three.", 9)])
+def test_lm_stage_codes_decode_to_the_whole_models_audio(models, text, seed):
+    whole, lm, vocoder = models
+    want = np.concatenate(list(whole.stream(text, voice="tara", seed=seed)))
+    stream, audio = vocoder.vocoder.open(), []
+    items = list(lm.chain.submit(lm.request(text, voice="tara", seed=seed)))
+    assert items[-1].last and not any(item.last for item in items[:-1])
+    for item in items:
+        chunk = vocoder._decode(stream, item.codes, item.last)
+        if chunk is not None:
+            audio.append(chunk)
+    assert len(audio) > 1  # streamed, not one piece
+    assert np.array_equal(np.concatenate(audio), want)
+
+
+def test_an_lm_only_model_loads_no_vocoder(models):
+    _, lm, _ = models
+    assert lm.vocoder is None and [stage.name for stage in lm.chain.stages] == ["lm"]
