@@ -237,3 +237,27 @@ def test_replicas_spec_is_checked(spec):
     with pytest.raises(ConfigError, match="--replicas"):
         parse_replicas(spec)
     assert parse_replicas("lm=2, vocoder=1") == {"lm": 2, "vocoder": 1}
+
+
+def test_a_burst_beyond_the_bounds_is_refused_at_once(speech, local):
+    """12 clients at once against an ingress that holds 4 and queues 4: every client is served (its
+    whole audio) or refused with a 503 at once; none waits without bound."""
+    want = _speech(local, "Yes.", seed=1).content
+    got = {}
+
+    def post(key):
+        try:
+            reply = _speech(speech, "Yes.", seed=1)
+            got[key] = (reply.status_code, reply.content)
+        except httpx.HTTPError as exc:
+            got[key] = (None, repr(exc))
+
+    clients = [threading.Thread(target=post, args=(k,), daemon=True) for k in range(12)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(WAIT)
+    statuses = sorted(status for status, _ in got.values())
+    assert len(got) == 12 and set(statuses) <= {200, 503}, got
+    assert statuses.count(503) >= 1 and statuses.count(200) >= 4, statuses
+    assert all(body == want for status, body in got.values() if status == 200)
