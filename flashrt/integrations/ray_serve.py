@@ -13,13 +13,17 @@ replica count, resources and ``max_ongoing_requests`` (`StageScale`):
              of a replica decoding together as rows), a generator method streaming SNAC code chunks
     vocoder  `load_snac` (as `load_orpheus` loads it): streams a request's audio, pulling its code chunks
              from an lm replica (``handle.options(stream=True)``) into the request's SNAC stream
-             (exact overlap windows: the chunks concatenate to what the single-process chain makes)
+             (exact overlap windows: the chunks concatenate to what the single-process chain makes);
+             a replica decodes one window at a time (the single-process snac stage also stacks the
+             windows of several requests into one replay: not yet done here)
     ingress  POST /v1/audio/speech, GET /v1/models, GET /health: the request checks and error shapes
              of `flashrt serve` (`flashrt.serve.app.SpeechServer.parse`, its ``{"error": ...}`` body)
 
-So the audio of a request and seed is the one `flashrt serve` sends. A replica loads, captures its
-graphs in its constructor (Serve routes nothing to it before that) and replays from then on; its
-``check_health`` fails once its chain is closed, so Serve replaces it. A replica that dies mid-request
+So the audio of a request and seed is the one `flashrt serve` sends (each replica sets torch's thread
+count, `StageScale.threads`: float reductions, hence bits, depend on it). A replica loads and captures
+its graphs in its constructor, so Serve reports it not ready and routes nothing to it before that; it
+replays from then on; its ``check_health`` fails once its chain or worker is closed, so Serve replaces
+it. A replica that dies mid-request
 ends that request with an error: before the first chunk a 500 in OpenAI's shape, after it the
 response is cut short (the client's read fails: never a clean end of a truncated stream); Serve
 restarts the replica and the next request is served. Back-pressure: ``max_ongoing_requests`` per
