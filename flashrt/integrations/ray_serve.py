@@ -52,7 +52,7 @@ from flashrt.errors import ConfigError, FlashRTError, InputError
 
 __all__ = ["StageScale", "SpeechApp", "PolicyApp", "speech_app", "policy_app", "deploy_speech",
            "deploy_policy", "LMStage", "VocoderStage", "SpeechIngress", "PolicyIngress", "parse_replicas",
-           "serve_config", "speech_builder", "serve_command", "STAGES"]
+           "serve_config", "speech_builder", "serve_command", "check_fits", "STAGES"]
 
 STAGES = ("lm", "vocoder", "ingress")  # the deployments of a SpeechApp, as --replicas names them
 
@@ -102,7 +102,7 @@ class SpeechApp:
     name: str = "orpheus"
     options: dict[str, Any] = field(default_factory=dict)
     lm: StageScale = StageScale()
-    vocoder: StageScale = StageScale()
+    vocoder: StageScale = StageScale(num_cpus=0.5)
     ingress: StageScale = StageScale(num_cpus=0.25, max_ongoing_requests=64, max_queued_requests=64)
     limits: Any = None
 
@@ -432,16 +432,42 @@ def policy_app(app: PolicyApp) -> Any:
         str(app.folder), dict(app.options), app.scale.torch_threads)
 
 
+def check_fits(scales: list[StageScale], available: dict[str, float]) -> None:
+    """ConfigError when the replicas of `scales` together need more CPUs or GPUs than `available`
+    (``ray.cluster_resources()``, the cluster's total): Serve would wait for them forever."""
+    for key, need in (("CPU", sum(s.replicas * s.num_cpus for s in scales)),
+                      ("GPU", sum(s.replicas * s.num_gpus for s in scales))):
+        have = available.get(key, 0.0)
+        if need > have + 1e-9:
+            raise ConfigError(f"the deployments need {need:g} {key}s ({', '.join(_needs(scales, key))}); "
+                              f"the Ray cluster has {have:g}: fewer replicas or smaller shares")
+
+
+def _needs(scales: list[StageScale], key: str) -> list[str]:
+    return [f"{s.replicas} x {s.num_cpus if key == 'CPU' else s.num_gpus:g}" for s in scales]
+
+
+def _cluster_fits(scales: list[StageScale], check: bool) -> None:
+    if check:
+        import ray
+
+        check_fits(scales, ray.cluster_resources())
+
+
 def deploy_speech(app: SpeechApp, name: str = "flashrt-speech", route_prefix: str = "/",
-                  blocking: bool = False) -> Any:
+                  blocking: bool = False, check_resources: bool = True) -> Any:
     """Run `app` on the connected Ray cluster (``ray.init`` first; Serve is started when it is not);
-    the ingress's handle. Returns once every replica has loaded and captured."""
+    the ingress's handle. Returns once every replica has loaded and captured. ``check_resources``:
+    refuse at once (`check_fits`) what the cluster cannot hold at all (off for an autoscaling cluster)."""
+    _cluster_fits([app.lm, app.vocoder, app.ingress], check_resources)
     return _serve().run(speech_app(app), name=name, route_prefix=route_prefix, blocking=blocking)
 
 
 def deploy_policy(app: PolicyApp, name: str = "flashrt-policy", route_prefix: str = "/",
-                  blocking: bool = False) -> Any:
-    """Run `app` on the connected Ray cluster; the deployment's handle."""
+                  blocking: bool = False, check_resources: bool = True) -> Any:
+    """Run `app` on the connected Ray cluster; the deployment's handle (``check_resources``: as
+    `deploy_speech`)."""
+    _cluster_fits([app.scale], check_resources)
     return _serve().run(policy_app(app), name=name, route_prefix=route_prefix, blocking=blocking)
 
 

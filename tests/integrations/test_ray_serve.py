@@ -261,3 +261,17 @@ def test_a_burst_beyond_the_bounds_is_refused_at_once(speech, local):
     assert len(got) == 12 and set(statuses) <= {200, 503}, got
     assert statuses.count(503) >= 1 and statuses.count(200) >= 4, statuses
     assert all(body == want for status, body in got.values() if status == 200)
+
+
+def test_deployments_that_cannot_fit_are_refused_at_once():
+    """Replicas needing more CPUs than the cluster has are a ConfigError naming the numbers (Serve
+    itself would wait for them forever)."""
+    from flashrt.errors import ConfigError
+    from flashrt.integrations.ray_serve import check_fits
+
+    app = SpeechApp(str(FIXTURE), lm=StageScale(replicas=2))  # 2 x 1 + 0.5 + 0.25 CPUs
+    with pytest.raises(ConfigError, match=r"need 2.75 CPUs \(2 x 1, 1 x 0.5, 1 x 0.25\).*has 2"):
+        check_fits([app.lm, app.vocoder, app.ingress], {"CPU": 2.0})
+    check_fits([app.lm, app.vocoder, app.ingress], {"CPU": 3.0})
+    with pytest.raises(ConfigError, match="GPU"):
+        check_fits([StageScale(num_gpus=0.5)], {"CPU": 8.0})
