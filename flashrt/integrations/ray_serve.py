@@ -535,10 +535,10 @@ def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, 
     else:
         ray.init(address=address)
     serve = _serve()
-    serve.start(http_options={"host": host, "port": port})
-    deploy_speech(app)
-    typer.echo(f"flashrt serve: voice {name!r} on Ray Serve at http://{host}:{port} (Ctrl-C stops)")
     try:
+        serve.start(http_options={"host": host, "port": port})
+        deploy_speech(app)
+        typer.echo(f"flashrt serve: voice {name!r} on Ray Serve at http://{host}:{port} (Ctrl-C stops)")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
