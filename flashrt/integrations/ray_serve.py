@@ -509,7 +509,8 @@ def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, 
                   address: str | None, replicas: str, write_config: Path | None) -> None:
     """`flashrt serve --ray`: one Orpheus-style voice as a `SpeechApp`; with ``write_config`` its Serve
     config written there (nothing started), else deployed on the cluster at ``address`` (None: a local
-    one on 127.0.0.1) and served until interrupted."""
+    one; Ray puts its own node on the machine's routable address, never a loopback one) and served on
+    ``host:port`` until interrupted."""
     import time
 
     import typer
@@ -531,7 +532,7 @@ def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, 
     import ray
 
     if address is None:
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False)
+        ray.init(address="local", include_dashboard=False)  # Serve's HTTP proxy binds ``host`` alone
     else:
         ray.init(address=address)
     serve = _serve()
