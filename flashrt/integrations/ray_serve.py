@@ -168,6 +168,8 @@ class LMStage:
         try:
             async for item in request:
                 yield item.codes, item.last
+            if request.state != "done":  # the chain closed under it: an error, never a clean short end
+                raise RuntimeError(f"the lm stage ended request {request.id!r} early ({request.state})")
         finally:
             request.cancel()
 

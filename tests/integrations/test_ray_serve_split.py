@@ -42,3 +42,26 @@ def test_lm_stage_codes_decode_to_the_whole_models_audio(models, text, seed):
 def test_an_lm_only_model_loads_no_vocoder(models):
     _, lm, _ = models
     assert lm.vocoder is None and [stage.name for stage in lm.chain.stages] == ["lm"]
+
+
+def test_an_lm_stage_whose_chain_closes_mid_request_raises(one_thread):
+    """The lm deployment's stream, when its chain is closed under it (a replica shutting down), ends
+    with an error, not as if the utterance were over (the client would take part for the whole)."""
+    import asyncio
+
+    from flashrt.integrations.ray_serve import LMStage
+    from flashrt.serve.app import ServerLimits
+
+    stage = LMStage(str(FIXTURE), OPTIONS, ServerLimits(), 1)
+
+    async def run():
+        chunks = stage.codes("Hello there.", "tara", 5, 1.0)
+        got = [await asyncio.wait_for(chunks.__anext__(), 30)]
+        stage.chain.close()
+        async for item in chunks:
+            got.append(item)
+        return got
+
+    with pytest.raises(RuntimeError, match="early"):
+        asyncio.run(asyncio.wait_for(run(), 60))
+    stage.chain.close()
