@@ -194,11 +194,15 @@ class VocoderStage:
         """float32 audio chunks of one request, as the single-process chain's snac stage makes them."""
         stream, loop = self.vocoder.open(), asyncio.get_running_loop()
         chunks = self.lm.codes.options(stream=True).remote(text, speaker, seed, speed)
+        ended = False
         try:
             async for codes, last in chunks:
                 audio = await loop.run_in_executor(self.worker, self._decode, stream, codes, last)
+                ended = ended or last
                 if audio is not None:
                     yield audio
+            if not ended:  # the lm's stream stopped before its last chunk: an error, not a short utterance
+                raise RuntimeError("the lm stage's stream ended before the utterance's last chunk")
         finally:
             chunks.cancel()
 

@@ -65,3 +65,51 @@ def test_an_lm_stage_whose_chain_closes_mid_request_raises(one_thread):
     with pytest.raises(RuntimeError, match="early"):
         asyncio.run(asyncio.wait_for(run(), 60))
     stage.chain.close()
+
+
+class _Handle:
+    """A stand-in for an lm deployment's handle (``handle.codes.options(stream=True).remote(...)``),
+    streaming the given (codes, last) items."""
+
+    def __init__(self, items):
+        self.codes, self.items = self, items
+
+    def options(self, stream):
+        return self
+
+    def remote(self, *args):
+        return _Items(self.items)
+
+
+class _Items:
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+    def cancel(self):
+        self.items = []
+
+
+def test_the_vocoder_stage_refuses_a_code_stream_without_its_last_chunk(models):
+    """An lm stream that stops before its last chunk (its replica gone) is an error at the vocoder,
+    never a clean end of part of the audio; a whole one decodes to the whole model's audio."""
+    import asyncio
+
+    whole, lm, _ = models
+    items = [(item.codes, item.last) for item in lm.chain.submit(lm.request("Hello there.", "tara", seed=5))]
+
+    async def audio(handle):
+        stage = VocoderStage(str(FIXTURE), OPTIONS, 1, lm=handle)
+        return [chunk async for chunk in stage.audio("Hello there.", "tara", 5, 1.0)]
+
+    got = asyncio.run(asyncio.wait_for(audio(_Handle(items)), 30))
+    assert np.array_equal(np.concatenate(got), np.concatenate(list(whole.stream("Hello there.", "tara", 5))))
+    with pytest.raises(RuntimeError, match="before the utterance's last chunk"):
+        asyncio.run(asyncio.wait_for(audio(_Handle(items[:-1])), 30))
