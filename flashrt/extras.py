@@ -28,6 +28,7 @@ OPTIONAL: dict[str, tuple[str, str]] = {  # import name -> (distribution, extra 
     "cv2": ("opencv-python-headless", "groot"),
     "PIL": ("pillow", "groot"),
     "piper": ("piper-tts", "tts"),
+    "ray": ("ray", "ray"),
 }
 
 

@@ -70,8 +70,8 @@ from flashrt.io.inputs import check_seed
 from flashrt.runtime.decode import Generation, Sampling
 from flashrt.runtime.slots import DEFAULT_BATCH_BUCKETS, Seat, SlotDecoder
 
-__all__ = ["OrpheusTTS", "load_orpheus", "detect", "FAMILY", "ORPHEUS_SAMPLING", "to_pcm16",
-           "frame_constraint"]
+__all__ = ["OrpheusTTS", "load_orpheus", "load_snac", "snac_folder", "detect", "FAMILY", "ORPHEUS_SAMPLING",
+           "to_pcm16", "frame_constraint"]
 
 ORPHEUS_SAMPLING = Sampling(temperature=0.6, top_p=0.8, repetition_penalty=1.3)  # the engine's defaults
 FORMATS = ("float32", "pcm16")
@@ -175,8 +175,10 @@ class OrpheusTTS:
         self._last: dict[str, Any] = {}
 
     def _build_chain(self, **limits: Any) -> Chain:
-        rows = self.vocoder.frontend.batch if self.stack_windows else 1
-        stages = [Stage.continuous("lm", _LMEngine(self)), Stage.batched("snac", self._snac, rows)]
+        stages = [Stage.continuous("lm", _LMEngine(self))]
+        if self.vocoder is not None:  # None: the LM stage alone (`load_orpheus(..., vocoder=False)`)
+            rows = self.vocoder.frontend.batch if self.stack_windows else 1
+            stages.append(Stage.batched("snac", self._snac, rows))
         return Chain(stages, **limits)
 
     def serving_chain(self, queue_size: int = 8, max_pending: int = 64,
@@ -334,7 +336,7 @@ def _describe(vocoder: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------- loading
 
-def _snac_folder(folder: Path, given: str | Path | None) -> Path:
+def snac_folder(folder: Path, given: str | Path | None) -> Path:
     snac = Path(given) if given else folder / "snac"
     if not (snac / "config.json").is_file():
         raise CheckpointError(f"no SNAC decoder at {snac} (put it in <model>/snac/ or pass snac=<folder>)")
@@ -377,7 +379,7 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                  stream_chunk: int | None = None, frames_per_chunk: int = 1, queue_size: int = 8,
                  sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False,
                  snac_noise: str | None = None, slots: int = 8,
-                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS) -> OrpheusTTS:
+                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, vocoder: bool = True) -> OrpheusTTS:
     """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain.
 
     ``precision`` is the LM's; SNAC decodes in float32, as the reference does. ``stream_chunk``: SNAC
@@ -388,24 +390,36 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
     ``snac_noise``: the SNAC decoder's ``noise_mode`` (None: "off", which drops the released decoder's
     noise; "seeded" adds it reproducibly; `flashrt.runner.vocoder`). ``slots``: requests decoded at
     once (rows of the K/V cache; `flashrt.runtime.slots`), with a decode step captured per batch bucket
-    in ``batch_buckets`` (and ``slots`` itself)."""
+    in ``batch_buckets`` (and ``slots`` itself). ``vocoder=False``: the LM stage alone, no SNAC decoder
+    loaded (the chain's items are the SNAC code chunks, `_Codes`; a served chain split at its stage
+    boundary, `flashrt.integrations.ray_serve`, decodes them with `load_snac`)."""
     folder = Path(folder)
-    snac_dir = _snac_folder(folder, snac)
+    snac_dir = snac_folder(folder, snac)
     codebook, rate = _snac_codebook(snac_dir)
     layout = _layout(folder, codebook)
     lm = load_lm(folder, device=device, precision=precision, cache_len=cache_len, batch=slots)
     constraint = frame_constraint(layout) if constrain_frames else None
     decoder = SlotDecoder(lm, prompt_buckets, batch_buckets, max_new_tokens=max_new_tokens, backend=backend,
                           constraint=constraint).capture()
+    snac_decoder, stack = (load_snac(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk,
+                                     snac_noise=snac_noise, slots=slots) if vocoder else (None, False))
+    return OrpheusTTS(decoder, snac_decoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
+                      frames_per_chunk=frames_per_chunk, queue_size=queue_size,
+                      sampling=sampling, stack_windows=stack)
+
+
+def load_snac(snac_dir: str | Path, *, device: str = "cpu", backend: str | None = None,
+              stream_chunk: int | None = None, snac_noise: str | None = None,
+              slots: int = 8) -> tuple[Any, bool]:
+    """The SNAC decoder as `load_orpheus` loads it (same options, same meaning) and whether its stream
+    windows are stacked as rows of one replay: (vocoder, stack_windows)."""
     if stream_chunk is None:
         stream_chunk = 1 if torch.device(device).type == "cuda" else 4
     noise = {"noise_mode": snac_noise} if snac_noise is not None else None
     stack = snac_noise in (None, "off")  # seeded noise follows each window's own offset: one row each
     vocoder = flashrt.load_vocoder(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk,
                                    overrides=noise, batch=slots if stack else 1, stack_windows=stack)
-    return OrpheusTTS(decoder, vocoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
-                      frames_per_chunk=frames_per_chunk, queue_size=queue_size,
-                      sampling=sampling, stack_windows=stack)
+    return vocoder, stack
 
 
 FAMILY = TtsFamily(

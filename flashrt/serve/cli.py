@@ -56,8 +56,28 @@ def serve(
     threads: Annotated[int | None, typer.Option(
         help="torch CPU threads per op [torch's default: every core]; a voice whose stages run on their own "
         "threads (Orpheus: LM and SNAC) serves small models best with 1")] = None,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="deploy on Ray Serve instead: the voice's lm and vocoder stages and the ingress as "
+        "deployments (flashrt.integrations.ray_serve; one Orpheus-style voice)")] = False,
+    address: Annotated[str | None, typer.Option(
+        help="with --ray: the Ray cluster to join (default: start a local one on 127.0.0.1)")] = None,
+    replicas: Annotated[str, typer.Option(help="with --ray: replicas per stage, e.g. lm=2,vocoder=1")] = "",
+    write_config: Annotated[Path | None, typer.Option(
+        help="with --ray: write Serve's YAML config (for 'serve deploy') to this path and exit")] = None,
 ) -> None:
     """Serve POST /v1/audio/speech, GET /v1/models, GET /health and GET /metrics (OpenAI-compatible)."""
+    if ray or write_config is not None:
+        from flashrt.integrations.ray_serve import serve_command
+        from flashrt.serve.app import ServerLimits
+
+        check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)
+        limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout,
+                              ttfa_deadline_ms=ttfa_deadline_ms)
+        options = {"device": device, **({"slots": slots} if slots is not None else {}),
+                   **({"snac_noise": snac_noise} if snac_noise is not None else {})}
+        serve_command(named_sources(voice or []), options, limits, host=host, port=port, address=address,
+                      replicas=replicas, write_config=write_config)
+        return
     import uvicorn
 
     from flashrt.runner.tts import load_tts, snac_options

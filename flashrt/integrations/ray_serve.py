@@ -1,0 +1,567 @@
+"""flashrt on Ray Serve: the speech chain split at its stage boundary, and policies, as Serve deployments.
+
+    from flashrt.integrations.ray_serve import deploy_speech, deploy_policy, SpeechApp, StageScale
+    deploy_speech(SpeechApp("orpheus_dir", lm=StageScale(replicas=2), vocoder=StageScale(replicas=1)))
+    # POST http://127.0.0.1:8000/v1/audio/speech   (Serve's HTTP proxy; as `flashrt serve`)
+    deploy_policy(PolicyApp("policy_dir"))
+    # POST http://127.0.0.1:8000/infer             (openpi msgpack in, actions as msgpack out)
+
+Speech (an Orpheus-style voice, `flashrt.runner.orpheus`) runs as three deployments, each with its own
+replica count, resources and ``max_ongoing_requests`` (`StageScale`):
+
+    lm       `load_orpheus(..., vocoder=False)`: the model's own LM stage (its SlotDecoder, the requests
+             of a replica decoding together as rows), a generator method streaming SNAC code chunks
+    vocoder  `load_snac` (as `load_orpheus` loads it): streams a request's audio, pulling its code chunks
+             from an lm replica (``handle.options(stream=True)``) into the request's SNAC stream
+             (exact overlap windows: the chunks concatenate to what the single-process chain makes);
+             a replica decodes one window at a time (the single-process snac stage also stacks the
+             windows of several requests into one replay: not yet done here)
+    ingress  POST /v1/audio/speech, GET /v1/models, GET /health: the request checks and error shapes
+             of `flashrt serve` (`flashrt.serve.app.SpeechServer.parse`, its ``{"error": ...}`` body)
+
+So the audio of a request and seed is the one `flashrt serve` sends (each replica sets torch's thread
+count, `StageScale.threads`: float reductions, hence bits, depend on it). A replica loads and captures
+its graphs in its constructor, so Serve reports it not ready and routes nothing to it before that; it
+replays from then on; its ``check_health`` fails once its chain or worker is closed, so Serve replaces
+it. A replica that dies mid-request
+ends that request with an error: before the first chunk a 500 in OpenAI's shape, after it the
+response is cut short (the client's read fails: never a clean end of a truncated stream); Serve
+restarts the replica and the next request is served. Back-pressure: ``max_ongoing_requests`` per
+replica and ``max_queued_requests`` per deployment (beyond it Serve refuses with a 503 at once), and
+each lm replica's chain refuses beyond ``max_pending`` (503 ``server_busy``).
+
+Policies (`PolicyApp`): one deployment, `load_policy` inside each replica; POST /infer takes an openpi
+msgpack observation (``seed``/``noise`` keys as `flashrt serve-policy`) and answers msgpack
+``{"actions", "policy_timing"}``, or a JSON error (`flashrt.serve.policy_server.error_reply`) with 400
+(a refused request) or 500 (a bug).
+
+Ray is optional (``pip install 'flashrt[ray]'``) and imported only when a deployment is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flashrt.errors import ConfigError, FlashRTError, InputError
+
+__all__ = ["StageScale", "SpeechApp", "PolicyApp", "speech_app", "policy_app", "deploy_speech",
+           "deploy_policy", "LMStage", "VocoderStage", "SpeechIngress", "PolicyIngress", "parse_replicas",
+           "serve_config", "speech_builder", "serve_command", "check_fits", "STAGES"]
+
+STAGES = ("lm", "vocoder", "ingress")  # the deployments of a SpeechApp, as --replicas names them
+
+VOCODER_OPTIONS = ("device", "backend", "stream_chunk", "snac_noise", "slots")  # `load_snac`'s options
+
+
+@dataclass(frozen=True)
+class StageScale:
+    """One deployment's scale: replicas, resources per replica, requests a replica holds at once and
+    requests the deployment queues beyond them (then Serve refuses with a 503)."""
+
+    replicas: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    max_ongoing_requests: int = 8
+    max_queued_requests: int = 16
+    threads: int | None = None  # torch's intra-op threads in a replica (None: num_cpus, at least 1)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.max_ongoing_requests < 1 or self.max_queued_requests < 0:
+            raise ConfigError(f"{self}: replicas and max_ongoing_requests must be >= 1, "
+                              "max_queued_requests >= 0")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"{self}: threads must be >= 1")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError(f"{self}: resources must not be negative")
+
+    @property
+    def torch_threads(self) -> int:
+        """Set in each replica before it loads: a float reduction's result depends on the thread count,
+        so a replica matches (bit for bit) a process run with the same count."""
+        return self.threads if self.threads is not None else max(1, int(self.num_cpus))
+
+    def deployment_options(self) -> dict[str, Any]:
+        return {"num_replicas": self.replicas, "max_ongoing_requests": self.max_ongoing_requests,
+                "max_queued_requests": self.max_queued_requests,
+                "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}}
+
+
+@dataclass(frozen=True)
+class SpeechApp:
+    """An Orpheus-style voice served on Ray: its folder, the voice's name, `load_orpheus` options
+    (device, precision, max_new_tokens, sampling, ...), the scale of each stage, the server's limits
+    (`flashrt.serve.app.ServerLimits`; None: its defaults)."""
+
+    folder: str
+    name: str = "orpheus"
+    options: dict[str, Any] = field(default_factory=dict)
+    lm: StageScale = StageScale()
+    vocoder: StageScale = StageScale(num_cpus=0.5)
+    ingress: StageScale = StageScale(num_cpus=0.25, max_ongoing_requests=64, max_queued_requests=64)
+    limits: Any = None
+
+
+    def args(self) -> dict[str, Any]:
+        """This app as the plain ``args`` of a Serve config (`speech_builder` rebuilds it)."""
+        from dataclasses import asdict
+
+        from flashrt.serve.app import ServerLimits
+
+        return {"folder": str(self.folder), "name": self.name, "options": dict(self.options),
+                **{stage: asdict(getattr(self, stage)) for stage in STAGES},
+                "limits": asdict(self.limits or ServerLimits())}
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> SpeechApp:
+        from flashrt.serve.app import ServerLimits
+
+        unknown = sorted(set(args) - {"folder", "name", "options", "limits", *STAGES})
+        if unknown or "folder" not in args:
+            raise ConfigError(f"speech app args: unknown {unknown} or no 'folder' (args: {sorted(args)})")
+        scales = {stage: StageScale(**args[stage]) for stage in STAGES if stage in args}
+        limits = ServerLimits(**args["limits"]) if "limits" in args else None
+        return cls(str(args["folder"]), args.get("name", "orpheus"), dict(args.get("options", {})),
+                   limits=limits, **scales)
+
+
+@dataclass(frozen=True)
+class PolicyApp:
+    """A policy served on Ray: its checkpoint folder, `load_policy` options, the deployment's scale."""
+
+    folder: str
+    options: dict[str, Any] = field(default_factory=dict)
+    scale: StageScale = StageScale()
+
+
+# ------------------------------------------------------------------------------------------ speech
+
+def _set_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+class LMStage:
+    """The lm stage of an Orpheus-style voice: streams each request's SNAC code chunks."""
+
+    def __init__(self, folder: str, options: dict[str, Any], limits: Any, threads: int) -> None:
+        from flashrt.runner.orpheus import load_orpheus
+
+        _set_threads(threads)
+        self.tts = load_orpheus(folder, vocoder=False, **options)
+        self.chain = self.tts.serving_chain(queue_size=limits.queue_size, max_pending=limits.max_pending,
+                                            send_timeout_s=limits.send_timeout_s)
+
+    def info(self) -> dict[str, Any]:
+        return {"sample_rate": self.tts.sample_rate, "speakers": tuple(self.tts.speakers)}
+
+    async def codes(self, text: str, speaker: str | None, seed: int | None, speed: float):
+        """(codes, last) per chunk: codes a tuple of SNAC code tensors (None: none), last on the last."""
+        extra = {"voice": speaker} if speaker else {}
+        request = self.chain.submit(self.tts.request(text, seed=seed, speed=speed, **extra))
+        try:
+            async for item in request:
+                yield item.codes, item.last
+            if request.state != "done":  # the chain closed under it: an error, never a clean short end
+                raise RuntimeError(f"the lm stage ended request {request.id!r} early ({request.state})")
+        finally:
+            request.cancel()
+
+    def check_health(self) -> None:
+        if self.chain._closed:
+            raise RuntimeError("the lm chain is closed")
+
+
+class VocoderStage:
+    """The snac stage: a request's audio, decoded from the code chunks an lm replica streams."""
+
+    def __init__(self, folder: str, options: dict[str, Any], threads: int, lm: Any) -> None:
+        from flashrt.runner.orpheus import load_snac, snac_folder
+
+        _set_threads(threads)
+        given = {k: options[k] for k in VOCODER_OPTIONS if k in options}
+        self.vocoder, self.stack = load_snac(snac_folder(Path(folder), options.get("snac")), **given)
+        self.lm = lm
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="snac")  # one decode at a time
+
+    async def audio(self, text: str, speaker: str | None, seed: int | None, speed: float):
+        """float32 audio chunks of one request, as the single-process chain's snac stage makes them."""
+        stream, loop = self.vocoder.open(), asyncio.get_running_loop()
+        chunks = self.lm.codes.options(stream=True).remote(text, speaker, seed, speed)
+        ended = False
+        try:
+            async for codes, last in chunks:
+                audio = await loop.run_in_executor(self.worker, self._decode, stream, codes, last)
+                ended = ended or last
+                if audio is not None:
+                    yield audio
+            if not ended:  # the lm's stream stopped before its last chunk: an error, not a short utterance
+                raise RuntimeError("the lm stage's stream ended before the utterance's last chunk")
+        finally:
+            chunks.cancel()
+
+    def _decode(self, stream: Any, codes: Any, last: bool) -> np.ndarray | None:
+        from flashrt.runner.orpheus import _mono
+
+        if codes is not None:
+            stream.feed(codes)
+        if last:
+            stream.finish()
+        self.vocoder.decode_together([stream], stack=self.stack)
+        audio = stream.take()
+        return np.concatenate([_mono(a) for a in audio]) if audio else None
+
+    def check_health(self) -> None:
+        if self.worker._shutdown:
+            raise RuntimeError("the snac worker is shut down")
+
+
+@dataclass(frozen=True)
+class _Voice:
+    """What the request checks need of a voice served elsewhere."""
+
+    sample_rate: int
+    speakers: tuple[str, ...]
+
+
+def _checks(voices: dict[str, _Voice], limits: Any) -> Any:
+    """`flashrt serve`'s request checks (`SpeechServer.parse`) over voices that are served elsewhere:
+    a SpeechServer without chains of its own."""
+    from flashrt.serve.app import SpeechServer
+    from flashrt.serve.formats import FORMATS
+
+    class Checks(SpeechServer):
+        def __init__(self) -> None:  # noqa: D107 - no chains, no metrics: only the checks
+            self.voices, self.limits, self.formats, self.api_key = dict(voices), limits, dict(FORMATS), None
+
+    return Checks()
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The exception a remote stage raised, out of Ray's wrappers (RayTaskError.cause, nested)."""
+    seen = 0
+    while getattr(exc, "cause", None) is not None and seen < 8:
+        exc, seen = exc.cause, seen + 1
+    return exc
+
+
+def _api_error(exc: BaseException) -> Any:
+    """The `flashrt serve` error of a failed speech request (InputError 400, a full chain or Serve's
+    back-pressure 503, anything else 500)."""
+    from flashrt.chain import ChainFull, StageError
+    from flashrt.serve.app import ApiError
+
+    cause = _cause(exc)
+    if isinstance(cause, StageError):
+        cause = cause.original
+    if isinstance(cause, InputError):
+        return ApiError(400, str(cause), "input", "invalid_input")
+    if isinstance(cause, ChainFull) or type(cause).__name__ == "BackPressureError":
+        return ApiError(503, f"busy: {cause}", code="server_busy")
+    return ApiError(500, f"synthesis failed: {type(cause).__name__}: {cause}", code="server_error")
+
+
+class SpeechIngress:
+    """POST /v1/audio/speech (and GET /v1/models, /health) over the voices' vocoder deployments."""
+
+    def __init__(self, lms: dict[str, Any], vocoders: dict[str, Any], limits: Any) -> None:
+        self.lms, self.vocoders, self.limits = lms, vocoders, limits
+        self.checks: Any = None
+
+    async def _checks(self) -> Any:
+        if self.checks is None:
+            voices = {name: _Voice(**await lm.info.remote()) for name, lm in self.lms.items()}
+            self.checks = _checks(voices, self.limits)
+        return self.checks
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        from flashrt.serve.app import ApiError, _error
+
+        path, method = request.url.path.rstrip("/"), request.method  # under the app's route prefix
+        if path.endswith("/v1/audio/speech") and method == "POST":
+            return await self._speech(request)
+        if path.endswith("/v1/models") and method == "GET":
+            data = [{"id": name, "object": "model", "created": 0, "owned_by": "flashrt"} for name in self.lms]
+            return JSONResponse({"object": "list", "data": data})
+        if path.endswith("/health") and method == "GET":
+            return JSONResponse({"status": "ok", "voices": sorted(self.lms)})
+        return _error(ApiError(404, f"no route {method} {path}", code="not_found"))
+
+    async def _speech(self, request: Any) -> Any:
+        from flashrt.serve import formats
+        from flashrt.serve.app import ApiError, _error, _read_body
+
+        try:
+            checks = await self._checks()
+            job = checks.parse(await _read_body(request, self.limits.max_body_bytes))
+            chunks = self.vocoders[job.voice].audio.options(stream=True).remote(
+                job.text, job.speaker, job.seed, job.speed)
+            first = await self._first(chunks)
+        except ApiError as exc:
+            return _error(exc, self.limits.retry_after_s)
+        encoder = formats.encoder(checks.formats[job.fmt], checks.voices[job.voice].sample_rate)
+        if not encoder.fmt.streamed:
+            return await self._whole(first, chunks, encoder)
+        return self._streamed(first, chunks, encoder)
+
+    @staticmethod
+    async def _first(chunks: Any) -> np.ndarray:
+        from flashrt.serve.app import ApiError
+
+        try:
+            return await chunks.__anext__()
+        except StopAsyncIteration:
+            raise ApiError(400, "nothing to say", "input", "empty_audio") from None
+        except Exception as exc:  # noqa: BLE001 - every remote failure answers in OpenAI's shape
+            chunks.cancel()
+            raise _api_error(exc) from None
+
+    @staticmethod
+    async def _whole(first: np.ndarray, chunks: Any, encoder: Any) -> Any:
+        from starlette.responses import Response
+
+        from flashrt.serve.app import _error
+
+        parts = [encoder.head(), encoder(first)]
+        try:
+            async for chunk in chunks:
+                parts.append(encoder(chunk))
+            parts.append(encoder.end())
+        except Exception as exc:  # noqa: BLE001 - a failure before the answer is a 500, not a cut file
+            return _error(_api_error(exc))
+        finally:
+            chunks.cancel()
+            encoder.close()
+        return Response(encoder.whole(b"".join(parts)), media_type=encoder.fmt.media_type,
+                        headers={"X-Sample-Rate": str(encoder.rate)})
+
+    @staticmethod
+    def _streamed(first: np.ndarray, chunks: Any, encoder: Any) -> Any:
+        from starlette.responses import StreamingResponse
+
+        async def body():
+            try:
+                yield encoder.head() + encoder(first)
+                async for chunk in chunks:  # a failure here propagates: the response is cut short
+                    yield encoder(chunk)
+                yield encoder.end()
+            finally:
+                chunks.cancel()
+                encoder.close()
+
+        return StreamingResponse(body(), media_type=encoder.fmt.media_type,
+                                 headers={"X-Sample-Rate": str(encoder.rate)})
+
+
+# ------------------------------------------------------------------------------------------ policy
+
+class PolicyIngress:
+    """POST /infer: an openpi msgpack observation -> msgpack actions (GET /health: the policy's metadata)."""
+
+    def __init__(self, folder: str, options: dict[str, Any], threads: int) -> None:
+        from flashrt.runner.policy import load_policy
+        from flashrt.serve.policy_server import message_limit
+
+        _set_threads(threads)
+        self.policy = load_policy(folder, **options)
+        self.max_bytes = message_limit(self.policy)
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="policy")
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse, Response
+
+        from flashrt.serve.policy_server import _no_paths, policy_metadata
+
+        path, method = request.url.path.rstrip("/"), request.method
+        if path.endswith("/infer") and method == "POST":
+            status, body = await self._infer(await request.body())
+            kind = "application/msgpack" if status == 200 else "application/json"
+            return Response(body, status_code=status, media_type=kind)
+        if path.endswith("/health") and method == "GET":
+            return JSONResponse({"status": "ok", "policy": _no_paths(policy_metadata(self.policy))})
+        return JSONResponse({"error": {"code": "not_found", "message": f"no route {method} {path}"}},
+                            status_code=404)
+
+    async def _infer(self, message: bytes) -> tuple[int, bytes | str]:
+        from flashrt.serve.policy_server import INTERNAL_ERROR, _request_of, error_code, error_reply
+        from flashrt.serve.wire import WireError, coerce, packb, unpackb
+
+        try:
+            request = _request_of(coerce(unpackb(message, self.max_bytes)))
+            loop = asyncio.get_running_loop()
+            out = await loop.run_in_executor(
+                self.worker, lambda: self.policy.infer(request.obs, noise=request.noise, seed=request.seed))
+        except (WireError, FlashRTError) as exc:
+            return 400, error_reply(error_code(exc), type(exc).__name__, str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500; the replica keeps serving
+            return 500, error_reply(INTERNAL_ERROR, type(exc).__name__, f"internal error: {exc}")
+        timing = {k: float(v) for k, v in out.get("timing", {}).items()}
+        return 200, packb({"actions": out["actions"], "policy_timing": timing})
+
+    def check_health(self) -> None:
+        if self.worker._shutdown:
+            raise RuntimeError("the policy worker is shut down")
+
+
+# ------------------------------------------------------------------------------------------ building
+
+def _serve() -> Any:
+    from ray import serve  # the `ray` extra; a missing one is named by `flashrt.extras`
+
+    return serve
+
+
+def speech_app(app: SpeechApp) -> Any:
+    """The Serve application of `app` (lm -> vocoder -> ingress), not yet running."""
+    from flashrt.serve.app import ServerLimits
+
+    serve, limits = _serve(), app.limits or ServerLimits()
+    lm = serve.deployment(LMStage, name=f"{app.name}-lm", **app.lm.deployment_options())
+    vocoder = serve.deployment(VocoderStage, name=f"{app.name}-vocoder", **app.vocoder.deployment_options())
+    ingress = serve.deployment(SpeechIngress, name="speech", **app.ingress.deployment_options())
+    lm_bound = lm.bind(str(app.folder), dict(app.options), limits, app.lm.torch_threads)
+    vocoder_bound = vocoder.bind(str(app.folder), dict(app.options), app.vocoder.torch_threads, lm_bound)
+    return ingress.bind({app.name: lm_bound}, {app.name: vocoder_bound}, limits)
+
+
+def policy_app(app: PolicyApp) -> Any:
+    serve = _serve()
+    return serve.deployment(PolicyIngress, name="policy", **app.scale.deployment_options()).bind(
+        str(app.folder), dict(app.options), app.scale.torch_threads)
+
+
+def check_fits(scales: list[StageScale], available: dict[str, float]) -> None:
+    """ConfigError when the replicas of `scales` together need more CPUs or GPUs than `available`
+    (``ray.cluster_resources()``, the cluster's total): Serve would wait for them forever."""
+    for key, need in (("CPU", sum(s.replicas * s.num_cpus for s in scales)),
+                      ("GPU", sum(s.replicas * s.num_gpus for s in scales))):
+        have = available.get(key, 0.0)
+        if need > have + 1e-9:
+            raise ConfigError(f"the deployments need {need:g} {key}s ({', '.join(_needs(scales, key))}); "
+                              f"the Ray cluster has {have:g}: fewer replicas or smaller shares")
+
+
+def _needs(scales: list[StageScale], key: str) -> list[str]:
+    return [f"{s.replicas} x {s.num_cpus if key == 'CPU' else s.num_gpus:g}" for s in scales]
+
+
+def _cluster_fits(scales: list[StageScale], check: bool) -> None:
+    if check:
+        import ray
+
+        check_fits(scales, ray.cluster_resources())
+
+
+def deploy_speech(app: SpeechApp, name: str = "flashrt-speech", route_prefix: str = "/",
+                  blocking: bool = False, check_resources: bool = True) -> Any:
+    """Run `app` on the connected Ray cluster (``ray.init`` first; Serve is started when it is not);
+    the ingress's handle. Returns once every replica has loaded and captured. ``check_resources``:
+    refuse at once (`check_fits`) what the cluster cannot hold at all (off for an autoscaling cluster)."""
+    _cluster_fits([app.lm, app.vocoder, app.ingress], check_resources)
+    return _serve().run(speech_app(app), name=name, route_prefix=route_prefix, blocking=blocking)
+
+
+def deploy_policy(app: PolicyApp, name: str = "flashrt-policy", route_prefix: str = "/",
+                  blocking: bool = False, check_resources: bool = True) -> Any:
+    """Run `app` on the connected Ray cluster; the deployment's handle (``check_resources``: as
+    `deploy_speech`)."""
+    _cluster_fits([app.scale], check_resources)
+    return _serve().run(policy_app(app), name=name, route_prefix=route_prefix, blocking=blocking)
+
+
+def speech_builder(args: dict[str, Any]) -> Any:
+    """The application builder a Serve config's ``import_path`` names
+    (``flashrt.integrations.ray_serve:speech_builder``): `SpeechApp.args` -> the application."""
+    return speech_app(SpeechApp.from_args(dict(args)))
+
+
+def parse_replicas(spec: str) -> dict[str, int]:
+    """``lm=2,vocoder=1`` -> {"lm": 2, "vocoder": 1}: stages of `STAGES`, each a count >= 1."""
+    counts: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        stage, sep, count = part.partition("=")
+        if not sep or stage not in STAGES or not count.isdigit() or int(count) < 1 or stage in counts:
+            raise ConfigError(f"--replicas {spec!r}: give STAGE=COUNT[,...] with STAGE one of {STAGES} "
+                              "(each once) and COUNT >= 1")
+        counts[stage] = int(count)
+    return counts
+
+
+def init_local(**options: Any) -> None:
+    """Start a one-node Ray cluster on this machine's loopback only (127.0.0.1 for every Ray port).
+    Ray swaps a loopback node address for the machine's routable one unless it is told the node is not
+    part of a cluster, by its own variable RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which is set here for this
+    process and the ones Ray starts (only when flashrt starts the cluster itself)."""
+    import ray
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, **options)
+
+
+def serve_config(app: SpeechApp, host: str = "127.0.0.1", port: int = 8000, name: str = "flashrt-speech",
+                 route_prefix: str = "/") -> dict[str, Any]:
+    """Serve's own config (``serve deploy config.yaml``) running `app`: its args must be plain values
+    (YAML), so options such as a `Sampling` object are refused here."""
+    import json
+
+    args = app.args()
+    try:
+        json.dumps(args)
+    except TypeError as exc:
+        raise ConfigError(f"a Serve config holds plain values only: {exc}") from None
+    return {"http_options": {"host": host, "port": port},
+            "applications": [{"name": name, "route_prefix": route_prefix,
+                              "import_path": "flashrt.integrations.ray_serve:speech_builder", "args": args}]}
+
+
+def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, *, host: str, port: int,
+                  address: str | None, replicas: str, write_config: Path | None) -> None:
+    """`flashrt serve --ray`: one Orpheus-style voice as a `SpeechApp`; with ``write_config`` its Serve
+    config written there (nothing started), else deployed on the cluster at ``address`` (None: a local
+    one; Ray puts its own node on the machine's routable address, never a loopback one) and served on
+    ``host:port`` until interrupted."""
+    import time
+
+    import typer
+
+    if len(voices) != 1:
+        raise ConfigError(f"--ray serves one voice (an Orpheus-style folder), got {sorted(voices) or 'none'}")
+    (name, folder), = voices.items()
+    counts = parse_replicas(replicas)
+    scales = {stage: StageScale(replicas=counts[stage]) for stage in counts if stage != "ingress"}
+    if "ingress" in counts:
+        scales["ingress"] = replace(SpeechApp.ingress, replicas=counts["ingress"])
+    app = SpeechApp(str(Path(folder).resolve()), name, options, limits=limits, **scales)
+    if write_config is not None:
+        import yaml  # a dependency of ray
+
+        write_config.write_text(yaml.safe_dump(serve_config(app, host, port), sort_keys=False))
+        typer.echo(f"flashrt serve: wrote {write_config} (serve deploy {write_config})")
+        return
+    import ray
+
+    if address is None:
+        init_local()  # Serve's HTTP proxy binds ``host`` alone
+    else:
+        ray.init(address=address)
+    serve = _serve()
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        deploy_speech(app)
+        typer.echo(f"flashrt serve: voice {name!r} on Ray Serve at http://{host}:{port} (Ctrl-C stops)")
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()

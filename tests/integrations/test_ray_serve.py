@@ -1,0 +1,279 @@
+"""flashrt on Ray Serve, on a local one-node Ray cluster the module starts (127.0.0.1, 2 CPUs): the
+speech chain split into lm -> vocoder -> ingress deployments answers the OpenAI request with the audio
+the single-process SpeechServer sends for it; its errors have `flashrt serve`'s shape; the policy
+deployment answers `Policy.infer`'s actions for the same seed; an lm replica killed mid-stream ends that
+stream with an error, and the next request is served."""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'flashrt[ray]')")
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'flashrt[ray]')")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("msgpack")
+
+from support.servers import RunningServer  # noqa: E402
+
+from flashrt.integrations.ray_serve import (  # noqa: E402
+    PolicyApp,
+    SpeechApp,
+    StageScale,
+    deploy_policy,
+    deploy_speech,
+)
+from flashrt.runner.tts import load_tts  # noqa: E402
+from flashrt.serve.app import ServerLimits, SpeechServer  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tts" / "orpheus_tiny"
+# Orpheus' own sampling (so the seed matters); one row: a burst is decoded one request after another
+OPTIONS = {"max_new_tokens": 300, "cache_len": 512, "slots": 1, "constrain_frames": True}
+SERVE_PORT = 18431
+WAIT = 30.0
+SMALL = StageScale(num_cpus=0.25, max_ongoing_requests=4, max_queued_requests=4, threads=1)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from ray import serve
+
+    from flashrt.integrations.ray_serve import init_local
+
+    init_local(num_cpus=2, log_to_driver=False, _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}  # loopback only
+    serve.start(http_options={"host": "127.0.0.1", "port": SERVE_PORT})
+    yield f"http://127.0.0.1:{SERVE_PORT}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def speech(cluster):
+    from ray import serve
+
+    deploy_speech(SpeechApp(str(FIXTURE), options=OPTIONS, lm=SMALL, vocoder=SMALL, ingress=SMALL))
+    yield cluster
+    serve.delete("flashrt-speech")
+
+
+@pytest.fixture(scope="module")
+def local(one_thread):
+    model = load_tts(FIXTURE, **OPTIONS)
+    server = SpeechServer({"orpheus": model}, ServerLimits())
+    running = RunningServer(server)
+    yield running.url
+    running.stop()
+    server.close()
+
+
+def _speech(url, text, seed=None, **extra):
+    body = {"model": "tts-1", "voice": "tara", "input": text, "response_format": "pcm", **extra}
+    if seed is not None:
+        body["seed"] = seed
+    return httpx.post(url + "/v1/audio/speech", json=body, timeout=WAIT)
+
+
+@pytest.mark.parametrize("text,seed,fmt", [
+    ("Hello there.", 1, "pcm"), ("Hello there.", 2, "pcm"), ("Numbers: one, two, three.", 7, "pcm"),
+    ("Hello there.", 3, "wav")])
+def test_speech_matches_the_single_process_server(speech, local, text, seed, fmt):
+    ray_reply = _speech(speech, text, seed, response_format=fmt)
+    local_reply = _speech(local, text, seed, response_format=fmt)
+    assert local_reply.status_code == 200, local_reply.text
+    assert ray_reply.status_code == 200, ray_reply.text
+    assert len(local_reply.content) > 0
+    assert ray_reply.content == local_reply.content  # bit-identical audio (a wav: the same file)
+    assert ray_reply.headers["x-sample-rate"] == local_reply.headers["x-sample-rate"]
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "tts-1", "voice": "tara", "input": ""},                       # 400 empty_input
+    {"model": "tts-1", "voice": "nobody", "input": "Hi."},                  # 400 unknown_voice
+    {"model": "tts-1", "voice": "tara", "input": "Hi.", "speed": 9},        # 422 invalid_value
+    {"model": "tts-1", "voice": "tara", "input": "Hi.", "speed": 2},        # 400 from the model (lm stage)
+    {"model": "tts-1", "voice": "tara", "input": "Hi.", "response_format": "nope"},
+])
+def test_errors_have_the_single_process_shape(speech, local, body):
+    ray_reply = httpx.post(speech + "/v1/audio/speech", json=body, timeout=WAIT)
+    local_reply = httpx.post(local + "/v1/audio/speech", json=body, timeout=WAIT)
+    assert local_reply.status_code >= 400
+    assert (ray_reply.status_code, ray_reply.json()) == (local_reply.status_code, local_reply.json())
+
+
+def _lm_replica():
+    from ray.util import list_named_actors
+
+    names = [a for a in list_named_actors(all_namespaces=True)
+             if a["name"].startswith("SERVE_REPLICA") and "orpheus-lm" in a["name"]]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+
+
+def _stream(url, text, got, key, started):
+    """One streamed request: ("complete", bytes) when it ended cleanly, ("cut", bytes) when the stream
+    broke after its 200, (status, json) for an error answer."""
+    body = {"model": "tts-1", "voice": "tara", "input": text, "response_format": "pcm", "seed": 5}
+    parts = []
+    try:
+        with httpx.stream("POST", url + "/v1/audio/speech", json=body, timeout=WAIT) as r:
+            if r.status_code != 200:
+                got[key] = (r.status_code, __import__("json").loads(r.read()))
+                return
+            for part in r.iter_raw():
+                parts.append(part)
+                started.set()
+        got[key] = ("complete", b"".join(parts))
+    except httpx.HTTPError:
+        got[key] = ("cut", b"".join(parts))
+    finally:
+        started.set()
+
+
+def test_a_replica_killed_mid_stream_ends_its_streams_with_an_error(speech, local):
+    """The lm replica (one row: requests one after another) is stopped (SIGSTOP) and killed (ray.kill)
+    once the first audio arrives;
+    every request then either has its whole audio, or ends with an error (a 5xx in OpenAI's shape, or
+    a stream cut short): never a clean end of partial audio. Serve restarts it; the next is served."""
+    texts = [f"Request number {k} of the burst." for k in range(4)]
+    want = {text: _speech(local, text, seed=5).content for text in texts}
+    got, started = {}, threading.Event()
+    victim = _lm_replica()
+    pid = ray.get(victim.__ray_call__.remote(lambda _: os.getpid()), timeout=WAIT)
+    readers = [threading.Thread(target=_stream, args=(speech, text, got, text, started), daemon=True)
+               for text in texts]
+    for reader in readers:
+        reader.start()
+    assert started.wait(WAIT)
+    os.kill(pid, signal.SIGSTOP)  # frozen at once (ray.kill lands later): the lm is mid-utterance
+    ray.kill(victim, no_restart=False)
+    for reader in readers:
+        reader.join(WAIT)
+    assert len(got) == len(texts), got
+    outcomes = []
+    for text, (kind, value) in got.items():
+        if kind == "complete":
+            assert value == want[text], text  # a clean end is the whole utterance, never a part
+        elif kind == "cut":
+            assert len(value) < len(want[text])
+        else:
+            assert kind >= 500 and value["error"]["type"] == "server_error", (kind, value)
+        outcomes.append(kind)
+    assert "cut" in outcomes, outcomes  # the stream the lm was speaking when it died broke off
+    deadline = time.monotonic() + WAIT
+    while True:  # Serve replaces the replica; the next request is served
+        reply = _speech(speech, "Hello there.", seed=5)
+        if reply.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert reply.status_code == 200, reply.text
+    assert reply.content == _speech(local, "Hello there.", seed=5).content
+
+
+@pytest.fixture(scope="module")
+def demo_policy(tmp_path_factory):
+    from flashrt.demo import ensure_demo_checkpoint
+
+    folder, _ = ensure_demo_checkpoint(tmp_path_factory.mktemp("demo") / "pi05")
+    return folder
+
+
+def test_policy_matches_policy_infer(cluster, demo_policy, one_thread):  # replicas: threads=1
+    from ray import serve
+
+    from flashrt.demo import ToyRobot
+    from flashrt.runner.policy import load_policy
+    from flashrt.serve.wire import packb, unpackb
+
+    deploy_policy(PolicyApp(str(demo_policy), scale=SMALL), route_prefix="/policy")
+    try:
+        obs = ToyRobot().observe()
+        reply = httpx.post(cluster + "/policy/infer", content=packb({**obs, "seed": 5}), timeout=WAIT)
+        assert reply.status_code == 200, reply.text
+        want = load_policy(demo_policy).infer(obs, seed=5)["actions"]
+        assert np.array_equal(unpackb(reply.content, 1 << 24)["actions"], want)
+        bad = httpx.post(cluster + "/policy/infer", content=b"\xc1 not msgpack", timeout=WAIT)
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_message"
+    finally:
+        serve.delete("flashrt-policy")
+
+
+def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
+    """`flashrt serve --ray --write-config` writes Serve's config; its args rebuild the same SpeechApp,
+    and its import_path's builder makes the application (lm, vocoder and ingress deployments)."""
+    import importlib
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from flashrt.cli import app as cli
+
+    path = tmp_path / "serve.yaml"
+    result = CliRunner().invoke(cli, ["serve", "--ray", "--voice", f"talk={FIXTURE}", "--replicas",
+                                      "lm=2,vocoder=1", "--port", "8123", "--write-config", str(path)])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(path.read_text())
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
+    (application,) = config["applications"]
+    module, _, builder = application["import_path"].partition(":")
+    speech = SpeechApp.from_args(application["args"])
+    assert (speech.name, speech.lm.replicas, speech.vocoder.replicas) == ("talk", 2, 1)
+    assert speech.options == {"device": "cpu"} and speech.limits == ServerLimits()
+    assert SpeechApp.from_args(speech.args()) == speech
+    built = getattr(importlib.import_module(module), builder)(application["args"])
+    assert type(built).__name__ == "Application"
+
+
+@pytest.mark.parametrize("spec", ["lm=0", "lm", "lm=2,lm=1", "gpu=1", "lm=x"])
+def test_replicas_spec_is_checked(spec):
+    from flashrt.errors import ConfigError
+    from flashrt.integrations.ray_serve import parse_replicas
+
+    with pytest.raises(ConfigError, match="--replicas"):
+        parse_replicas(spec)
+    assert parse_replicas("lm=2, vocoder=1") == {"lm": 2, "vocoder": 1}
+
+
+def test_a_burst_beyond_the_bounds_is_refused_at_once(speech, local):
+    """12 clients at once against an ingress that holds 4 and queues 4: every client is served (its
+    whole audio) or refused with a 503 at once; none waits without bound."""
+    want = _speech(local, "Yes.", seed=1).content
+    got = {}
+
+    def post(key):
+        try:
+            reply = _speech(speech, "Yes.", seed=1)
+            got[key] = (reply.status_code, reply.content)
+        except httpx.HTTPError as exc:
+            got[key] = (None, repr(exc))
+
+    clients = [threading.Thread(target=post, args=(k,), daemon=True) for k in range(12)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(WAIT)
+    statuses = sorted(status for status, _ in got.values())
+    assert len(got) == 12 and set(statuses) <= {200, 503}, got
+    assert statuses.count(503) >= 1 and statuses.count(200) >= 4, statuses
+    assert all(body == want for status, body in got.values() if status == 200)
+
+
+def test_deployments_that_cannot_fit_are_refused_at_once():
+    """Replicas needing more CPUs than the cluster has are a ConfigError naming the numbers (Serve
+    itself would wait for them forever)."""
+    from flashrt.errors import ConfigError
+    from flashrt.integrations.ray_serve import check_fits
+
+    app = SpeechApp(str(FIXTURE), lm=StageScale(replicas=2))  # 2 x 1 + 0.5 + 0.25 CPUs
+    with pytest.raises(ConfigError, match=r"need 2.75 CPUs \(2 x 1, 1 x 0.5, 1 x 0.25\).*has 2"):
+        check_fits([app.lm, app.vocoder, app.ingress], {"CPU": 2.0})
+    check_fits([app.lm, app.vocoder, app.ingress], {"CPU": 3.0})
+    with pytest.raises(ConfigError, match="GPU"):
+        check_fits([StageScale(num_gpus=0.5)], {"CPU": 8.0})
