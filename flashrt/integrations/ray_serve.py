@@ -502,8 +502,10 @@ def init_local(**options: Any) -> None:
     part of a cluster, by its own variable RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, which is set here for this
     process and the ones Ray starts (only when flashrt starts the cluster itself)."""
     import ray
+    from ray._private import ray_constants
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the processes Ray starts read it at import
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported ray already: its copy of the flag
     ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, **options)
 
 
