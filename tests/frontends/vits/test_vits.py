@@ -538,3 +538,16 @@ def test_load_voice_takes_the_free_cores(monkeypatch, busy, want):
     assert loaded.threads == want and fixed.threads is None
     with pytest.raises(ConfigError, match="threads"):
         voice_module.load_voice("en_US-joe-medium", threads=0)
+
+
+@pytest.mark.parametrize("name", ["PHONEME_BUCKETS", "FRAME_BUCKETS"])
+def test_no_length_above_128_pads_more_than_an_eighth(name):
+    """A padded phoneme or frame costs as much as a real one: above 128 every length's bucket is less
+    than 1/8 longer than it (the old ladders padded 513 frames to 640 and 257 phonemes to 320)."""
+    import bisect
+
+    from flashrt.frontends.vits import frontend
+
+    buckets = getattr(frontend, name)
+    worst = max(range(129, buckets[-1] + 1), key=lambda n: (buckets[bisect.bisect_left(buckets, n)] - n) / n)
+    assert (buckets[bisect.bisect_left(buckets, worst)] - worst) * 8 < worst, worst
