@@ -15,7 +15,12 @@ alternating order, medians; load noise on a shared machine hits both sides alike
 A quality gate runs first: with noise_scale = noise_w = 0 the flashrt audio of each text must match
 onnxruntime's within 1e-4 (max abs) with the same sample count.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/tts_vs_piper.py [--threads 1] [--pairs 7]
+flashrt's voice loads with ``threads="auto"`` (the cores free at load, at most ``--threads``;
+`flashrt.runtime.threads`); ``--flashrt-threads N`` forces N (``--flashrt-threads 2`` is the old
+behaviour at ``--threads 2``). ``--busy`` starts one busy-looping process for the whole run (before
+the voices load; killed at the end): the shared-machine case where a peer core is taken.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/tts_vs_piper.py [--threads 1] [--pairs 7] [--busy]
 
 Prints a table on stderr, then ONE JSON line on stdout.
 """
@@ -23,8 +28,10 @@ Prints a table on stderr, then ONE JSON line on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import subprocess
 import sys
 import time
 
@@ -92,17 +99,40 @@ def _time_flashrt(tts, text: str) -> tuple[float, float]:
     return ttfa, (time.perf_counter() - start) / (audio.size / tts.sample_rate)
 
 
+@contextlib.contextmanager
+def _busy(on: bool, limit_s: int = 900):
+    """One busy-looping process (bounded: it exits after `limit_s` even if this one dies) while on."""
+    if not on:
+        yield
+        return
+    code = f"import time\nend = time.time() + {limit_s}\nwhile time.time() < end: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--pairs", type=int, default=7)
     parser.add_argument("--only", choices=sorted(TEXTS), help="one text only")
+    parser.add_argument("--flashrt-threads", type=int, help="force flashrt's threads [auto, <= --threads]")
+    parser.add_argument("--busy", action="store_true", help="a busy-looping process beside the run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    with _busy(args.busy):
+        run(args)
 
+
+def run(args) -> None:
     import flashrt
 
-    tts = flashrt.load_tts("en_US-joe-medium")
+    tts = flashrt.load_tts("en_US-joe-medium", threads=args.flashrt_threads or "auto")
+    print(f"flashrt threads: {tts.threads}", file=sys.stderr)
     piper = _piper(args.threads)
     gate = _gate(tts, piper)
     rows = {}
@@ -141,6 +171,8 @@ def main() -> None:
             {
                 "bench": "tts_vs_piper",
                 "threads": args.threads,
+                "flashrt_threads": tts.threads,
+                "busy": args.busy,
                 "pairs": args.pairs,
                 "quality_max_abs": gate,
                 "texts": rows,

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashrt.errors import CheckpointError, InputError
+from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.vits import catalogue
 from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.frontend import FRAME_BUCKETS, PHONEME_BUCKETS, Plan, VitsFrontend
@@ -49,6 +49,7 @@ from flashrt.frontends.vits.voice_config import check_voice_config
 from flashrt.io.files import read_json
 from flashrt.io.inputs import SEED_MAX, check_seed, check_speed
 from flashrt.quant.precision import compute_dtype
+from flashrt.runtime.threads import CpuLoad, check_threads, choose_threads, torch_threads
 
 __all__ = ["VitsVoice", "VoiceFiles", "find_voice", "load_voice", "VOICE_PACKAGES", "MAX_TEXT"]
 
@@ -124,8 +125,17 @@ def _not_found(name: str, folders: Sequence[Path]) -> str:
 class VitsVoice:
     """A Piper/VITS voice ready to speak (module docstring)."""
 
-    def __init__(self, frontend: VitsFrontend, voice_json: Mapping[str, Any], name: str = "") -> None:
+    def __init__(
+        self,
+        frontend: VitsFrontend,
+        voice_json: Mapping[str, Any],
+        name: str = "",
+        threads: int | None = None,
+    ) -> None:
         self.frontend, self.name = frontend, name
+        self.threads = check_threads(threads)  # torch threads per op (None: torch's setting at each call)
+        if self.threads == "auto":
+            raise ConfigError("VitsVoice: threads is a count or None (load_voice resolves 'auto')")
         self.config = dict(voice_json)
         self.phonemizer = phonemizer_for(voice_json)
         self.phoneme_map = PhonemeMap.from_voice(voice_json)
@@ -196,7 +206,7 @@ class VitsVoice:
         """One sentence of phoneme ids -> its audio in one decode."""
         seed = check_seed(seed)
         resolved = self._scales(speed, scales)
-        with self._lock, torch.inference_mode():
+        with self._lock, torch.inference_mode(), torch_threads(self.threads):
             plan = self._plan(ids, resolved, seed)
             self.frontend.flow(plan)
             return self.frontend.read(plan).numpy()
@@ -213,15 +223,21 @@ class VitsVoice:
         """One sentence of phoneme ids -> audio chunks (decoder windows; they concatenate to the one-shot)."""
         seed = check_seed(seed)
         resolved = self._scales(speed, scales)
-        with self._lock, torch.inference_mode():
-            fe, plan = self.frontend, self._plan(ids, resolved, seed)
-            windows = list(plan.windows(first_chunk, chunk, fe.context))
-            done = fe.flow(plan, upto=windows[0].stop)  # the first window's z only
-            yield fe.decode(windows[0]).numpy()
+        with self._lock, torch.inference_mode():  # threads set per step: never across a yield
+            fe = self.frontend
+            with torch_threads(self.threads):
+                plan = self._plan(ids, resolved, seed)
+                windows = list(plan.windows(first_chunk, chunk, fe.context))
+                done = fe.flow(plan, upto=windows[0].stop)  # the first window's z only
+                audio = fe.decode(windows[0]).numpy()
+            yield audio
             if done < plan.frames:
-                fe.flow(plan)
+                with torch_threads(self.threads):
+                    fe.flow(plan)
             for window in windows[1:]:
-                yield fe.decode(window).numpy()
+                with torch_threads(self.threads):
+                    audio = fe.decode(window).numpy()
+                yield audio
 
     def __call__(
         self, text: str, seed: int | None = None, speed: float = 1.0, **scales: float | None
@@ -265,6 +281,7 @@ class VitsVoice:
             "name": self.name,
             "sample_rate": self.sample_rate,
             "defaults": dict(self.defaults),
+            "threads": self.threads,
             **self.frontend.describe(),
         }
 
@@ -310,10 +327,14 @@ def load_voice(
     frame_buckets=FRAME_BUCKETS,
     capture: bool = False,
     voices_dir: str | Path | Sequence[str | Path] | None = None,
+    threads: int | str | None = "auto",
 ) -> VitsVoice:
     """Load a voice (folder, .onnx, catalogue or package name, looked up in `voices_dir` first; or a
     training checkpoint with `config`), map its weights strictly, build the frontend (graphs captured on
-    first use per bucket, or all now with ``capture=True``)."""
+    first use per bucket, or all now with ``capture=True``). `threads`: torch threads per op on the CPU
+    (`flashrt.runtime.threads`): ``"auto"`` = the cores free now, at most torch's setting (a busy peer
+    core stalls every op of a multi-threaded pool); an int; None = torch's setting at each call."""
+    threads = check_threads(threads)
     files = VoiceFiles(Path(voice), Path(config)) if config is not None else find_voice(voice, voices_dir)
     voice_json = read_json(files.config, "voice config")
     check_voice_config(voice_json, str(files.config))
@@ -335,7 +356,17 @@ def load_voice(
     )
     if capture:
         fe.capture()
-    return VitsVoice(fe, voice_json, name=files.weights.name.removesuffix(".onnx"))
+    return VitsVoice(fe, voice_json, name=files.weights.name.removesuffix(".onnx"),
+                     threads=_threads_for(threads, device))
+
+
+def _threads_for(threads: int | str | None, device: torch.device) -> int | None:
+    """The voice's thread count: 'auto' probes the free cores (CPU only; elsewhere torch's setting)."""
+    if threads != "auto":
+        return threads
+    if device.type != "cpu":
+        return None
+    return choose_threads(threads, CpuLoad.probe(), ceiling=torch.get_num_threads())
 
 
 def _context(cfg: VitsConfig) -> tuple[int, int]:

