@@ -29,9 +29,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # packages some tests import that live only in the reference environment (their tests skip elsewhere,
 # by design): NOT declared test dependencies. Anything else a test imports must be declared.
 REFERENCE_ONLY = {"lerobot", "tensorrt"}
-# heavy optional extras left out of the test extra on purpose; their tests skip, naming the extra, without
-# them (ray: flashrt[ray], ~240 MB and ~35 packages, tests/integrations/test_ray_serve.py)
-SKIPPED_WITHOUT = {"ray"}
+# optional extras left out of the test extra on purpose; their tests skip, naming the extra, without them
+# (none today: ray is in the test extra, so CI runs the Ray Serve tests)
+SKIPPED_WITHOUT: set[str] = set()
 # folders of reference-env generators (tests/fixtures/gen) are not run by the suite
 NOT_RUN = (TESTS / "fixtures" / "gen",)
 
