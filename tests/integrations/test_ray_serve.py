@@ -43,7 +43,11 @@ SMALL = StageScale(num_cpus=0.25, max_ongoing_requests=4, max_queued_requests=4,
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    import builtins
+
     from ray import serve
+
+    saved_print = builtins.print  # Ray patches the builtin print (its tqdm); the suite gets it back
 
     from flashrt.integrations.ray_serve import init_local
 
@@ -53,6 +57,7 @@ def cluster(tmp_path_factory):
     yield f"http://127.0.0.1:{SERVE_PORT}"
     serve.shutdown()
     ray.shutdown()
+    builtins.print = saved_print
 
 
 @pytest.fixture(scope="module")
