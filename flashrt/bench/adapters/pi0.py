@@ -16,7 +16,7 @@ of `flashrt.demo`) is written to a temporary folder and loaded with `load_policy
 one. Sizes come from `profile.shapes.preset` (`PRESETS`):
 
     tiny    flashrt.demo's embedded sizes (Gemma widths 64 / 32, 2 layers, 56 px), 48 x 64 frames
-    small   the CPU benchmark config of issue #3: Gemma width 256, 4 layers, expert 128, SigLIP 128 x 4
+    small   the CPU benchmark config: Gemma width 256, 4 layers, expert 128, SigLIP 128 x 4
             layers at 224 px, 10 Euler steps, chunk 50; 480 x 640 frames
     full    the real sizes: SigLIP So400m/14 at 224 px, Gemma 2B + Gemma 300M expert, the 257,152-token
             embedding; drawn on the bench device and stored in bf16
