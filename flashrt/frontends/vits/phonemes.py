@@ -12,7 +12,12 @@ Languages espeak-ng cannot serve use piper-tts's own phonemizers, as piper does 
 voice config's ``phoneme_type``): "hebrew" (Nakdimon diacritics, bundled in piper-tts, then rule-based
 IPA), "japanese" (OpenJTalk), "thai" (TLTK). Each needs its own package, named when missing, at load;
 their phonemes are single code points in the voice's map, so the ids follow the rules below. "pinyin"
-(Chinese) is refused: piper's g2pW model is downloaded at first use and its ids pad per syllable.
+(Chinese) uses piper-tts's ChinesePhonemizer (the `zh` extra: g2pW's polyphone model run by onnxruntime,
+BERT's Chinese tokenizer, unicode-rbnf for numbers). Piper downloads the g2pW model at first use; flashrt
+never downloads at load: the model folder (``g2pW/`` holding ``g2pw.onnx``, piper's layout) is looked up
+beside the voice, in the voices folders and the working directory (where piper puts it), and a voice
+without it is refused with where to get it. Pinyin ids pad once per syllable group (after each tone and
+pause), not after every phoneme, as piper's Chinese ``phonemes_to_ids`` does.
 
 Rules (Piper's): espeak returns clauses with their terminator and an end-of-sentence flag; language
 switch flags ``(en)`` are dropped; the terminator is kept as a phoneme, followed by a space after
@@ -30,6 +35,7 @@ import threading
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
@@ -37,8 +43,9 @@ from flashrt.io.inputs import check_text_chars
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Phonemizer", "EspeakPhonemizer", "TextPhonemizer", "PiperPhonemizer", "PhonemeMap",
-           "phonemizer_for", "INSTALL_HINT", "PIPER_G2P", "PHONEME_TYPES", "REFUSED_TYPES"]
+__all__ = ["Phonemizer", "EspeakPhonemizer", "TextPhonemizer", "PiperPhonemizer", "PinyinPhonemizer",
+           "PhonemeMap", "phonemizer_for", "INSTALL_HINT", "PIPER_G2P", "PHONEME_TYPES", "REFUSED_TYPES",
+           "G2PW_FOLDER", "G2PW_URL"]
 
 PAD, BOS, EOS = "_", "^", "$"
 INSTALL_HINT = "pip install 'flashrt[tts]' (it brings piper-tts, whose wheel bundles espeak-ng and its data)"
@@ -48,6 +55,11 @@ _ESPEAK_READY: list[bool] = []
 
 
 class Phonemizer(Protocol):
+    """Sentences of phonemes; `pad_after` is None when the pad id follows every phoneme (Piper's rule), else
+    the phonemes a pad follows (Chinese: the ends of syllable groups)."""
+
+    pad_after: frozenset[str] | None
+
     def sentences(self, text: str) -> list[list[str]]: ...
 
 
@@ -69,6 +81,7 @@ class EspeakPhonemizer:
 
     voice: str
     vowel_clusters: frozenset[tuple[str, ...]] = frozenset()
+    pad_after = None
 
     def __post_init__(self) -> None:
         """Checks at load that espeak-ng has the voice (a config naming an unknown one would otherwise
@@ -120,9 +133,11 @@ PIPER_G2P: dict[str, PiperG2P] = {
     "thai": PiperG2P("piper.phonemize_thai", "ThaiPhonemizer", "tltk and unicode-rbnf (pip install tltk "
                      "unicode-rbnf)"),
 }
-REFUSED_TYPES = {"pinyin": "piper's Chinese phonemizer downloads its g2pW model at first use and pads ids "
-                           "per syllable; not supported"}
-PHONEME_TYPES = ("espeak", "text", *PIPER_G2P)
+REFUSED_TYPES: dict[str, str] = {}
+PHONEME_TYPES = ("espeak", "text", *PIPER_G2P, "pinyin")
+G2PW_FOLDER = "g2pW"  # piper's name for the folder of its Chinese polyphone model (beside its voices)
+G2PW_URL = ("https://huggingface.co/datasets/rhasspy/piper-checkpoints/resolve/main/zh/zh_CN/_resources/"
+            "g2pw.tar.gz")
 
 
 class PiperPhonemizer:
@@ -138,6 +153,44 @@ class PiperPhonemizer:
                               f" (missing: {exc.name}; piper-tts itself: {INSTALL_HINT})") from None
         self._lock = threading.Lock()
 
+    pad_after = None
+
+    def sentences(self, text: str) -> list[list[str]]:
+        with self._lock:
+            found = self._g2p.phonemize(text)
+        return [list(sentence) for sentence in found if sentence]
+
+
+class PinyinPhonemizer:
+    """Chinese voices: piper-tts's ChinesePhonemizer over the g2pW model found in `model_dirs` (the first
+    holding ``g2pw.onnx``); never downloads. Built at load: a missing model or package is a ConfigError
+    then, naming what to install or where to put the model. Thread-safe."""
+
+    def __init__(self, model_dirs: Sequence[Path]) -> None:
+        found = next((Path(d) for d in model_dirs if (Path(d) / "g2pw.onnx").is_file()), None)
+        if found is None:
+            raise ConfigError(
+                f"Chinese (pinyin) voices need piper's g2pW model: none of {[str(d) for d in model_dirs]} "
+                f"holds g2pw.onnx. flashrt does not download at load; unpack {G2PW_URL} into a folder named "
+                f"{G2PW_FOLDER!r} beside the voice or in the voices folder (piper's own download puts it in "
+                f"its working directory), or pass g2pw_dir")
+        try:
+            module = importlib.import_module("piper.phonemize_chinese")
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"Chinese voices phonemize with piper-tts's ChinesePhonemizer (missing: "
+                              f"{exc.name}): pip install 'flashrt[zh]'") from None
+        try:
+            self._g2p = module.ChinesePhonemizer(found)
+        except ModuleNotFoundError as exc:
+            raise ConfigError(f"Chinese voices phonemize with piper-tts's ChinesePhonemizer (missing: "
+                              f"{exc.name}): pip install 'flashrt[zh]'") from None
+        except Exception as exc:  # onnxruntime, transformers' tokenizer lookup: many exception types
+            why = f"{type(exc).__name__}: {exc}"
+            raise ConfigError(f"the g2pW model in {found} did not load: {why}") from None
+        self.pad_after = frozenset(module.GROUP_END_PHONEMES)
+        self.model_dir = found
+        self._lock = threading.Lock()
+
     def sentences(self, text: str) -> list[list[str]]:
         with self._lock:
             found = self._g2p.phonemize(text)
@@ -147,6 +200,8 @@ class PiperPhonemizer:
 @dataclass
 class TextPhonemizer:
     """Voices whose "phonemes" are the text's code points (phoneme_type "text"): one sentence."""
+
+    pad_after = None
 
     def sentences(self, text: str) -> list[list[str]]:
         chars = list(unicodedata.normalize("NFD", text))
@@ -174,38 +229,46 @@ def _merge(phonemes: Sequence[str], clusters: frozenset[tuple[str, ...]]) -> lis
 
 @dataclass(frozen=True)
 class PhonemeMap:
-    """The voice's ``phoneme_id_map`` (phoneme -> ids)."""
+    """The voice's ``phoneme_id_map`` (phoneme -> ids) and where pads go: after every phoneme and after
+    ``^`` (`pad_after` None, Piper's rule), or only after the phonemes in `pad_after` (Chinese)."""
 
     ids_of: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    pad_after: frozenset[str] | None = None
 
     @classmethod
-    def from_voice(cls, voice_json: Mapping[str, Any]) -> PhonemeMap:
+    def from_voice(cls, voice_json: Mapping[str, Any], pad_after: frozenset[str] | None = None) -> PhonemeMap:
         table = voice_json.get("phoneme_id_map")
         if not table or any(k not in table for k in (PAD, BOS, EOS)):
             raise ConfigError("voice config: phoneme_id_map is missing or lacks '_', '^', '$'")
-        return cls({k: tuple(int(i) for i in v) for k, v in table.items()})
+        return cls({k: tuple(int(i) for i in v) for k, v in table.items()}, pad_after)
+
+    def _pad(self, phoneme: str) -> bool:
+        return self.pad_after is None or phoneme in self.pad_after
 
     def __call__(self, phonemes: Iterable[str]) -> list[int]:
-        pad, out, missing = self.ids_of[PAD], [*self.ids_of[BOS], *self.ids_of[PAD]], []
+        pad, missing = self.ids_of[PAD], []
+        out = [*self.ids_of[BOS], *(pad if self.pad_after is None else ())]
         for p in phonemes:
             ids = self.ids_of.get(p)
             if ids is None:
                 missing.append(p)
                 continue
-            out += [*ids, *pad]
+            out += [*ids, *pad] if self._pad(p) else [*ids]
         if missing:
             log.warning("phonemes not in the voice's map, dropped: %s", sorted(set(missing)))
         return out + list(self.ids_of[EOS])
 
 
-def phonemizer_for(voice_json: Mapping[str, Any]) -> Phonemizer:
-    """The phonemizer a Piper voice config asks for ("espeak" with its voice, "text", or one of piper's
-    own, `PIPER_G2P`)."""
+def phonemizer_for(voice_json: Mapping[str, Any], model_dirs: Sequence[Path] = ()) -> Phonemizer:
+    """The phonemizer a Piper voice config asks for ("espeak" with its voice, "text", one of piper's own,
+    `PIPER_G2P`, or "pinyin" with its g2pW model from the first of `model_dirs` that holds it)."""
     kind = voice_json.get("phoneme_type", "espeak")
     if kind == "text":
         return TextPhonemizer()
     if kind in PIPER_G2P:
         return PiperPhonemizer(kind)
+    if kind == "pinyin":
+        return PinyinPhonemizer(model_dirs)
     if kind != "espeak":
         why = REFUSED_TYPES.get(kind, "unknown")
         raise ConfigError(f"voice config: phoneme_type {kind!r}: {why}; supported: {list(PHONEME_TYPES)}")

@@ -44,7 +44,7 @@ from flashrt.frontends.vits import catalogue
 from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.frontend import FRAME_BUCKETS, PHONEME_BUCKETS, Plan, VitsFrontend
 from flashrt.frontends.vits.model import load_weights
-from flashrt.frontends.vits.phonemes import PhonemeMap, check_text, phonemizer_for
+from flashrt.frontends.vits.phonemes import G2PW_FOLDER, PhonemeMap, check_text, phonemizer_for
 from flashrt.frontends.vits.voice_config import check_voice_config
 from flashrt.io.files import read_json
 from flashrt.io.inputs import SEED_MAX, check_seed, check_speed
@@ -131,14 +131,15 @@ class VitsVoice:
         voice_json: Mapping[str, Any],
         name: str = "",
         threads: int | None = None,
+        g2p_dirs: Sequence[Path] = (),
     ) -> None:
         self.frontend, self.name = frontend, name
         self.threads = check_threads(threads)  # torch threads per op (None: torch's setting at each call)
         if self.threads == "auto":
             raise ConfigError("VitsVoice: threads is a count or None (load_voice resolves 'auto')")
         self.config = dict(voice_json)
-        self.phonemizer = phonemizer_for(voice_json)
-        self.phoneme_map = PhonemeMap.from_voice(voice_json)
+        self.phonemizer = phonemizer_for(voice_json, g2p_dirs)
+        self.phoneme_map = PhonemeMap.from_voice(voice_json, self.phonemizer.pad_after)
         inference = voice_json.get("inference", {})
         self.defaults = {
             "noise_scale": float(inference.get("noise_scale", 0.667)),
@@ -328,12 +329,15 @@ def load_voice(
     capture: bool = False,
     voices_dir: str | Path | Sequence[str | Path] | None = None,
     threads: int | str | None = "auto",
+    g2pw_dir: str | Path | None = None,
 ) -> VitsVoice:
     """Load a voice (folder, .onnx, catalogue or package name, looked up in `voices_dir` first; or a
     training checkpoint with `config`), map its weights strictly, build the frontend (graphs captured on
     first use per bucket, or all now with ``capture=True``). `threads`: torch threads per op on the CPU
     (`flashrt.runtime.threads`): ``"auto"`` = the cores free now, at most torch's setting (a busy peer
-    core stalls every op of a multi-threaded pool); an int; None = torch's setting at each call."""
+    core stalls every op of a multi-threaded pool); an int; None = torch's setting at each call.
+    `g2pw_dir`: Chinese voices' g2pW model folder (default: a ``g2pW`` folder beside the voice, in the
+    voices folders or the working directory, as piper keeps it; never downloaded)."""
     threads = check_threads(threads)
     files = VoiceFiles(Path(voice), Path(config)) if config is not None else find_voice(voice, voices_dir)
     voice_json = read_json(files.config, "voice config")
@@ -357,7 +361,16 @@ def load_voice(
     if capture:
         fe.capture()
     return VitsVoice(fe, voice_json, name=files.weights.name.removesuffix(".onnx"),
-                     threads=_threads_for(threads, device))
+                     threads=_threads_for(threads, device), g2p_dirs=_g2p_dirs(g2pw_dir, files, voices_dir))
+
+
+def _g2p_dirs(given: str | Path | None, files: VoiceFiles, voices_dir) -> list[Path]:
+    """Where a Chinese voice's g2pW model is looked for: the folder given, else beside the voice, then
+    the voices folders and the working directory (`catalogue.search_path`)."""
+    if given is not None:
+        return [Path(given).expanduser()]
+    folders = [files.weights.parent, *catalogue.search_path(voices_dir)]
+    return list(dict.fromkeys(folder / G2PW_FOLDER for folder in folders))
 
 
 def _threads_for(threads: int | str | None, device: torch.device) -> int | None:

@@ -42,7 +42,7 @@ CASES = {
                             "phoneme_id_map['a']"),
     "no pad": (lambda c: c["phoneme_id_map"].pop("_"), "phoneme_id_map"),
     "num_symbols bool": (lambda c: c.update(num_symbols=True), "num_symbols"),
-    "phoneme_type unknown": (lambda c: c.update(phoneme_type="pinyin"), "phoneme_type"),
+    "phoneme_type unknown": (lambda c: c.update(phoneme_type="klingon"), "phoneme_type"),
     "espeak voice missing": (lambda c: c.update(espeak={}), "espeak.voice"),
     "speaker id out of range": (lambda c: c.update(speaker_id_map={"x": 3}), "speaker_id_map['x']"),
     "num_speakers zero": (lambda c: c.update(num_speakers=0), "num_speakers"),
