@@ -129,9 +129,9 @@ PIPER_G2P: dict[str, PiperG2P] = {
     "hebrew": PiperG2P("piper.phonemize_hebrew", "HebrewPhonemizer",
                        "onnxruntime (pip install 'flashrt[onnx]'); piper-tts bundles its Nakdimon model"),
     "japanese": PiperG2P("piper.phonemize_japanese", "JapanesePhonemizer",
-                         "pyopenjtalk (pip install pyopenjtalk)"),
-    "thai": PiperG2P("piper.phonemize_thai", "ThaiPhonemizer", "tltk and unicode-rbnf (pip install tltk "
-                     "unicode-rbnf)"),
+                         "pyopenjtalk-plus (pip install 'flashrt[ja]')"),
+    "thai": PiperG2P("piper.phonemize_thai", "ThaiPhonemizer", "tltk and unicode-rbnf (pip install "
+                     "'flashrt[th]')"),
 }
 REFUSED_TYPES: dict[str, str] = {}
 PHONEME_TYPES = ("espeak", "text", *PIPER_G2P, "pinyin")

@@ -27,14 +27,24 @@ def _hebrew_config() -> dict:
     return {"phoneme_type": "hebrew", "phoneme_id_map": ids_mod.DEFAULT_PHONEME_ID_MAP}
 
 
-def test_hebrew_ids_equal_pipers_own_pipeline():
-    pytest.importorskip("onnxruntime")
-    from piper.phonemize_hebrew import HebrewPhonemizer
+LANGUAGES = {  # phoneme_type: (piper's module, its class, what it needs installed, a text)
+    "hebrew": ("piper.phonemize_hebrew", "HebrewPhonemizer", "onnxruntime", HEBREW),
+    "japanese": ("piper.phonemize_japanese", "JapanesePhonemizer", "pyopenjtalk",
+                 "こんにちは。今日は良い天気ですね？東京まで３キロです！"),
+    "thai": ("piper.phonemize_thai", "ThaiPhonemizer", "tltk", "สวัสดีครับ วันนี้อากาศดีมาก ราคา 25 บาท"),
+}
 
-    config = _hebrew_config()
-    ours = [PhonemeMap.from_voice(config)(s) for s in phonemizer_for(config).sentences(HEBREW)]
-    theirs = [ids_mod.phonemes_to_ids(s, ids_mod.DEFAULT_PHONEME_ID_MAP)
-              for s in HebrewPhonemizer().phonemize(HEBREW)]
+
+@pytest.mark.parametrize("kind", list(LANGUAGES))
+def test_ids_equal_pipers_own_pipeline(kind):
+    """Each language through flashrt (phonemizer_for + PhonemeMap) and through piper's own phonemizer and
+    phonemes_to_ids with the default IPA id map these voices use: the same ids, sentence by sentence."""
+    module, cls, needs, text = LANGUAGES[kind]
+    pytest.importorskip(needs)
+    theirs_g2p = getattr(pytest.importorskip(module, exc_type=ImportError), cls)()
+    config = {"phoneme_type": kind, "phoneme_id_map": ids_mod.DEFAULT_PHONEME_ID_MAP}
+    ours = [PhonemeMap.from_voice(config)(s) for s in phonemizer_for(config).sentences(text)]
+    theirs = [ids_mod.phonemes_to_ids(s, ids_mod.DEFAULT_PHONEME_ID_MAP) for s in theirs_g2p.phonemize(text)]
     assert ours == theirs and len(ours[0]) > 20
 
 
@@ -59,8 +69,8 @@ def test_a_hebrew_voice_loads_and_speaks(tmp_path, one_thread):
 
 def test_a_missing_phonemizer_package_is_named_at_load(monkeypatch):
     monkeypatch.setitem(PIPER_G2P, "japanese", PiperG2P("flashrt_no_such_g2p", "JapanesePhonemizer",
-                                                        "pyopenjtalk (pip install pyopenjtalk)"))
-    with pytest.raises(ConfigError, match="pip install pyopenjtalk") as err:
+                                                        "pyopenjtalk-plus (pip install 'flashrt[ja]')"))
+    with pytest.raises(ConfigError, match=r"pip install 'flashrt\[ja\]'") as err:
         phonemizer_for({"phoneme_type": "japanese"})
     assert "flashrt_no_such_g2p" in str(err.value)
 
