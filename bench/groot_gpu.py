@@ -8,7 +8,7 @@ Regime: batch 1, one observation -> one action chunk of 40, bf16, RANDOM weights
 SigLIP2 1152 x 27, Qwen3 2048 with 16 layers kept; AlternateVLDiT 1536 x 32; 256-px edge -> 252 x 252,
 81 tokens per camera) / N1.5 (Eagle 2.5 VL: SigLIP 1152 x 27 at 224, Qwen3 2048 with 12 layers kept;
 DiT 1536 x 16 with 32 future tokens, VL self-attention 4 layers; 64 tokens per camera) models and
-frontends of `flashrt.frontends.groot.synthetic_eagle` instead. The model is built directly on the
+frontends of `flashrt.testing.synthetic.groot_eagle` instead. The model is built directly on the
 device (matrices ~N(0, 0.02²), gains 1, biases 0; no checkpoint file), wrapped in the groot frontend and
 the generic `Policy` runner.
 
@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashrt.frontends.groot import synthetic, synthetic_eagle
+from flashrt.testing.synthetic import groot as synthetic
+from flashrt.testing.synthetic import synthetic_eagle
 
 
 class N17Models:

@@ -22,8 +22,8 @@ import sys
 import torch
 
 from flashrt.frontends.vocoders import get_family, prepare_module
-from flashrt.frontends.vocoders.synthetic import random_module
 from flashrt.runner.vocoder import Vocoder
+from flashrt.testing.synthetic.vocoders import random_module
 
 
 def main(argv: list[str]) -> int:

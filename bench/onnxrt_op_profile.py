@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 
 from flashrt.frontends.vocoders import get_family, prepare_module
-from flashrt.frontends.vocoders.synthetic import random_module
 from flashrt.nn.conv_policy import POLICIES
 from flashrt.nn.valid import ValidLength
 from flashrt.runtime import onnxrt
+from flashrt.testing.synthetic.vocoders import random_module
 
 
 def main(argv: list[str]) -> int:

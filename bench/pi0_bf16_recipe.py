@@ -1,7 +1,7 @@
 """Benchmark (numerics): Pi0 / Pi0.5 actions in bfloat16 against float32, lerobot's recipe vs all-bf16.
 
 Regime: batch 1, RANDOM weights (a lerobot 0.6.1 policy dir written by
-`flashrt.frontends.pi0.synthetic.write_checkpoint`, stored float32) at the bench presets of
+`flashrt.testing.synthetic.pi0.write_checkpoint`, stored float32) at the bench presets of
 `flashrt.bench.adapters.pi0` (tiny, small); the same observations and flow-matching noise for every
 variant; the eager backend on the CPU (bfloat16 runs there). Three loads of the same dir:
 
@@ -47,8 +47,8 @@ def measure(variant: str, preset: str, n_obs: int, folder: Path) -> dict[str, An
     import torch
 
     from flashrt.bench.adapters.pi0 import PRESETS, TOKENIZER_MAX, observations
-    from flashrt.frontends.pi0.synthetic import SyntheticSpec, write_checkpoint
     from flashrt.runner.policy import load_policy
+    from flashrt.testing.synthetic.pi0 import SyntheticSpec, write_checkpoint
 
     p = PRESETS[preset]
     sizes = replace(p.sizes, max_tokens=TOKENIZER_MAX[variant])

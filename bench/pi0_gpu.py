@@ -2,7 +2,7 @@
 
 Regime: batch 1, one observation -> one action chunk. RANDOM weights at the real sizes (SigLIP So400m/14
 at 224 px, Gemma 2B prefix, Gemma 300M action expert, 257,152-token embedding), drawn on the GPU and
-written in bf16 as a lerobot 0.6.1 policy dir (`flashrt.frontends.pi0.synthetic.write_checkpoint`), loaded
+written in bf16 as a lerobot 0.6.1 policy dir (`flashrt.testing.synthetic.pi0.write_checkpoint`), loaded
 with `load_policy(..., precision="bfloat16", backend="cuda")`; 1, 2 or 3 cameras fed 480 x 640 uint8
 frames; 10 Euler steps, chunk 50; prompts of a few words (Pi0.5 adds the discretized state), each replayed in
 its prompt bucket (reported).
@@ -120,7 +120,7 @@ class VariantRun:
 
     def __init__(self, variant: str, args: argparse.Namespace, tmp: Path):
         from flashrt.bench.adapters import pi0 as pb
-        from flashrt.frontends.pi0.synthetic import SyntheticSpec, write_checkpoint
+        from flashrt.testing.synthetic.pi0 import SyntheticSpec, write_checkpoint
 
         self.variant, self.args, self.pb = variant, args, pb
         preset = pb.PRESETS[args.preset]

@@ -1,7 +1,7 @@
 """Benchmark (host work): what one `Policy.infer()` costs OUTSIDE the captured step, Pi0 / Pi0.5.
 
 Regime (default): batch 1, RANDOM weights (a lerobot 0.6.1 policy dir written by
-`flashrt.frontends.pi0.synthetic.write_checkpoint`) at the bench presets of `flashrt.bench.adapters.pi0`
+`flashrt.testing.synthetic.pi0.write_checkpoint`) at the bench presets of `flashrt.bench.adapters.pi0`
 (tiny: 48 x 64 frames into 56 px; small: 480 x 640 frames into 224 px), 2 cameras, uint8 frames, the
 eager backend on the CPU (`--device cuda`: CUDA graphs on a GPU). Each call gets its flow-matching
 noise as an array (`--noise array`, what `flashrt bench` does) or a seed (`--noise seed`).
@@ -47,9 +47,9 @@ def measure(variant: str, preset: str, calls: int, noise_mode: str, folder: Path
     import torch
 
     from flashrt.bench.adapters.pi0 import CAMERAS, PRESETS, TOKENIZER_MAX, observations
-    from flashrt.frontends.pi0.synthetic import SyntheticSpec, write_checkpoint
     from flashrt.profile.alloc import count_infer_allocations
     from flashrt.runner.policy import load_policy
+    from flashrt.testing.synthetic.pi0 import SyntheticSpec, write_checkpoint
 
     p = PRESETS[preset]
     sizes = replace(p.sizes, max_tokens=TOKENIZER_MAX[variant])

@@ -53,7 +53,7 @@ def write_folder(folder: Path, size: str, seed: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from flashrt.frontends.vocoders import get_family
-    from flashrt.frontends.vocoders.synthetic import write_snac
+    from flashrt.testing.synthetic.vocoders import write_snac
 
     spec = dict(SIZES[size])
     snac_preset, base = spec.pop("snac"), spec.pop("base")

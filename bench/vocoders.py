@@ -20,7 +20,7 @@ sides; ``--plot DIR`` writes one latency PNG per case. bf16 variants of flashrt 
 uses AMX where the CPU has it) are timed and reported apart (``bf16_*``: max |delta| and SNR against the
 fp32 reference): a different precision, not part of the fp32 ratio. Families register their cases in
 ``CASES`` (vocoder-B adds vocos/snac entries with `register_case`). Each case's weights come from the
-family's one synthetic writer (flashrt/frontends/vocoders/synthetic.py, also used by `flashrt bench`).
+family's one synthetic writer (flashrt/testing/synthetic/vocoders.py, also used by `flashrt bench`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from flashrt.frontends.vocoders.synthetic import WRITERS
 from flashrt.profile.report import json_line, kv_table, print_tables
 from flashrt.runner.vocoder import load_vocoder
+from flashrt.testing.synthetic.vocoders import WRITERS
 
 
 @dataclass
@@ -71,7 +71,7 @@ def _mel(channels: int, frames: int, seed: int = 0) -> torch.Tensor:
 
 
 def _package_model(family: str, preset: str, folder: Path, seed: int, **overrides: Any) -> Callable[..., Any]:
-    """The family's synthetic checkpoint (its one writer, `flashrt.frontends.vocoders.synthetic.WRITERS`)
+    """The family's synthetic checkpoint (its one writer, `flashrt.testing.synthetic.vocoders.WRITERS`)
     at a preset's sizes in ``folder``, and the package's decode of that folder (the bench adapter's
     loader): both sides read the same file."""
     from flashrt.bench.adapters.vocoders import SPECS

@@ -6,7 +6,7 @@ import numpy as np
 
 from flashrt.cli import app, run_app
 from flashrt.frontends.pi0.quantize import synthetic_observations
-from flashrt.frontends.pi0.synthetic import TINY, SyntheticSpec, write_checkpoint
+from flashrt.testing.synthetic.pi0 import TINY, SyntheticSpec, write_checkpoint
 
 
 def test_calibrate_miss_then_hit(capsys, tmp_path):

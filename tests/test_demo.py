@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from flashrt.demo import ToyRobot, demo, ensure_demo_checkpoint, write_demo_checkpoint
 from flashrt.frontends.pi0.checkpoint import detect_layout, load_checkpoint
-from flashrt.frontends.pi0.synthetic import TINY as SIZES
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer
+from flashrt.testing.synthetic.pi0 import TINY as SIZES
 
 
 def test_checkpoint_is_deterministic_and_lerobot_shaped(tmp_path):

@@ -78,7 +78,7 @@ def test_bad_arguments_are_one_line_errors(capsys, tmp_path, extra, needle):
 @pytest.fixture
 def pi05_dir(tmp_path, monkeypatch):
     import flashrt.quant.cache
-    from flashrt.frontends.pi0.synthetic import TINY, SyntheticSpec, write_checkpoint
+    from flashrt.testing.synthetic.pi0 import TINY, SyntheticSpec, write_checkpoint
 
     monkeypatch.setattr(flashrt.quant.cache, "default_root", lambda: tmp_path / "cal")  # not the user's
     folder = tmp_path / "pi05"

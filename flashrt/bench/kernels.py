@@ -21,7 +21,7 @@ ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 
     pi0, pi05     the model cards (models/pi0-base.toml, pi05-base.toml: SigLIP So400m/14, Gemma 2B +
                   300M expert), the card's 10 Euler steps and 50-action chunk, its longest prompt bucket;
                   one whole step (vision, prefill, every denoise step)
-    groot         GR00T N1.7 at its published sizes (`flashrt.frontends.groot.synthetic` "full": the
+    groot         GR00T N1.7 at its published sizes (`flashrt.testing.synthetic.groot` "full": the
                   Cosmos-Reason2-2B backbone, 16 text layers kept, VL self-attention 4, AlternateVLDiT
                   32 blocks, 4 flow steps), the largest default prompt bucket; one whole step
     pi0-fast      Pi0-FAST (PaliGemma 2B, preset "pi0_fast", prompts up to 200 tokens): two rows, the
@@ -68,9 +68,9 @@ def policy_count(card: dict[str, Any], dtype: Any, cams: int = 2, kernels: str =
     prompt bucket with the kernel-table row ``kernels``."""
     from flashrt.frontends.pi0.config import config_from_card
     from flashrt.frontends.pi0.frontend import Pi0Frontend
-    from flashrt.frontends.pi0.synthetic import meta_checkpoint
     from flashrt.frontends.pi0.weights import load_pi0
     from flashrt.nn.fused import use_kernels
+    from flashrt.testing.synthetic.pi0 import meta_checkpoint
 
     config = config_from_card(card)
     model = load_pi0(config, meta_checkpoint(config), device="meta", dtype=dtype)
@@ -105,10 +105,10 @@ def groot_count(dtype: Any, cams: int = 2) -> KernelCount:
     bucket. No fused op: its loader selects none (both paths count the same)."""
     import torch
 
-    from flashrt.frontends.groot import synthetic
     from flashrt.frontends.groot.config import GrootN17Config, TokenIds, text_config, vision_config
     from flashrt.frontends.groot.model import GrootN17Model
     from flashrt.frontends.groot.preprocess import PromptTokenizer
+    from flashrt.testing.synthetic import groot as synthetic
 
     with tempfile.TemporaryDirectory() as folder:
         tokenizer = PromptTokenizer(synthetic.write_tokenizer(Path(folder)))

@@ -85,8 +85,8 @@ def bench_serve_policy(
 
 def _load(plan: _Plan, prof: Any, device: str, tmp: Path) -> Any:
     from flashrt.bench.adapters.pi0 import checkpoint_spec
-    from flashrt.frontends.pi0.synthetic import write_checkpoint
     from flashrt.runner.policy import batch_ladder, load_policy
+    from flashrt.testing.synthetic.pi0 import write_checkpoint
 
     folder = write_checkpoint(tmp, checkpoint_spec(plan.variant, prof), device)
     return load_policy(folder, device=device, backend=prof.runtime.backend,

@@ -123,7 +123,7 @@ def test_trace_out_is_a_chrome_trace_of_the_stages(app, tmp_path, profile_file, 
 @pytest.fixture
 def pi05_without_tokenizer(tmp_path, monkeypatch):
     """A tiny Pi0.5 checkpoint whose tokenizer.model lives elsewhere (as a real download's does)."""
-    from flashrt.frontends.pi0.synthetic import TINY, SyntheticSpec, write_checkpoint
+    from flashrt.testing.synthetic.pi0 import TINY, SyntheticSpec, write_checkpoint
 
     folder = tmp_path / "ck"
     write_checkpoint(folder, SyntheticSpec("pi05", TINY, ("top", "wrist")))

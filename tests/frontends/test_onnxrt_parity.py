@@ -104,8 +104,8 @@ def test_bigvgan_onnxrt_is_as_close_to_float64_as_eager():
     bench/onnxrt_f64_parity.py). And onnxruntime's convs sum in an order that does not depend on where a
     window starts: streamed equals one shot bit for bit."""
     from flashrt.frontends.vocoders import get_family, prepare_module
-    from flashrt.frontends.vocoders.synthetic import random_module
     from flashrt.runner.vocoder import Vocoder
+    from flashrt.testing.synthetic.vocoders import random_module
 
     fam, frames = get_family("bigvgan"), 64
     cfg = fam.presets["tiny"]

@@ -8,7 +8,7 @@ with the flow-matching noise taken from the trace so every implementation sees t
     replay       the captured step of the prompt's bucket (vision, Qwen3 layers, VL self-attention, DiT)
     postprocess  actions to the host, un-normalized
 
-RANDOM weights (`flashrt.frontends.groot.synthetic`, no checkpoint file): `profile.shapes.preset`
+RANDOM weights (`flashrt.testing.synthetic.groot`, no checkpoint file): `profile.shapes.preset`
 tiny / small / full; `shapes.views` cameras (default 2), `shapes.steps` flow steps, `shapes.buckets`
 prompt buckets; `[model]` takes `seed`, `variant` ("n17", or "n16": no VL self-attention) and, for
 `--precision int8|fp8`, `recipe` (default calibration/groot.toml): the model is quantized before any
@@ -36,10 +36,10 @@ import numpy as np
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
-from flashrt.frontends.groot import synthetic
 from flashrt.frontends.groot.preprocess import PromptTokenizer
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import COMPUTE_PRECISIONS, QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
+from flashrt.testing.synthetic import groot as synthetic
 
 _MODEL_KEYS = ("seed", "variant", "recipe")
 FLOAT_PRECISIONS = COMPUTE_PRECISIONS  # `--vs fp32`: the same random weights in that precision

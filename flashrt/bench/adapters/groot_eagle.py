@@ -12,7 +12,7 @@ the flow-matching noise taken from the trace so every implementation sees the sa
                  N1.5's VL self-attention, every DiT step)
     postprocess  actions to the host, un-normalized
 
-RANDOM weights (`flashrt.frontends.groot.synthetic_eagle`, no weights file): `profile.shapes.preset`
+RANDOM weights (`flashrt.testing.synthetic.groot_eagle`, no weights file): `profile.shapes.preset`
 tiny / small / full; `shapes.views` cameras (default 2), `shapes.steps` flow steps, `shapes.buckets`
 prompt buckets; `[model]` takes `seed`.
 
@@ -36,8 +36,8 @@ from typing import Any
 from flashrt.bench.adapters.groot import RandomGrootBenchmark, check_profile, weights_bytes
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import register_benchmark
-from flashrt.frontends.groot import synthetic_eagle
 from flashrt.quant.precision import compute_dtype
+from flashrt.testing.synthetic import groot_eagle as synthetic_eagle
 
 _MODEL_KEYS = ("seed",)
 

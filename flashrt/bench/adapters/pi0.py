@@ -59,9 +59,9 @@ from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
 from flashrt.frontends.pi0.frontend import Pi0Frontend
 from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step, mlp_kernels
-from flashrt.frontends.pi0.synthetic import TINY, SyntheticSizes, SyntheticSpec, write_checkpoint
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import COMPUTE_PRECISIONS
+from flashrt.testing.synthetic.pi0 import TINY, SyntheticSizes, SyntheticSpec, write_checkpoint
 
 VARIANTS = ("pi0", "pi05")
 CAMERAS = ("top", "wrist", "side")

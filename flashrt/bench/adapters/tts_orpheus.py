@@ -52,13 +52,13 @@ from flashrt.frontends.lm import CausalLM, LMConfig
 from flashrt.frontends.lm.config import PRESETS as LM_PRESETS
 from flashrt.frontends.tts.orpheus import ByteTokenizer, OrpheusLayout
 from flashrt.frontends.vocoders import get_family
-from flashrt.frontends.vocoders.synthetic import random_module
 from flashrt.nn.llama import Llama
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import compute_dtype
 from flashrt.runner.orpheus import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
 from flashrt.runner.vocoder import Vocoder
 from flashrt.runtime.slots import SlotDecoder
+from flashrt.testing.synthetic.vocoders import random_module
 
 _MODEL_KEYS = ("seed",)
 DEFAULT_FRAMES = 24

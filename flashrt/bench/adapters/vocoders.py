@@ -62,10 +62,10 @@ from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
 from flashrt.frontends.vocoders import checkpoint_config, get_family, prepare_module
 from flashrt.frontends.vocoders.frontend import VocoderFrontend
-from flashrt.frontends.vocoders.synthetic import WRITERS, random_module
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import compute_dtype
 from flashrt.runner.vocoder import Vocoder, load_vocoder
+from flashrt.testing.synthetic.vocoders import WRITERS, random_module
 
 TARGET_SAMPLES = {"tiny": 2048, "small": 51_200, "full": 51_200, "expert": 51_200}
 SWEEP_FRAMES = {"mel": (50, 83, 128, 200, 256, 300, 333, 400, 512, 640, 800, 1000),

@@ -286,7 +286,7 @@ def load_vocoder_module(
 def prepare_module(fam: VocoderFamily, module: torch.nn.Module, device: str | torch.device,
                    dtype: torch.dtype, conv: str | None = None) -> torch.nn.Module:
     """The load-time choices every vocoder module gets, however its weights came (a checkpoint, or
-    `flashrt.frontends.vocoders.synthetic.random_module`): the conv policy (``conv``, else the family's
+    `flashrt.testing.synthetic.vocoders.random_module`): the conv policy (``conv``, else the family's
     default) and, for CPU float32, the measured snake sine and the native anti-aliased activation
     kernel (where the machine builds it: `flashrt.nn.alias_free.use_activation_kernel`). Returns
     ``module``."""

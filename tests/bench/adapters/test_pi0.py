@@ -20,11 +20,11 @@ from flashrt.bench.loop import LoopConfig, run_loop, summarize_loop
 from flashrt.bench.profiles import parse_profile
 from flashrt.bench.registry import ReferenceUnavailable, available, discover
 from flashrt.errors import ConfigError
-from flashrt.frontends.pi0 import synthetic
 from flashrt.frontends.pi0.config import config_from_state_dict_shapes, preset
 from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step
-from flashrt.frontends.pi0.synthetic import SyntheticSizes
 from flashrt.profile.timers import StageTimer
+from flashrt.testing.synthetic import pi0 as synthetic
+from flashrt.testing.synthetic.pi0 import SyntheticSizes
 
 E2E = Path(__file__).resolve().parents[2] / "fixtures" / "pi0_e2e"
 # The sizes of the lerobot-saved e2e fixtures (tests/fixtures/gen/gen_pi0_e2e.py, case *_cam2).

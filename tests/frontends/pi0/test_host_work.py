@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from flashrt.bench.adapters.pi0 import OBS_KEYS, TOKENIZER_MAX, observations
-from flashrt.frontends.pi0.synthetic import TINY, SyntheticSizes, SyntheticSpec, write_checkpoint
 from flashrt.profile.alloc import count_allocations, count_infer_allocations
 from flashrt.runner.policy import load_policy
+from flashrt.testing.synthetic.pi0 import TINY, SyntheticSizes, SyntheticSpec, write_checkpoint
 
 LARGER = SyntheticSizes(vision_width=64, vision_depth=3, vision_mlp=128, image_size=112, vlm_width=128,
                         vlm_mlp=256, expert_width=64, expert_mlp=128, depth=3, head_dim=32, chunk_size=16,

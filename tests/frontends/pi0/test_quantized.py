@@ -9,9 +9,9 @@ import pytest
 import flashrt
 from flashrt.errors import CalibrationError, ConfigError
 from flashrt.frontends.pi0.quantize import synthetic_observations
-from flashrt.frontends.pi0.synthetic import TINY, SyntheticSpec, write_checkpoint
 from flashrt.quant import flow, linear
 from flashrt.resources import data_dir
+from flashrt.testing.synthetic.pi0 import TINY, SyntheticSpec, write_checkpoint
 
 
 @pytest.fixture(scope="module")

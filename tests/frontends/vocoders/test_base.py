@@ -336,7 +336,7 @@ def test_exact_stream_one_shot_equals_the_stream_bit_for_bit(one_thread):
     order made stream vs one-shot differ by 1.3e-5 here (1.6e-5 to 5e-5 at the released size). With
     exact_stream the one-shot runs the stream's windows: equal bit for bit, and within rounding of the
     single-graph one-shot. Also decodes past the largest bucket (windows fit)."""
-    from flashrt.frontends.vocoders.synthetic import random_module
+    from flashrt.testing.synthetic.vocoders import random_module
 
     fam = get_family("bigvgan")
     cfg = replace(fam.presets["base-24k-100band"], upsample_initial_channel=128)

@@ -164,9 +164,9 @@ def test_invariant_policy_makes_a_wider_stream_exact():
     """At these sizes oneDNN's dilated/transposed kernels round by position (negative control: the
     `direct` policy's stream differs from its one-shot output); the default `invariant` does not."""
     from flashrt.frontends.vocoders import get_family
-    from flashrt.frontends.vocoders.synthetic import random_module
     from flashrt.nn.conv_policy import POLICIES, apply_conv_policy
     from flashrt.runner.vocoder import Vocoder
+    from flashrt.testing.synthetic.vocoders import random_module
 
     fam = get_family("bigvgan")
     cfg = BigVGANConfig(num_mels=20, upsample_initial_channel=128, upsample_rates=(8, 8),
@@ -189,10 +189,10 @@ def test_native_activations_stream_bit_for_bit_and_match_the_torch_form():
     builds it): the stream stays the one-shot output exactly, and the output stays within fp32 noise of
     the torch form's."""
     from flashrt.frontends.vocoders import get_family, prepare_module
-    from flashrt.frontends.vocoders.synthetic import random_module
     from flashrt.nn.alias_free import use_activation_kernel
     from flashrt.runner.vocoder import Vocoder
     from flashrt.runtime import csrc_cpu
+    from flashrt.testing.synthetic.vocoders import random_module
 
     if csrc_cpu.load() is None:
         pytest.skip("the CPU kernels cannot be built here (no C compiler)")

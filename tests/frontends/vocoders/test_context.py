@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from flashrt.frontends.vocoders import get_family
-from flashrt.frontends.vocoders.synthetic import random_module
 from flashrt.nn.audio import Reach
 from flashrt.runner.vocoder import Vocoder
+from flashrt.testing.synthetic.vocoders import random_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,7 +16,7 @@ import flashrt
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders import checkpoint_config, get_family
 from flashrt.frontends.vocoders.hifigan import HifiGanConfig
-from flashrt.frontends.vocoders.synthetic import random_module
+from flashrt.testing.synthetic.vocoders import random_module
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
 FOLDERS = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())

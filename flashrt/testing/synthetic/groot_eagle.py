@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from flashrt.errors import ConfigError
-from flashrt.frontends.groot import synthetic
 from flashrt.io import reset_derived
 from flashrt.runtime.graphs import backend_for_device
+from flashrt.testing.synthetic import groot as synthetic
 
 SPECIALS = (*synthetic.SPECIALS, "<IMG_CONTEXT>", "<img>", "</img>")
 CHAT_TEMPLATE = (  # Eagle's: images as <image-k> placeholders, then the text, generation prompt
