@@ -165,6 +165,18 @@ class Plan:
             start, size = stop, chunk
 
 
+@dataclass(frozen=True)
+class FlowInputs:
+    """What the flow reads for one planned sentence: buffer name -> (copy, the slice it came from)."""
+
+    parts: dict[str, tuple[torch.Tensor, tuple[slice, ...]]]
+
+
+def _extent(view: torch.Tensor) -> tuple[slice, ...]:
+    """The slice of its base buffer a leading-slice view covers (every view above starts at 0)."""
+    return tuple(slice(0, size) for size in view.shape)
+
+
 class VitsFrontend:
     """A loaded VITS voice: buffers, three graph sets, the verbs of the module docstring."""
 
@@ -355,8 +367,14 @@ class VitsFrontend:
         b["enc_noise"].zero_()
         if checked.scales[2] > 0:
             b["enc_noise"][0, :, :n].copy_((SeededNoise(seed) if noise is None else noise).duration(n))
+        self.use_speaker(checked.speaker)
+
+    def use_speaker(self, sid: int) -> None:
+        """Make `sid` the speaker the next flow and decoder windows condition on (multi-speaker voices;
+        others have one). A sentence interleaved with other requests' sets its own again before each
+        of its steps."""
         if self.cfg.n_speakers > 1:
-            self._write_speaker(checked.speaker)
+            self._write_speaker(sid)
 
     def _write_speaker(self, sid: int) -> None:
         """g into the speaker buffer; the decoder's conditioning folded into its conv_pre bias (written in
@@ -403,16 +421,40 @@ class VitsFrontend:
         self.flow_graphs.replay(bucket)
         return frames
 
-    def decode(self, window: Window) -> torch.Tensor:
-        """Audio (N,) of the window's kept frames, float32 on the host."""
+    def decode(self, window: Window, z: torch.Tensor | None = None) -> torch.Tensor:
+        """Audio (N,) of the window's kept frames, float32 on the host; the frames come from the flow's
+        output, or from `z` (a sentence's `latent`, kept while other sentences used the buffers)."""
         size, hop = window.stop - window.start, self.cfg.hop_length
         bucket = self.decode_graphs.bucket_for(size)
         b = self.buffers
-        b["dec_z"][..., :size].copy_(b["flow_z"][..., window.start : window.stop])
+        source = b["flow_z"] if z is None else z
+        b["dec_z"][..., :size].copy_(source[..., window.start : window.stop])
         b["dec_length"].fill_(size)
         self.decode_graphs.replay(bucket)
         lo, hi = (window.keep_start - window.start) * hop, (window.keep_stop - window.start) * hop
         return b["dec_audio"][0, lo:hi].to("cpu", torch.float32, copy=True)
+
+    def latent(self, plan: Plan) -> torch.Tensor:
+        """A copy of the flow's output z over the plan's frames (after `flow` over all of them)."""
+        return self.buffers["flow_z"][..., : plan.frames].clone()
+
+    def flow_inputs(self, plan: Plan) -> FlowInputs:
+        """Copies of what the flow reads for this plan (after `expand`), so other sentences may use the
+        buffers before this one's flow runs; `restore_flow_inputs` puts them back (the speaker is set
+        apart, `use_speaker`: the decoder reads it too)."""
+        b, n = self.buffers, int(plan.durations.size)
+        parts = {
+            "enc_m": b["enc_m"][..., :n],
+            "enc_logs": b["enc_logs"][..., :n],
+            "flow_index": b["flow_index"][: plan.bucket],
+            "flow_noise": b["flow_noise"][..., : plan.bucket],
+            "scales": b["scales"],
+        }
+        return FlowInputs({name: (view.clone(), _extent(view)) for name, view in parts.items()})
+
+    def restore_flow_inputs(self, saved: FlowInputs) -> None:
+        for name, (value, extent) in saved.parts.items():
+            self.buffers[name][extent].copy_(value)
 
     def read(self, plan: Plan) -> torch.Tensor:
         """The one-shot audio of the planned utterance: one window holding every frame."""

@@ -24,7 +24,9 @@ first sample); Piper's own ``normalize_audio`` default rescales each sentence to
 A sentence longer than the largest phoneme bucket is cut at word boundaries into pieces that fit.
 
 Concurrency: a voice synthesizes one utterance at a time; a stream holds the voice for the sentence
-it is in (closing the generator releases it). A runner serializes requests.
+it is in (closing the generator releases it). To serve many requests at once, ``serving_chain()`` takes
+``request(...)`` jobs and interleaves them chunk by chunk, each chunk identical to the request's own
+``stream`` (`flashrt.frontends.vits.serving`; the speech server uses it).
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from flashrt.chain import Chain, Stage
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.vits import catalogue
 from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.frontend import FRAME_BUCKETS, PHONEME_BUCKETS, Plan, VitsFrontend
 from flashrt.frontends.vits.model import load_weights
 from flashrt.frontends.vits.phonemes import G2PW_FOLDER, PhonemeMap, check_text, phonemizer_for
+from flashrt.frontends.vits.serving import CAPACITY, SpeechEngine, SpeechJob
 from flashrt.frontends.vits.voice_config import check_voice_config
 from flashrt.io.files import read_json
 from flashrt.io.inputs import SEED_MAX, check_seed, check_speed
@@ -276,6 +280,32 @@ class VitsVoice:
                 )
 
         return chunks()
+
+    # ------------------------------------------------------------------------------- serving
+    def request(
+        self,
+        text: str,
+        seed: int | None = None,
+        speed: float = 1.0,
+        first_chunk: int = FIRST_CHUNK,
+        chunk: int = CHUNK,
+        **scales: float | None,
+    ) -> SpeechJob:
+        """A checked request for `serving_chain` (InputError here, before any queue): the chunks it
+        streams are those of ``stream`` with the same arguments."""
+        seed = check_seed(seed)
+        resolved = self._scales(speed, scales)
+        sentences = self.sentence_ids(text)
+        seeds = [_sentence_seed(seed, i) for i in range(len(sentences))]
+        return SpeechJob(sentences, seeds, resolved, int(first_chunk), int(chunk))
+
+    def serving_chain(self, queue_size: int = 8, max_pending: int = 64, send_timeout_s: float | None = None,
+                      capacity: int = CAPACITY) -> Chain:
+        """A chain serving many `request` jobs at once, interleaved chunk by chunk, the listener about
+        to run out of audio first (`flashrt.frontends.vits.serving`); what `flashrt serve` uses."""
+        engine = SpeechEngine(self, capacity)
+        return Chain([Stage.continuous("speech", engine)], queue_size=queue_size, max_pending=max_pending,
+                     send_timeout_s=send_timeout_s)
 
     def describe(self) -> dict[str, Any]:
         return {
