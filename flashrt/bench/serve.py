@@ -13,7 +13,8 @@ audio), ``--slow-consumer N`` (every Nth client reads no audio and holds its con
 seconds), ``--restart-at S`` (the in-process server is restarted S seconds into each level, requests in
 flight cut: they must fail cleanly, never time out, and those sent after it is back are served;
 reported per level). ``--slots 1,8`` serves the voice once per value (an Orpheus-style voice decodes that many
-requests at once) on the same arrivals, capacity and deadline (measured on the first), side by side.
+requests at once, a Piper voice interleaves them chunk by chunk) on the same arrivals, capacity and
+deadline (measured on the first), side by side.
 Tables on stderr, results.json (every request's record) and serve.png under ``--out``, one
 JSON line last on stdout. The policy server has its own: `flashrt bench serve-policy` (robots served per
 second, batched vs one at a time).
@@ -60,9 +61,9 @@ def bench_serve(
                                          "default)")] = 0,
     restart_at: Annotated[float | None, typer.Option(help="in-process server: restart it this many seconds "
                                                     "into each level (requests in flight are cut)")] = None,
-    slots: Annotated[str | None, typer.Option(help="in-process server: requests a voice decodes at once, "
+    slots: Annotated[str | None, typer.Option(help="in-process server: requests a voice serves at once, "
                                               "one value or a list compared side by side (e.g. 1,8); "
-                                              "models with slots only (Orpheus-style)")] = None,
+                                              "Orpheus-style: decoded together; Piper: interleaved")] = None,
 ) -> None:
     """Open-loop load against the speech server (`flashrt serve`; the policy server: `bench serve-policy`):
     goodput, TTFA and refusals against offered load."""

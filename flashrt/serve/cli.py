@@ -51,8 +51,8 @@ def serve(
     snac_noise: SnacNoiseOpt = None,
     voices_dir: VoicesDirOpt = None,
     slots: Annotated[int | None, typer.Option(
-        help="requests an Orpheus-style voice decodes at once (its K/V cache rows) [the model's default, 8]; "
-        "other voices take none")] = None,
+        help="requests a voice serves at once [8]: an Orpheus-style voice decodes them together (its K/V "
+        "cache rows), a Piper voice interleaves them chunk by chunk; 1 serves one after another")] = None,
     threads: Annotated[int | None, typer.Option(
         help="torch CPU threads per op [torch's default: every core]; a voice whose stages run on their own "
         "threads (Orpheus: LM and SNAC) serves small models best with 1")] = None,

@@ -32,6 +32,6 @@ FAMILY = TtsFamily(
     name="vits",
     detect=detect,
     load=load,
-    options=("config", "conv", "phoneme_buckets", "frame_buckets", "capture", "threads"),
+    options=("config", "conv", "phoneme_buckets", "frame_buckets", "capture", "threads", "slots", "g2pw_dir"),
     doc="Piper / VITS voices (espeak-ng phonemes, VITS prior, HiFi-GAN decoder)",
 )

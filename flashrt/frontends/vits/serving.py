@@ -13,6 +13,11 @@ chunk at a time for the request whose listener runs out of audio first (earliest
   sentence's prior and the flow's prefix and one decoder window, not after the others' utterances);
 - a streaming request is due when the audio it has been sent ends, counted from its first chunk.
 
+Requests join while the voice can keep them all ahead of playback: the engine measures compute time
+per second of audio over its chunks and lets in at most ``HEADROOM / rtf`` requests (never more than
+``capacity``, at least one); the rest wait in the chain's queue (where admission with a deadline
+refuses what would wait too long), instead of every live stream falling behind.
+
 What a request needs between its chunks is its own, not the voice's: after its first window, the
 inputs the rest of the flow reads (the prior's mean and log-std, the frame index, the prior noise, the
 scales) are kept (`FlowInputs`) and put back for the flow, the flow's output z for the sentence is kept
@@ -44,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["SpeechJob", "SpeechEngine", "CAPACITY"]
 
 CAPACITY = 8  # requests interleaved at once; more wait for a place (each one's share of the voice shrinks)
+HEADROOM = 0.8  # the share of real time the live requests' chunks may take together
+SMOOTHING = 0.1  # weight of the newest chunk in the compute-per-audio average
 
 
 @dataclass
@@ -92,8 +99,19 @@ class SpeechEngine:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ConfigError(f"capacity {capacity!r}: a count of requests, at least 1")
-        self.voice, self.capacity, self.clock = voice, capacity, clock
+        self.voice, self.slots, self.clock = voice, capacity, clock
         self.live: dict[Any, _Speech] = {}
+        self.rtf: float | None = None  # compute seconds per audio second, a moving average over chunks
+
+    @property
+    def capacity(self) -> int:
+        """Requests let in at once: ``slots``, fewer when the voice computes too slowly for that many
+        listeners to stay ahead of playback (all of them at HEADROOM of real time at the measured rate);
+        the chain's worker reads it before each join, so a request waits for a place instead of making
+        every live stream fall behind."""
+        if not self.rtf:
+            return self.slots
+        return max(1, min(self.slots, int(HEADROOM / self.rtf)))
 
     def join(self, request: Any, job: SpeechJob) -> None:
         self.live[request] = _Speech(job, self.clock())
@@ -113,17 +131,26 @@ class SpeechEngine:
             return []
         request = min(ready)[2]
         speech = self.live[request]
+        start = self.clock()
         try:
             audio = self._chunk(speech)
         except Exception as exc:  # noqa: BLE001 - a failure ends only this request
             self.live.pop(request, None)
             return [Emit(request, error=exc)]
-        speech.first = speech.first if speech.first is not None else self.clock()
-        speech.audio_s += audio.size / self.voice.sample_rate
+        now = self.clock()
+        speech.first = speech.first if speech.first is not None else now
+        seconds = audio.size / self.voice.sample_rate
+        speech.audio_s += seconds
+        self._measure(now - start, seconds)
         done = speech.index == len(speech.job.sentences)
         if done:
             self.live.pop(request, None)
         return [Emit(request, audio, done=done)]
+
+    def _measure(self, compute_s: float, audio_s: float) -> None:
+        if audio_s > 0:
+            rtf = compute_s / audio_s
+            self.rtf = rtf if self.rtf is None else (1 - SMOOTHING) * self.rtf + SMOOTHING * rtf
 
     # ------------------------------------------------------------------------------ one chunk
     def _chunk(self, speech: _Speech) -> np.ndarray:

@@ -136,8 +136,12 @@ class VitsVoice:
         name: str = "",
         threads: int | None = None,
         g2p_dirs: Sequence[Path] = (),
+        slots: int = CAPACITY,
     ) -> None:
         self.frontend, self.name = frontend, name
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise ConfigError(f"slots {slots!r}: the requests served at once, at least 1")
+        self.slots = slots  # `serving_chain`: requests interleaved at once (1: one after another)
         self.threads = check_threads(threads)  # torch threads per op (None: torch's setting at each call)
         if self.threads == "auto":
             raise ConfigError("VitsVoice: threads is a count or None (load_voice resolves 'auto')")
@@ -300,10 +304,11 @@ class VitsVoice:
         return SpeechJob(sentences, seeds, resolved, int(first_chunk), int(chunk))
 
     def serving_chain(self, queue_size: int = 8, max_pending: int = 64, send_timeout_s: float | None = None,
-                      capacity: int = CAPACITY) -> Chain:
-        """A chain serving many `request` jobs at once, interleaved chunk by chunk, the listener about
-        to run out of audio first (`flashrt.frontends.vits.serving`); what `flashrt serve` uses."""
-        engine = SpeechEngine(self, capacity)
+                      capacity: int | None = None) -> Chain:
+        """A chain serving up to `capacity` (default: the voice's ``slots``) `request` jobs at once,
+        interleaved chunk by chunk, the listener about to run out of audio first
+        (`flashrt.frontends.vits.serving`); what `flashrt serve` uses."""
+        engine = SpeechEngine(self, self.slots if capacity is None else capacity)
         return Chain([Stage.continuous("speech", engine)], queue_size=queue_size, max_pending=max_pending,
                      send_timeout_s=send_timeout_s)
 
@@ -360,6 +365,7 @@ def load_voice(
     voices_dir: str | Path | Sequence[str | Path] | None = None,
     threads: int | str | None = "auto",
     g2pw_dir: str | Path | None = None,
+    slots: int = CAPACITY,
 ) -> VitsVoice:
     """Load a voice (folder, .onnx, catalogue or package name, looked up in `voices_dir` first; or a
     training checkpoint with `config`), map its weights strictly, build the frontend (graphs captured on
@@ -367,7 +373,8 @@ def load_voice(
     (`flashrt.runtime.threads`): ``"auto"`` = the cores free now, at most torch's setting (a busy peer
     core stalls every op of a multi-threaded pool); an int; None = torch's setting at each call.
     `g2pw_dir`: Chinese voices' g2pW model folder (default: a ``g2pW`` folder beside the voice, in the
-    voices folders or the working directory, as piper keeps it; never downloaded)."""
+    voices folders or the working directory, as piper keeps it; never downloaded). `slots`: requests a
+    server interleaves at once (`serving_chain`; 1 serves them one after another)."""
     threads = check_threads(threads)
     files = VoiceFiles(Path(voice), Path(config)) if config is not None else find_voice(voice, voices_dir)
     voice_json = read_json(files.config, "voice config")
@@ -391,7 +398,8 @@ def load_voice(
     if capture:
         fe.capture()
     return VitsVoice(fe, voice_json, name=files.weights.name.removesuffix(".onnx"),
-                     threads=_threads_for(threads, device), g2p_dirs=_g2p_dirs(g2pw_dir, files, voices_dir))
+                     threads=_threads_for(threads, device), g2p_dirs=_g2p_dirs(g2pw_dir, files, voices_dir),
+                     slots=slots)
 
 
 def _g2p_dirs(given: str | Path | None, files: VoiceFiles, voices_dir) -> list[Path]:

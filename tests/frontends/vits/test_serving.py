@@ -159,3 +159,25 @@ def test_a_failing_request_ends_only_itself(voice):
 def test_capacity_is_checked(voice):
     with pytest.raises(ConfigError, match="capacity"):
         SpeechEngine(voice, capacity=0)
+
+
+class _SlowClock:
+    """Every reading is a second later: each chunk seems to take a second to compute."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_requests_join_only_while_the_voice_keeps_them_ahead_of_playback(voice):
+    fast, slow = SpeechEngine(voice, capacity=3, clock=_Clock()), SpeechEngine(voice, capacity=3,
+                                                                               clock=_SlowClock())
+    for engine in (fast, slow):
+        assert engine.capacity == 3  # nothing measured yet
+        engine.join("a", _job(voice, *REQUESTS[1]))
+        engine.step()
+    assert fast.capacity == 3  # no time per chunk: every slot
+    assert slow.capacity == 1 and slow.rtf > 1  # slower than real time: one at a time
