@@ -191,8 +191,8 @@ def test_native_activations_stream_bit_for_bit_and_match_the_torch_form():
     from flashrt.frontends.vocoders import get_family, prepare_module
     from flashrt.frontends.vocoders.synthetic import random_module
     from flashrt.nn.alias_free import use_activation_kernel
+    from flashrt.ops import csrc_cpu
     from flashrt.runner.vocoder import Vocoder
-    from flashrt.runtime import csrc_cpu
 
     if csrc_cpu.load() is None:
         pytest.skip("the CPU kernels cannot be built here (no C compiler)")

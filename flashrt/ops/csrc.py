@@ -1,5 +1,5 @@
 """The csrc CUDA library: built once per machine where a CUDA toolkit is, loaded with ctypes, registered
-as the CUDA kernels of the ``flashrt::`` custom ops (`flashrt.nn.fused`).
+as the CUDA kernels of the ``flashrt::`` custom ops (`flashrt.ops.decoder`).
 
     lib = load()        # None without CUDA, or when no library is cached and none can be built
     build(out_dir, arch="sm_90")   # nvcc only (no GPU needed): what `load` runs on a miss
@@ -12,12 +12,12 @@ the kernels are captured into CUDA graphs like any other. An input a kernel does
 broadcast gate, a non-contiguous row, a dtype it has no instantiation for) runs the reference instead.
 
 Nothing happens at import: `load` runs only when a CUDA model picks the "fused" kernels
-(`flashrt.nn.fused.resolve_kernels`), and a plain install on a CPU machine never compiles anything.
+(`flashrt.ops.select` asks for it), and a plain install on a CPU machine never compiles anything.
 
 Cache: ``<user cache dir>/flashrt/csrc/flashrt_csrc-<key>.so`` (`cache_folder`; ``open_library(folder=...)``
 takes another); the key digests `key_fields`: the sources' names and contents (headers included), the
 nvcc version, the flags, the target architecture and the ABI, so an edited kernel is rebuilt. What is
-loaded and how a planted or damaged file is refused: `flashrt.runtime.native` (a sha256 sidecar written
+loaded and how a planted or damaged file is refused: `flashrt.ops.native` (a sha256 sidecar written
 at build time, ownership and permission checks, the verified bytes loaded). Without nvcc only a
 library that passes those checks and was built from these sources, flags, ABI and architecture loads
 (by another nvcc: the one field that cannot be checked). `load(build_missing=False)` only looks in the
@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
+from flashrt.ops import native
+from flashrt.ops.native import OUT, BuildError, Library
 from flashrt.paths import user_cache_dir
 from flashrt.resources import data_dir
-from flashrt.runtime import native
-from flashrt.runtime.native import OUT, BuildError, Library
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +180,9 @@ def open_library(arch: str, *, build_missing: bool = True, folder: str | Path | 
 
 
 def _register(lib: Library) -> None:
-    from flashrt.nn import fused
-    from flashrt.runtime.csrc_ops import CudaOps
+    from flashrt.ops import decoder
+    from flashrt.ops.csrc_ops import CudaOps
 
     ops = CudaOps(lib.handle)
-    for name, op in fused.CUSTOM_OPS.items():
+    for name, op in decoder.CUSTOM_OPS.items():
         op.register_kernel("cuda")(getattr(ops, name))

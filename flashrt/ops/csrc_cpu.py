@@ -8,7 +8,7 @@ pass (`flashrt.nn.alias_free.Activation1d` with ``kernel="native"``); ``flashrt_
 (csrc/spectral_cpu.c), the small batched GEMM of the block-spectral convs' DFTs
 (`flashrt.nn.spectral_conv.SpectralPlan`); ``flashrt_wino43_in`` / ``_out`` (csrc/winograd_cpu.c), the
 transforms of the 3-tap convs' Winograd form (`flashrt.nn.winograd_conv.WinogradPlan`). Like the CUDA library
-(`flashrt.runtime.csrc`) the sources include no torch header and export a small C ABI of raw pointers,
+(`flashrt.ops.csrc`) the sources include no torch header and export a small C ABI of raw pointers,
 so one ``cc -shared`` call builds them in about a second, independent of torch's C++ ABI; the Python
 side checks every argument and falls back to the torch form for anything the kernel does not take.
 
@@ -22,7 +22,7 @@ Cache: ``<user cache dir>/flashrt/csrc/flashrt_cpu-<key>.so`` (`cache_folder`; `
 another); the key digests `key_fields`: the sources' names and contents (with the headers beside them),
 the compiler's version, this CPU (its model and flags, as ``-march=native`` reads them), the flags and
 the ABI, so a cache folder shared by machines of different CPUs holds one library per CPU, and an edited
-kernel is rebuilt. What is loaded and how a planted or damaged file is refused: `flashrt.runtime.native`
+kernel is rebuilt. What is loaded and how a planted or damaged file is refused: `flashrt.ops.native`
 (a sha256 sidecar written at build time, ownership and permission checks, the verified bytes loaded).
 Without a compiler nothing loads (the torch forms run; said once, at WARNING): a cached library's key
 (this CPU, the compiler's version) cannot be checked. A compiler that fails or runs past ``timeout_s``
@@ -39,10 +39,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from flashrt.ops import native
+from flashrt.ops.csrc import csrc_dir
+from flashrt.ops.native import OUT, BuildError, Library
 from flashrt.paths import user_cache_dir
-from flashrt.runtime import native
-from flashrt.runtime.csrc import csrc_dir
-from flashrt.runtime.native import OUT, BuildError, Library
 
 log = logging.getLogger(__name__)
 
