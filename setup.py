@@ -5,8 +5,8 @@ and are installed as `flashrt._models`, `flashrt._profiles` and `flashrt._calibr
 installed package). `flashrt.resources.data_dir` finds them beside the flashrt package actually imported:
 `flashrt/_<kind>` in a wheel, `<checkout>/<kind>` otherwise; never through importlib, which an editable
 install maps to the checkout it was made from (another copy of the tree would read the first one's).
-`csrc/` (CUDA sources, compiled on first use where a toolkit is: `flashrt.runtime.csrc`; C sources of
-CPU kernels, compiled on first use where a C compiler is: `flashrt.runtime.csrc_cpu`) ships as
+`csrc/` (CUDA sources, compiled on first use where a toolkit is: `flashrt.ops.csrc`; C sources of
+CPU kernels, compiled on first use where a C compiler is: `flashrt.ops.csrc_cpu`) ships as
 `flashrt._csrc`, found the same way; nothing is compiled at install time.
 """
 

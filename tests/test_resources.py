@@ -14,8 +14,8 @@ import pytest
 
 import flashrt
 from flashrt.errors import ConfigError
+from flashrt.ops import csrc, csrc_cpu
 from flashrt.resources import data_dir
-from flashrt.runtime import csrc, csrc_cpu
 
 PACKAGE = Path(flashrt.__file__).resolve().parent
 KINDS = ("models", "profiles", "calibration", "csrc")
@@ -23,7 +23,7 @@ PROBE = """
 import json
 import flashrt
 from flashrt.resources import data_dir
-from flashrt.runtime import csrc, csrc_cpu
+from flashrt.ops import csrc, csrc_cpu
 print(json.dumps({"package": flashrt.__file__, "csrc": str(csrc.csrc_dir()),
                   "cpu_sources": [str(p) for p in csrc_cpu.sources()],
                   **{kind: str(data_dir(kind)) for kind in ("models", "profiles", "calibration")}}))

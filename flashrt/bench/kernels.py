@@ -7,7 +7,7 @@ What counts as one launch (the rule, with its reasons, is `flashrt.profile.kerne
 
 * an aten op that writes memory is one kernel; views, metadata ops and bare allocations are none;
 * a ``flashrt::`` custom op (rms_norm, add_rms_norm, rope_qkv, gelu_mul) is one kernel where its csrc
-  CUDA kernel takes the call (`flashrt.runtime.csrc_ops.CUDA_FORMS`), else its reference op by op;
+  CUDA kernel takes the call (`flashrt.ops.csrc_ops.CUDA_FORMS`), else its reference op by op;
 * scaled_dot_product_attention: the backend torch's CUDA build picks from the priority -- flash: one
   kernel (+2 per q/k/v head dim not a multiple of 8, which torch pads per call); memory-efficient: one
   kernel, +2 to convert a boolean mask, +2 when the bias is unaligned (a stride before the last dim
@@ -60,21 +60,19 @@ __all__ = ["FAMILIES", "PATHS", "count_card", "count_family", "groot_count", "lm
            "policy_count", "vocoder_count", "kernels"]
 
 PRECISIONS = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-PATHS = {"cuda": "fused", "cuda-aten": "aten"}  # --path -> the row of flashrt.nn.fused.KERNELS
+PATHS = {"cuda": "fused", "cuda-aten": "aten"}  # --path -> the "decoder" ops' form (flashrt.ops.decoder)
 
 
 def policy_count(card: dict[str, Any], dtype: Any, cams: int = 2, kernels: str = "fused") -> KernelCount:
     """Pi0 / Pi0.5 at the card's sizes: the real loader on a meta checkpoint, one replay of the longest
-    prompt bucket with the kernel-table row ``kernels``."""
+    prompt bucket with the "decoder" ops' form ``kernels``."""
     from flashrt.frontends.pi0.config import config_from_card
     from flashrt.frontends.pi0.frontend import Pi0Frontend
     from flashrt.frontends.pi0.weights import load_pi0
-    from flashrt.nn.fused import use_kernels
     from flashrt.testing.synthetic.pi0 import meta_checkpoint
 
     config = config_from_card(card)
-    model = load_pi0(config, meta_checkpoint(config), device="meta", dtype=dtype)
-    use_kernels(model, kernels)
+    model = load_pi0(config, meta_checkpoint(config), device="meta", dtype=dtype, kernels=kernels)
     prompt = int(card.get("preprocess", {}).get("tokenizer_max_length", 48))
     return Pi0Frontend(model, cams, (prompt,), "eager").kernels_per_replay()
 

@@ -16,7 +16,7 @@ values. `pick_sine` measures both once per process; `use_sine` sets a module's s
 
 Native kernel (`ACTIVATION_KERNELS`): ``Activation1d.kernel = "native"`` runs the whole anti-aliased
 snake (2x upsample, snake, low-pass 2x down) as one pass of the C kernel csrc/anti_alias_cpu.c
-(`flashrt.runtime.csrc_cpu`, built with the machine's C compiler on first use): the upsampled signal
+(`flashrt.ops.csrc_cpu`, built with the machine's C compiler on first use): the upsampled signal
 stays in the cache in tiles, and its sine is a vector polynomial (about 1 ulp) instead of a library
 call. It is several times faster than the torch form at BigVGAN-base's shapes (also when built for AVX2;
 timings in docs/benchmarks/vocoders.md), as close to the float64 definition as the torch form
@@ -397,7 +397,7 @@ class Activation1d(nn.Module):
 
 def _native_kernel():
     """The C kernel's function, or None where the CPU library does not load."""
-    from flashrt.runtime import csrc_cpu
+    from flashrt.ops import csrc_cpu
 
     lib = csrc_cpu.load()
     return None if lib is None else lib.handle.flashrt_aa_snake
@@ -405,7 +405,7 @@ def _native_kernel():
 
 def use_activation_kernel(module: nn.Module, kernel: str) -> int:
     """Set the kernel of every `Activation1d` in ``module`` (one of `ACTIVATION_KERNELS`); "native" only
-    where the CPU library loads (`flashrt.runtime.csrc_cpu.load`, which builds it on first use). Returns
+    where the CPU library loads (`flashrt.ops.csrc_cpu.load`, which builds it on first use). Returns
     how many run ``kernel`` (0 for "native" without the library)."""
     if kernel not in ACTIVATION_KERNELS:
         raise ValueError(f"activation kernel must be one of {ACTIVATION_KERNELS}, got {kernel!r}")

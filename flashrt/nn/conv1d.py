@@ -36,9 +36,10 @@ from flashrt.nn.reach import Reach, get_padding
 from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPlan
 from flashrt.nn.valid import EXACT
 from flashrt.nn.winograd_conv import WinogradPlan
+from flashrt.ops import Op, register
 
 __all__ = ["ROWS", "to_rows", "from_rows", "Conv1d", "ConvTranspose1d", "polyphase_weight", "conv1d",
-           "conv_transpose1d", "conv_rules", "WEIGHT_NORM_SOURCES", "plain_forms"]
+           "conv_transpose1d", "conv_rules", "WEIGHT_NORM_SOURCES", "plain_forms", "CONV1D"]
 
 # ------------------------------------------------------------------------------------------ forms
 
@@ -60,6 +61,10 @@ def plain_forms() -> Iterator[None]:
         yield
     finally:
         _FORMS.plain = before
+
+
+# the convs' export form: `flashrt.ops.portable_forms` (which an export enters) enters `plain_forms`
+CONV1D = register(Op("conv1d", F.conv1d, reference_name="plain", portable=plain_forms))
 
 # ------------------------------------------------------------------------------------------ rows
 

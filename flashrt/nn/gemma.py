@@ -17,12 +17,11 @@ Differences from a textbook Gemma, all exact re-arrangements of the same math:
 * Every residual add is fused with the norm after it (``add_rms_norm``): layer i ends with the input
   norm of layer i + 1 (the last layer with the final norm), so a layer takes the residual stream and
   its own normed input, ``(x, h)``. The norms' ``1 + w`` are load-time tables (`RMSNorm.scale`).
-* Norm, RoPE and GeGLU products run through the kernel table `flashrt.nn.fused.KERNELS` by name
-  (``kernels`` of `Gemma` and `GemmaLayer`, set with `flashrt.nn.fused.use_kernels`): "aten" (the
-  references, default) or "fused" (the ``flashrt::`` custom ops: one CUDA kernel each where csrc is
-  built). The GeGLU's GEMMs run through `MLP_KERNELS` by name (``GemmaLayer.mlp_kernel``): "aten"
-  (default) or "onednn" (CPU, float32: GELU and product fused into oneDNN GEMMs), picked by the
-  model's loader.
+* Norm, RoPE and GeGLU products run through op slots (`flashrt.ops.OpSlot`: ``rms_norm``,
+  ``add_rms_norm``, ``rope_qkv``, ``gelu_mul`` of `flashrt.ops.decoder`): "aten" (the references,
+  default) or "fused" (the ``flashrt::`` custom ops: one CUDA kernel each where csrc is built). The
+  GeGLU's GEMMs run through the ``geglu`` slot (`GEGLU`): "aten" (default) or "onednn" (CPU, float32,
+  row-major weights: GELU and product fused into oneDNN GEMMs). `flashrt.ops.select` picks at load.
 * With ``cond_dim`` (Pi0.5 expert) the norms are adaptive; the caller passes a modulation table
   ``mods`` (2N + 1, 3, W) float32 (rows: layer i input norm at 2i, post-attention norm at 2i + 1,
   final norm last), typically precomputed once per denoise schedule (`Gemma.modulation`), and may pass
@@ -38,8 +37,10 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.nn.attention import StaticKV, attend
-from flashrt.nn.fused import KERNELS, NormRow
 from flashrt.nn.norms import AdaRMSNorm, RMSNorm, gated_residual
+from flashrt.ops import Form, Op, OpSlot, register
+from flashrt.ops.decoder import ADD_RMS_NORM, GELU_MUL, RMS_NORM, ROPE_QKV, NormRow
+from flashrt.ops.platform import onednn_available, plain_f32
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin tables (B, L, 1, D) of `rope_cos_sin`
 
@@ -65,16 +66,6 @@ def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
 
-def onednn_available() -> bool:
-    """Whether torch ships oneDNN's fused linear + pointwise CPU op (``mkldnn::_linear_pointwise``)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return torch.ops.mkldnn._linear_pointwise.default is not None
-    except (AttributeError, RuntimeError):
-        return False
-
-
 class GemmaLayer(nn.Module):
     """Pre-norm decoder layer: norm → attention (RoPE, static K/V) → residual → norm → GeGLU → residual."""
 
@@ -89,8 +80,9 @@ class GemmaLayer(nn.Module):
         self.post_norm = _norm(width, eps, cond_dim)
         self.gate_up = nn.Linear(width, 2 * mlp_dim, bias=False)
         self.down = nn.Linear(mlp_dim, width, bias=False)
-        self.mlp_kernel = "aten"  # a key of MLP_KERNELS; loaders may pick another for their device
-        self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
+        self.geglu = OpSlot(GEGLU)  # op slots: the references until `flashrt.ops.select`
+        self.rms_norm, self.add_rms_norm = OpSlot(RMS_NORM), OpSlot(ADD_RMS_NORM)
+        self.rope_qkv, self.gelu_mul = OpSlot(ROPE_QKV), OpSlot(GELU_MUL)
 
     def project(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
                 with_q: bool = True) -> torch.Tensor | None:
@@ -100,7 +92,7 @@ class GemmaLayer(nn.Module):
         first = 0 if with_q else heads  # a K/V-only pass skips the query rows of the projection
         qkv = F.linear(h, self.qkv.weight[first * d:]).unflatten(-1, (-1, d))  # (B, L, [H +] 2 KV, D)
         k_slot, v_slot = kv.slots(index, start, start + h.shape[1])
-        q = KERNELS[self.kernels].rope_qkv(qkv, *rope, k_slot, v_slot, heads - first)
+        q = self.rope_qkv.run(qkv, *rope, k_slot, v_slot, heads - first)
         return q if with_q else None
 
     def block(self, x: torch.Tensor, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
@@ -108,16 +100,16 @@ class GemmaLayer(nn.Module):
         """The layer on the residual stream x and its normed input h (both (B, L, W)); ``rows``: this
         layer's input and post-attention norms and the norm after it (None: none, a plain residual).
         -> (x, that norm of x) (the norm None without one)."""
-        ops, (first, post, after) = KERNELS[self.kernels], rows
+        first, post, after = rows
         q = self.project(h, rope, kv, index, start)
         end = start + x.shape[1]
         keys, values = kv.read(index, end)
         bias = bias if bias.shape[-1] == end else bias[..., :end]
         y = _linear(attend(q, keys, values, bias), self.o)
-        x, h = ops.add_rms_norm(x, y, first.gate, post.scale, post.shift, self.eps)
+        x, h = self.add_rms_norm.run(x, y, first.gate, post.scale, post.shift, self.eps)
         if after is None:
             return gated_residual(x, self.mlp(h), post.gate), None
-        return ops.add_rms_norm(x, self.mlp(h), post.gate, after.scale, after.shift, self.eps)
+        return self.add_rms_norm.run(x, self.mlp(h), post.gate, after.scale, after.shift, self.eps)
 
     def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
                 bias: torch.Tensor, mods: torch.Tensor | None = None) -> torch.Tensor:
@@ -126,12 +118,12 @@ class GemmaLayer(nn.Module):
 
         ``bias`` covers at least slots [0, start + L) (longer is sliced)."""
         first, post = norm_rows([self.input_norm, self.post_norm], mods, None, x.dtype)
-        h = KERNELS[self.kernels].rms_norm(x, first.scale, first.shift, self.eps)
+        h = self.rms_norm.run(x, first.scale, first.shift, self.eps)
         return self.block(x, h, rope, kv, index, start, bias, (first, post, None))[0]
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        """GeGLU ``down(gelu_tanh(gate) * up)`` with the kernel named by ``mlp_kernel`` (`MLP_KERNELS`)."""
-        return MLP_KERNELS[self.mlp_kernel](self, h)
+        """GeGLU ``down(gelu_tanh(gate) * up)`` with the form of the ``geglu`` slot (`GEGLU`)."""
+        return self.geglu.run(self, h)
 
     def write_kv(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int) -> None:
         """Only the K/V projection of the normed h, stored at [start, start + L) (the last layer of a
@@ -140,9 +132,9 @@ class GemmaLayer(nn.Module):
 
 
 def _geglu_aten(layer: GemmaLayer, h: torch.Tensor) -> torch.Tensor:
-    """One gate|up GEMM, tanh-GELU times up (`flashrt.nn.fused.gelu_mul_ref`: the product formed in
+    """One gate|up GEMM, tanh-GELU times up (`flashrt.ops.decoder.gelu_mul_ref`: the product formed in
     gelu's output), the down GEMM."""
-    return _linear(KERNELS[layer.kernels].gelu_mul(_linear(h, layer.gate_up)), layer.down)
+    return _linear(layer.gelu_mul.run(_linear(h, layer.gate_up)), layer.down)
 
 
 def _geglu_onednn(layer: GemmaLayer, h: torch.Tensor) -> torch.Tensor:
@@ -154,7 +146,9 @@ def _geglu_onednn(layer: GemmaLayer, h: torch.Tensor) -> torch.Tensor:
     return _linear(torch.ops.mkldnn._linear_pointwise.binary(h, gate, w[m:], None, "mul"), layer.down)
 
 
-MLP_KERNELS = {"aten": _geglu_aten, "onednn": _geglu_onednn}
+GEGLU = register(Op("geglu", _geglu_aten, group="mlp", forms={
+    "onednn": Form(_geglu_onednn, device="cpu", available=onednn_available,
+                   fits=lambda layer: plain_f32(layer.gate_up.weight))}))  # (layer, h) -> the GeGLU's output
 
 
 class Gemma(nn.Module):
@@ -170,7 +164,7 @@ class Gemma(nn.Module):
             for _ in range(depth))
         self.norm = _norm(width, eps, cond_dim)
         self.register_buffer("embed_scale", torch.tensor(width**0.5), persistent=False)
-        self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
+        self.rms_norm = OpSlot(RMS_NORM)  # the first layer's input norm
 
     def reset_derived(self) -> None:
         """sqrt(W) rounded to the embedding dtype, as the reference multiplies in that dtype."""
@@ -199,7 +193,7 @@ class Gemma(nn.Module):
                 gates: torch.Tensor | None = None) -> torch.Tensor | None:
         """x (B, L, W) -> final-normed (B, L, W), or None with ``kv_only_last`` (cache filled only)."""
         rows = norm_rows(self.norms, mods, gates, x.dtype)
-        h = KERNELS[self.kernels].rms_norm(x, rows[0].scale, rows[0].shift, self.eps)
+        h = self.rms_norm.run(x, rows[0].scale, rows[0].shift, self.eps)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             if kv_only_last and i == last:

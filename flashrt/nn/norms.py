@@ -14,13 +14,17 @@ Shapes: ``x`` (..., D); ``cond`` (..., C); modulation tables (..., 3, D) ordered
   (`AdaRMSNorm.modulation`) and pass it to `AdaRMSNorm.forward` on every step.
 * `rms_norm_ref` / `add_rms_norm_ref`: the two forms as functions of a (scale, shift) row, the second
   with the residual add before it; the references of the fused ``flashrt::rms_norm`` /
-  ``flashrt::add_rms_norm`` ops (`flashrt.nn.fused`).
+  ``flashrt::add_rms_norm`` ops, defined with them in `flashrt.ops.decoder`.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from flashrt.ops.decoder import add_rms_norm_ref, gated_residual, rms_norm_ref, rms_normalize
+
+__all__ = ["AdaRMSNorm", "RMSNorm", "add_rms_norm_ref", "gated_residual", "rms_norm_ref", "rms_normalize"]
 
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
@@ -29,31 +33,6 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
 
 def _cast(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return y if y.dtype == dtype else y.to(dtype)
-
-
-def rms_normalize(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
-    """``x * rsqrt(mean(x²) + eps) [* weight]`` over the last dim, in float32 (returns float32).
-
-    Statistics in place on the (..., 1) column, one pass for the product and one for the weight: on
-    the CPU half the time of ``F.rms_norm`` at the prefix's 520 x 256 (which copies), same values."""
-    x32 = _f32(x)
-    y = torch.mul(x32, x32.square().mean(-1, keepdim=True).add_(eps).rsqrt_())
-    return y if weight is None else y.mul_(_f32(weight))
-
-
-def rms_norm_ref(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None,
-                 eps: float) -> torch.Tensor:
-    """``x / rms(x) * scale [+ shift]`` in float32 (scale, shift float32), returned in x's dtype."""
-    n = rms_normalize(x, eps)
-    n = n.mul_(scale) if shift is None else torch.addcmul(shift, n, scale)
-    return _cast(n, x.dtype)
-
-
-def add_rms_norm_ref(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, scale: torch.Tensor,
-                     shift: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``s = gated_residual(x, y, gate)``, ``rms_norm_ref(s, scale, shift, eps)``)."""
-    s = gated_residual(x, y, gate)
-    return s, rms_norm_ref(s, scale, shift, eps)
 
 
 class RMSNorm(nn.Module):
@@ -98,8 +77,3 @@ class AdaRMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}, adaptive"
-
-
-def gated_residual(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-    """``x + y`` or, with an adaRMS gate, ``x + y * gate`` (one op either way)."""
-    return x + y if gate is None else torch.addcmul(x, y, gate)

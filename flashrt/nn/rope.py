@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from flashrt.ops.decoder import apply_rope, swap_halves
+
+__all__ = ["apply_rope", "rope_cos_sin", "rope_inv_freq", "swap_halves"]
+
 
 def rope_inv_freq(head_dim: int, theta: float = 10_000.0,
                   device: torch.device | str | None = None) -> torch.Tensor:
@@ -35,21 +39,3 @@ def rope_cos_sin(
     freqs = (positions.float()[..., None] * inv_freq)[..., None, :]  # (B, L, 1, D/2)
     cos, sin = freqs.cos(), freqs.sin()
     return torch.cat([cos, cos], -1).to(dtype), torch.cat([-sin, sin], -1).to(dtype)
-
-
-def swap_halves(x: torch.Tensor) -> torch.Tensor:
-    """``[x2 | x1]`` along the last dim (a new tensor)."""
-    return x.roll(x.shape[-1] // 2, -1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotate ``x`` (B, L, H, D) by the tables (B, L, 1, D) of `rope_cos_sin`.
-
-    Returns a new contiguous tensor, or writes into ``out`` (any strides, x's shape; e.g. a K/V slot)."""
-    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad):  # out= ops cannot record grads
-        y = x * cos + swap_halves(x) * sin
-        return y if out is None else out.copy_(y)
-    if out is None:
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return torch.mul(x, cos, out=out).addcmul_(swap_halves(x), sin)

@@ -5,9 +5,9 @@ D = W/H head_dim, M mlp_dim. Input pixels are already normalized to [-1, 1].
 
 There is no pooling head (PaliGemma reads the last hidden state). q|k|v are one fused projection
 ``qkv`` (W -> 3W, with bias); the weight map concatenates the checkpoint's separate matrices. The
-attention reads q, k, v as strided views of that projection (no copies). fc1 + GELU runs through
-`FC1_GELU_KERNELS` by name (``SiglipLayer.fc1_kernel``): "aten" (default) or "onednn" (CPU, float32,
-the GELU fused into the GEMM), picked by the model's loader.
+attention reads q, k, v as strided views of that projection (no copies). fc1 + GELU runs through the
+op slot ``SiglipLayer.fc1_gelu`` (`FC1_GELU`): "aten" (default) or "onednn" (CPU, float32 row-major
+weight: the GELU fused into the GEMM), picked at load by `flashrt.ops.select`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+
+from flashrt.ops import Form, Op, OpSlot, register
+from flashrt.ops.platform import onednn_available, plain_f32
 
 
 class SiglipLayer(nn.Module):
@@ -29,7 +32,7 @@ class SiglipLayer(nn.Module):
         self.norm2 = nn.LayerNorm(width, eps=eps)
         self.fc1 = nn.Linear(width, mlp_dim)
         self.fc2 = nn.Linear(mlp_dim, width)
-        self.fc1_kernel = "aten"  # a key of FC1_GELU_KERNELS; loaders may pick another for their device
+        self.fc1_gelu = OpSlot(FC1_GELU)  # the reference until `flashrt.ops.select`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(I, N, W) -> (I, N, W). Sub-modules run through ``forward``/``F.linear`` (no module hooks)."""
@@ -38,7 +41,7 @@ class SiglipLayer(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (I, H, N, D) strided views, no copies
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(i, n, w)
         x = _linear(a, self.o).add_(x)
-        return _linear(FC1_GELU_KERNELS[self.fc1_kernel](self.norm2.forward(x), self.fc1), self.fc2).add_(x)
+        return _linear(self.fc1_gelu.run(self.norm2.forward(x), self.fc1), self.fc2).add_(x)
 
 
 def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
@@ -51,8 +54,13 @@ def _linear_gelu_onednn(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "gelu", [], "tanh")
 
 
-FC1_GELU_KERNELS = {"aten": lambda x, fc1: F.gelu(_linear(x, fc1), approximate="tanh"),
-                    "onednn": _linear_gelu_onednn}  # (x, fc1) -> gelu_tanh(fc1(x))
+def _linear_gelu(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    return F.gelu(_linear(x, layer), approximate="tanh")
+
+
+FC1_GELU = register(Op("fc1_gelu", _linear_gelu, group="mlp", forms={   # (x, fc1) -> gelu_tanh(fc1(x))
+    "onednn": Form(_linear_gelu_onednn, device="cpu", available=onednn_available,
+                   fits=lambda layer: plain_f32(layer.fc1.weight))}))
 
 
 class Siglip(nn.Module):

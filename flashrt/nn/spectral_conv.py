@@ -362,7 +362,7 @@ def _gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, native: bool) -> 
 def _native_gemm():
     """csrc/spectral_cpu.c's batched GEMM, or None where the CPU library does not load (built on the
     first call, at the first plan's construction: load time)."""
-    from flashrt.runtime import csrc_cpu
+    from flashrt.ops import csrc_cpu
 
     lib = csrc_cpu.load()
     return None if lib is None else lib.handle.flashrt_bgemm

@@ -110,7 +110,7 @@ def _check(status: int) -> None:
 
 def _kernels():
     """(flashrt_wino43_in, flashrt_wino43_out) of the CPU library, or None where it does not load."""
-    from flashrt.runtime import csrc_cpu
+    from flashrt.ops import csrc_cpu
 
     lib = csrc_cpu.load()
     return None if lib is None else (lib.handle.flashrt_wino43_in, lib.handle.flashrt_wino43_out)

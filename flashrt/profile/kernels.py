@@ -49,7 +49,7 @@ What counts as one kernel (the rule, applied op by op as the dispatcher sees the
 * a custom op (e.g. ``flashrt::rms_norm``) is one kernel: the dispatcher hands it to the counter as
   one op, whatever its implementation runs inside -- given its CUDA forms (``custom`` of
   `count_kernels`: op name -> (whether the kernel takes the call, the reference); the csrc ones are
-  `flashrt.runtime.csrc_ops.CUDA_FORMS`), only when its kernel takes the call's shapes, dtypes and
+  `flashrt.ops.csrc_ops.CUDA_FORMS`), only when its kernel takes the call's shapes, dtypes and
   layouts; otherwise its reference runs, which is counted op by op.
 
 Stages (``stages`` of `count_kernels`): name -> modules; a kernel counts toward the innermost stage

@@ -42,28 +42,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from flashrt.ops import Op, register
+from flashrt.ops.platform import activation_qmax
+
 FALLBACKS: Counter = Counter()  # op name -> calls that saw a dequantized weight (not the quantized GEMM)
 FP8_MAX = 448.0
 W_QMAX = 127
 MODES = ("static", "per_token")
-
-
-def cpu_int8_dot() -> dict[str, bool]:
-    """Which int8 dot-product instructions this CPU has (torch's probes): VNNI, AMX tiles."""
-    return {"vnni": bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)()),
-            "amx": bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())}
-
-
-def activation_qmax(device: torch.device | str = "cpu") -> int:
-    """The int8 activation range this machine's int8 GEMMs accumulate exactly (module docstring)."""
-    if torch.device(device).type == "cuda":
-        return 127
-    return 127 if any(cpu_int8_dot().values()) else 63
 
 
 def onednn_int8_available() -> bool:
@@ -595,6 +586,34 @@ def portable(table: KernelTable | None = None) -> contextlib.AbstractContextMana
     float GEMM, which the ONNX exporter writes as QuantizeLinear / DequantizeLinear with the calibrated
     scales (`flashrt.runtime.onnx_export.record` enters it); fp8 likewise with float8e4m3fn Q/DQ."""
     return _flag(table, "portable")
+
+
+def onnx_translations() -> dict[Any, Callable[..., Any]]:
+    """The ONNX forms of the fp8 portable form's ops (`fp8_qdq`, `fp8_dequant`): float8e4m3fn
+    QuantizeLinear / DequantizeLinear with the calibrated scale (zero point 0, saturating); the
+    dequantized weight's block as a Slice of the float result (ONNX has no float8 Slice)."""
+    import onnx
+    from onnxscript import opset19 as op
+
+    zero = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
+
+    def qdq(x, scale: float):
+        s = op.Constant(value_float=scale)
+        return op.DequantizeLinear(op.QuantizeLinear(x, s, op.Constant(value=zero)), s)
+
+    def dequant(w, scale: float, r0: int, r1: int, c0: int, c1: int):
+        full = op.DequantizeLinear(w, op.Constant(value_float=scale))
+        return op.Slice(full, op.Constant(value_ints=[r0, c0]), op.Constant(value_ints=[r1, c1]),
+                        op.Constant(value_ints=[0, 1]))
+
+    return {fp8_qdq._opoverload: qdq, fp8_dequant._opoverload: dequant}
+
+
+# the quantized GEMM as an op: its reference is the float GEMM it stands in for (what the calibration
+# gate measures it against); its forms are chosen per shape by measurement (`KernelTable`), its export
+# form is `portable` (entered by `flashrt.ops.portable_forms`) with `onnx_translations`
+QUANT_GEMM = register(Op("quant_gemm", F.linear, reference_name="float", portable=portable,
+                         translations=onnx_translations))
 
 
 # ------------------------------------------------------------------------------- making and installing

@@ -102,7 +102,7 @@ def _cpu_memory_bytes() -> int | None:
 
 
 def _describe_cpu(dev: torch.device) -> dict[str, Any]:
-    from flashrt.quant.linear import activation_qmax, cpu_int8_dot
+    from flashrt.ops.platform import activation_qmax, cpu_int8_dot
 
     probe = getattr(torch.backends.cpu, "get_cpu_capability", lambda: None)
     return {

@@ -19,7 +19,7 @@ Ownership and validity (house style #9):
   No file, a corrupt header, a truncated file, edited model bytes, an entry copied under another key:
   each is a miss (logged, returned as a reason) and the model is exported again, never used.
 - A TensorRT engine is code the runtime deserializes, so the native libraries' trust rules apply
-  (`flashrt.runtime.native`): the folder must be owned by this user and writable by nobody else (and
+  (`flashrt.ops.native`): the folder must be owned by this user and writable by nobody else (and
   the folders above it, unless sticky), an entry must be a regular file (not a symlink) owned by this
   user and writable by nobody else. Anything else is a miss with the reason, and nothing is stored in
   a folder that fails them (the model is exported for this process only). A folder flashrt creates is
@@ -48,8 +48,8 @@ from typing import Any
 from flashrt import __version__
 from flashrt.io.atomic import atomic_write_bytes
 from flashrt.io.files import open_regular
+from flashrt.ops.native import Untrusted, check_folder, make_private_folder, read_own_file
 from flashrt.paths import user_cache_dir
-from flashrt.runtime.native import Untrusted, check_folder, make_private_folder, read_own_file
 
 log = logging.getLogger(__name__)
 

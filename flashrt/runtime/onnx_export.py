@@ -3,8 +3,9 @@
 How a step that reads and writes static buffers becomes a function of its inputs:
 
 1. `record(fn, buffers)` runs fn once under the `trace` backend's recorder (same refusals: host syncs,
-   data-dependent shapes, RNG), giving the aten program and every static tensor it touched. Quantized
-   GEMMs (`flashrt.quant.linear.QuantWeight`) run their portable form meanwhile (`portable`): int8 is
+   data-dependent shapes, RNG), giving the aten program and every static tensor it touched. Every op
+   runs its portable form meanwhile (`flashrt.ops.portable_forms`; runtime asks the op registry and
+   imports no block): quantized GEMMs (`flashrt.quant.linear.QuantWeight`, `QUANT_GEMM`): int8 is
    recorded as quantize -> dequantize around a float GEMM and written as QuantizeLinear /
    DequantizeLinear nodes carrying flashrt's calibrated scales (part of the program digest). Convs run
    their plain form (`flashrt.nn.conv1d.plain_forms`): the `invariant` conv policy's phase-split and
@@ -42,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
+from flashrt import ops
 from flashrt.errors import CaptureError
 from flashrt.io.digest import tensor_digest
 from flashrt.runtime.graphs import named_tensors
@@ -92,8 +94,6 @@ def record(fn: Callable[[], Any], buffers: Any = None, math_attention: bool = Fa
     so a CUDA step records no fused attention kernel the exporter cannot write (TensorRT fuses its own)."""
     if not callable(fn):
         raise CaptureError(f"capture needs a no-argument callable, got {type(fn).__name__}")
-    from flashrt.nn.conv1d import plain_forms  # convs record their plain form (no invariant rewrites)
-    from flashrt.quant.linear import portable  # quantized GEMMs record their Q/DQ form
     names = {id(t): f"buffer {n!r}" for n, t in named_tensors(buffers).items()}
     recorder = Recorder(names)
     mode = _WriteRecorder(recorder)
@@ -101,7 +101,7 @@ def record(fn: Callable[[], Any], buffers: Any = None, math_attention: bool = Fa
     if math_attention:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         attention = sdpa_kernel([SDPBackend.MATH])
-    with torch.no_grad(), portable(), plain_forms(), _FunctionChecker(), attention, mode:
+    with torch.no_grad(), ops.portable_forms(), _FunctionChecker(), attention, mode:
         fn()
     return Recording(recorder.program(), recorder.nslots, list(recorder.statics.values()), mode.written)
 
@@ -485,8 +485,8 @@ def _portable_ops() -> dict[Any, Callable[..., Any]]:
     (oneDNN, as flashrt.nn picks them on CPU; same math unfused, equal within float32 rounding),
     index_copy / index_add as scatters along their axis (no whole-tensor transposes), x ** 2 as x * x,
     unbind / split / chunk as selects and slices (no ONNX sequence ops: TensorRT cannot parse them and
-    ONNX has none for bfloat16), the CPU flash attention with grouped-query heads and flashrt's own
-    ``flashrt::`` custom ops (their references: the CUDA kernel table picks them on a GPU)."""
+    ONNX has none for bfloat16) and the CPU flash attention with grouped-query heads. flashrt's own
+    ``flashrt::`` custom ops run what their ops give (`flashrt.ops.export_ops`: their references)."""
     mk = getattr(torch.ops, "mkldnn", None)
     pairs = [("_convolution_pointwise", "default", _conv_pointwise),
              ("_convolution_pointwise", "binary", _conv_pointwise_binary),
@@ -505,10 +505,6 @@ def _portable_ops() -> dict[Any, Callable[..., Any]]:
         op = getattr(getattr(mk, packet, None), overload, None) if mk is not None else None
         if op is not None:
             table[op] = fn
-    from flashrt.nn import fused
-    for name, ref in (("rms_norm", fused.rms_norm_ref), ("add_rms_norm", fused.add_rms_norm_ref),
-                      ("rope_qkv", fused.rope_qkv_ref), ("gelu_mul", fused.gelu_mul_ref)):
-        table[getattr(torch.ops.flashrt, name).default] = ref
     return table
 
 
@@ -526,6 +522,7 @@ class StepModule(torch.nn.Module):
         for i, t in enumerate(p.constants):
             self.register_buffer(f"c{i}", t.detach())
         index = {id(t): i for i, t in enumerate(p.recording.statics)}
+        self.portable = {**PORTABLE, **ops.export_ops()}
         self.static_pos = [[(pos, index[id(leaf)]) for pos, leaf in enumerate(step.leaves)
                             if isinstance(leaf, torch.Tensor)] for step in self.steps]
 
@@ -558,7 +555,7 @@ class StepModule(torch.nn.Module):
             for pos, slot in step.reads:
                 leaves[pos] = env[slot]
             args, kwargs = tree_unflatten(leaves, step.spec)
-            out = PORTABLE.get(step.func, step.func)(*args, **kwargs)
+            out = self.portable.get(step.func, step.func)(*args, **kwargs)
             if step.writes:
                 outs, _ = tree_flatten(out)
                 for pos, slot in step.writes:
@@ -595,29 +592,15 @@ def export_onnx(p: ExportPlan) -> bytes:
 
 
 def _translations() -> dict[Any, Callable[..., Any]]:
-    """ONNX forms the exporter is given: the fp8 Q/DQ of a quantized GEMM's portable form
-    (`flashrt.quant.linear.fp8_qdq`, `fp8_dequant`) as float8e4m3fn QuantizeLinear / DequantizeLinear with
-    the calibrated scale (zero point 0, saturating); and a write into a slice (aten slice_scatter, what an
+    """ONNX forms the exporter is given: those of the registered ops (`flashrt.ops.export_translations`:
+    e.g. the fp8 Q/DQ of a quantized GEMM's portable form, `flashrt.quant.linear.onnx_translations`);
+    and a write into a slice (aten slice_scatter, what an
     in-place op on ``y[..., a:b]`` becomes) as a ScatterElements along that axis where the block is at
     most half the axis (onnxruntime writes it in place when nothing else reads the old tensor), else as a
     Concat of the kept parts around the new block. torch's own form transposes the axis to the front and
     back around a ScatterND, two copies of the whole tensor for a write of a few steps (BigVGAN's
     resampler edges: 44 % of its onnxruntime time; a Concat still cost 12 %). Same values: copies."""
-    import onnx
     from onnxscript import opset19 as op
-
-    from flashrt.quant import linear
-
-    zero = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT8E4M3FN, [], [0.0])
-
-    def qdq(x, scale: float):
-        s = op.Constant(value_float=scale)
-        return op.DequantizeLinear(op.QuantizeLinear(x, s, op.Constant(value=zero)), s)
-
-    def dequant(w, scale: float, r0: int, r1: int, c0: int, c1: int):
-        full = op.DequantizeLinear(w, op.Constant(value_float=scale))
-        return op.Slice(full, op.Constant(value_ints=[r0, c0]), op.Constant(value_ints=[r1, c1]),
-                        op.Constant(value_ints=[0, 1]))
 
     def slice_scatter(x, src, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1):
         rank, axis = len(x.shape), op.Constant(value_ints=[dim % len(x.shape)])
@@ -638,8 +621,7 @@ def _translations() -> dict[Any, Callable[..., Any]]:
             parts.append(op.Slice(x, ints(hi), ints(size), axis))
         return op.Concat(*parts, axis=dim) if len(parts) > 1 else op.Identity(src)
 
-    return {linear.fp8_qdq._opoverload: qdq, linear.fp8_dequant._opoverload: dequant,
-            torch.ops.aten.slice_scatter.default: slice_scatter}
+    return {**ops.export_translations(), torch.ops.aten.slice_scatter.default: slice_scatter}
 
 
 def castlike_to_cast(model: Any) -> Any:

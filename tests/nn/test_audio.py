@@ -465,7 +465,7 @@ def test_polyphase_upsampler_is_position_invariant():
 # ------------------------------------------------------------------ native anti-aliased activation
 
 def _native_or_skip():
-    from flashrt.runtime import csrc_cpu
+    from flashrt.ops import csrc_cpu
 
     if csrc_cpu.load() is None:
         pytest.skip("the CPU kernels cannot be built here (no C compiler)")

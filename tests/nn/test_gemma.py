@@ -6,7 +6,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from flashrt.io.loading import reset_derived
 from flashrt.nn.attention import StaticKV, key_padding_bias
-from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
+from flashrt.nn.gemma import GEGLU, Gemma, onednn_available
 from flashrt.nn.rope import rope_cos_sin
 
 W, DEPTH, MLP, H, KV, D = 24, 2, 40, 4, 1, 8
@@ -131,13 +131,13 @@ def test_onednn_mlp_kernel_matches_aten():
     """The fused oneDNN GeGLU (GELU in the gate GEMM, product in the up GEMM) equals the ATen one
     within float32 rounding, for the prefix's many rows and the expert's few."""
     layer = _randomize(Gemma(W, 1, MLP, H, KV, D), seed=6).layers[0]
-    assert layer.mlp_kernel == "aten"
+    assert layer.geglu.form == "aten"
     for rows in (3, 40):
         h = torch.randn(2, rows, W)
         with torch.no_grad():
             want = layer.mlp(h)
-            layer.mlp_kernel = "onednn"
+            layer.geglu.use("onednn")
             got = layer.mlp(h)
-            layer.mlp_kernel = "aten"
+            layer.geglu.use("aten")
         assert got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert set(MLP_KERNELS) == {"aten", "onednn"}
+    assert GEGLU.form_names == ("aten", "onednn")

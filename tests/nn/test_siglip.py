@@ -6,7 +6,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.nn.gemma import onednn_available
-from flashrt.nn.siglip import FC1_GELU_KERNELS, Siglip
+from flashrt.nn.siglip import FC1_GELU, Siglip
 
 W, DEPTH, MLP, HEADS, PATCH, IMG = 24, 2, 48, 3, 7, 21
 
@@ -68,15 +68,15 @@ def test_bf16_tower_runs_and_accepts_float32_pixels():
 
 
 @pytest.mark.skipif(not onednn_available(), reason="torch built without oneDNN's fused linear op")
-def test_onednn_fc1_gelu_kernel_matches_aten(monkeypatch):
+def test_onednn_fc1_gelu_kernel_matches_aten():
     tower = _random_tower(seed=2)
     pixels = torch.rand(2, 3, IMG, IMG) * 2 - 1
     calls = []
-    fused = FC1_GELU_KERNELS["onednn"]
-    monkeypatch.setitem(FC1_GELU_KERNELS, "onednn", lambda x, fc1: calls.append(1) or fused(x, fc1))
+    fused = FC1_GELU.forms["onednn"].fn
     with torch.no_grad():
         want = tower(pixels)
         for layer in tower.layers:
-            layer.fc1_kernel = "onednn"
+            layer.fc1_gelu.use("onednn")
+            layer.fc1_gelu.run = lambda x, fc1: calls.append(1) or fused(x, fc1)
         got = tower(pixels)
     assert len(calls) == DEPTH and torch.allclose(got, want, rtol=1e-5, atol=1e-5)

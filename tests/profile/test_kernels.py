@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-import flashrt.nn.fused  # noqa: F401  (registers the flashrt:: custom ops)
+import flashrt.ops.decoder  # noqa: F401  (registers the flashrt:: custom ops)
 from flashrt.profile.kernels import (
     ATTENTION,
     BIAS_ALIGN,
@@ -184,7 +184,7 @@ def test_the_fused_attention_layout_makes_the_usual_head_merge_a_view():
 
 
 def test_a_custom_op_is_one_kernel_only_where_its_cuda_kernel_takes_the_call():
-    from flashrt.runtime.csrc_ops import CUDA_FORMS
+    from flashrt.ops.csrc_ops import CUDA_FORMS
 
     x, scale = torch.empty(4, 64, dtype=torch.bfloat16, device="meta"), torch.empty(64, device="meta")
     taken = count_kernels(lambda: torch.ops.flashrt.rms_norm(x, scale, None, 1e-6), custom=CUDA_FORMS)

@@ -54,11 +54,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from flashrt import ops
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
 from flashrt.frontends.pi0.frontend import Pi0Frontend
-from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step, mlp_kernels
+from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import COMPUTE_PRECISIONS
 from flashrt.testing.synthetic.pi0 import TINY, SyntheticSizes, SyntheticSpec, write_checkpoint
@@ -165,7 +166,7 @@ class CompiledStepFrontend(Pi0Frontend):
         compiled = torch.compile(self.raw_step(bucket), dynamic=False)
 
         def step() -> None:
-            with torch.no_grad(), mlp_kernels(self.model, "aten"):
+            with torch.no_grad(), ops.using(self.model, {"mlp": "aten"}):
                 compiled()
         return step
 

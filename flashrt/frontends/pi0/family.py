@@ -34,7 +34,7 @@ from flashrt.frontends.pi0.frontend import NUMERICS, Pi0Frontend, batch_buckets,
 from flashrt.frontends.pi0.observation import check_state, is_finite, split_observation
 from flashrt.frontends.pi0.preprocess import CheckedImage, ImagePreprocessor
 from flashrt.frontends.pi0.tokenizer import PaliGemmaTokenizer, PromptTokenizer
-from flashrt.nn.fused import resolve_kernels, use_kernels
+from flashrt.ops.decoder import decoder_prefer
 from flashrt.quant.precision import QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
 from flashrt.runtime.device import resolve_device
 from flashrt.runtime.frontend import PolicyFamily
@@ -190,7 +190,8 @@ class Pi0PolicyFrontend:
         return {"family": "pi0", **self.checkpoint.summary(), "device": str(self.device), "dtype": dtype,
                 "buckets": list(self.buckets), "batches": list(self.batches),
                 "cannot_batch": self.cannot_batch, "backend": self.frontend.graphs.report().get("backend"),
-                "quantization": self.quantization, "kernels": model.vlm.kernels, "fp32_modules": fp32,
+                "quantization": self.quantization, "kernels": model.vlm.rms_norm.form,
+                "ops": model.op_choices, "fp32_modules": fp32,
                 "numerics": self.frontend.numerics.describe(),
                 "kernels_per_replay": self.frontend.kernels_per_replay().total}
 
@@ -229,10 +230,11 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
          tf32: bool = False, batches: Sequence[int] | None = None) -> Pi0PolicyFrontend:
     """Load a Pi0 / Pi0.5 checkpoint dir (lerobot 0.6.1 or openpi PyTorch) and capture its graphs.
 
-    ``kernels`` (`flashrt.nn.fused`): "auto" runs the fused csrc kernels (RMSNorm + residual, RoPE into
-    the K/V slots, GeGLU product: one kernel each) on a CUDA device where they load (built on first use
-    where a CUDA toolkit is), the ATen references elsewhere; "aten" / "fused" force one. Same numbers
-    either way up to float rounding (the CPU runs the references: bit for bit).
+    ``kernels`` (the "decoder" ops of `flashrt.ops.decoder`): "auto" runs the fused csrc kernels
+    (RMSNorm + residual, RoPE into the K/V slots, GeGLU product: one kernel each) on a CUDA device where
+    they load (built on first use where a CUDA toolkit is), the ATen references elsewhere; "aten" /
+    "fused" force one. Same numbers either way up to float rounding (the CPU runs the references: bit
+    for bit).
 
     ``fp32_modules`` (a half ``precision``, "bfloat16" / "float16"): "lerobot" (default) keeps what
     lerobot 0.6.1's bf16 mode keeps in float32 (SigLIP tower, projector, every (ada)RMSNorm, the action /
@@ -252,7 +254,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     dev = resolve_device(device)
     batches = batch_buckets(batches)
     dtype = compute_dtype(precision, quantized=QUANTIZED)
-    kernel_row = resolve_kernels(kernels, dev)
+    decoder_prefer(kernels)  # an unknown choice fails before anything loads
     numerics = replace(NUMERICS, tf32=tf32)
     if fp32_modules not in FP32_MODULES:
         raise ConfigError(f"fp32_modules={fp32_modules!r}; choose one of {FP32_MODULES}")
@@ -267,8 +269,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
     config = ck.model_config if num_steps is None else ck.model_config.replace(num_steps=num_steps)
     tok = PaliGemmaTokenizer(ck.tokenizer_path)
     _check_sizes(ck, tok)
-    model = load_pi0(config, ck.weights, device=dev, dtype=dtype, keep_fp32=keep_fp32)
-    use_kernels(model, kernel_row)
+    model = load_pi0(config, ck.weights, device=dev, dtype=dtype, keep_fp32=keep_fp32, kernels=kernels)
     sizes = tuple(buckets) if buckets else default_buckets(ck.max_prompt_len)
     quantization = None
     if kind is not None:

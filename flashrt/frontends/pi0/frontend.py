@@ -56,9 +56,9 @@ from flashrt.frontends.pi0.model import (
     rtc_buffer_specs,
 )
 from flashrt.nn.attention import StaticKV
+from flashrt.ops.csrc_ops import CUDA_FORMS
 from flashrt.profile.kernels import KernelCount, count_kernels
 from flashrt.runtime.buffers import Buffers, check_value
-from flashrt.runtime.csrc_ops import CUDA_FORMS
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 from flashrt.runtime.numerics import Numerics
 from flashrt.runtime.rtc import euler_times_f32

@@ -53,33 +53,34 @@ Numerics follow lerobot 0.6.1 ``PI0Pytorch`` / ``PI05Pytorch.sample_actions``; t
 (fixtures from lerobot) hold max |Δaction| ≤ 1e-4 in float32 (measured ≤ 5e-7 on the tiny fixtures,
 5e-6 with real widths at depth 2). Batch rows are independent; outputs are float32 in any model dtype.
 
-On the CPU, `reset_derived` also picks kernels and layouts (`select_cpu_kernels`): column-major
-weights for the expert's few-row GEMMs, oneDNN GEMMs with the tanh-GELU fused for the VLM and the
-vision tower. Both equal the plain ATen path within float32 rounding (`use_mlp_kernels(model, "aten")`
-restores it; the parity tests run both). The Gemmas' norms, RoPE and GeGLU products run through the
-kernel table `flashrt.nn.fused.KERNELS` (``use_kernels(model, "fused")``: one ``flashrt::`` op each,
-the csrc CUDA kernels on a GPU; the family's loader picks, `kernels="auto"`); `meta_twin` and
-`Pi0Frontend.kernels_per_replay` count what a replay launches.
+`reset_derived` also picks the forms of the model's ops, once (`Pi0Model.select_ops`, the one
+`flashrt.ops.select` pass), and on the CPU the weight layouts (`cpu_layouts`): column-major weights
+for the expert's few-row GEMMs; oneDNN GEMMs with the tanh-GELU fused for the VLM and the vision tower
+(the "mlp" ops' CPU form). Both equal the plain ATen path within float32 rounding
+(``flashrt.ops.select(model, "cpu", prefer={"mlp": "aten"})`` restores it; the parity tests run both).
+The Gemmas' norms, RoPE and GeGLU products are the "decoder" ops of `flashrt.ops.decoder` (the fused
+form: one ``flashrt::`` op each, the csrc CUDA kernels on a GPU; ``Pi0Model(config, kernels=...)``,
+the family's ``kernels`` option, "auto" by default); `meta_twin` and `Pi0Frontend.kernels_per_replay`
+count what a replay launches.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from flashrt import ops
 from flashrt.frontends.pi0.config import GemmaSpec, Pi0Config
 from flashrt.io import loading as load
 from flashrt.nn.attention import StaticKV, key_padding_bias
-from flashrt.nn.fused import use_kernels
-from flashrt.nn.gemma import MLP_KERNELS, Gemma, onednn_available
+from flashrt.nn.gemma import Gemma
 from flashrt.nn.rope import rope_cos_sin, rope_inv_freq
-from flashrt.nn.siglip import FC1_GELU_KERNELS, Siglip
-from flashrt.quant.linear import QuantWeight
+from flashrt.nn.siglip import Siglip
+from flashrt.ops.decoder import decoder_prefer
 from flashrt.runtime.buffers import BufferSpec
 from flashrt.runtime.rtc import guided_velocity
 
@@ -115,9 +116,11 @@ class Pi0Model(nn.Module):
     strict map, then ``reset_derived``); after assigning weights by hand, call
     ``flashrt.io.reset_derived(model, device)`` so the schedule tables and embedding scale follow."""
 
-    def __init__(self, config: Pi0Config) -> None:
+    def __init__(self, config: Pi0Config, kernels: str = "auto") -> None:
         super().__init__()
         c = self.config = config
+        self.op_prefer = decoder_prefer(kernels)  # what `select_ops` forces (`flashrt.ops.decoder`)
+        self.op_choices: ops.Choices = {}
         v, we = c.vision, c.expert.width
         self.vision = Siglip(v.width, v.depth, v.mlp_dim, v.num_heads, v.patch, v.image_size, v.eps)
         self.projector = nn.Linear(v.width, c.vlm.width)
@@ -154,15 +157,23 @@ class Pi0Model(nn.Module):
     def reset_derived(self) -> None:
         """Recompute the schedule tables from the loaded weights (call again after changing them) and
         the RoPE inverse frequencies of both Gemmas (``vlm_inv_freq``, ``expert_inv_freq``: on the
-        model's device, the values a call would compute); on the CPU, also pick the CPU kernels and
-        weight layouts (`select_cpu_kernels`)."""
+        model's device, the values a call would compute); on the CPU the weight layouts (`cpu_layouts`);
+        then the forms of the ops (`select_ops`)."""
         for name, table in self.schedule(self.config.num_steps).items():
             setattr(self, name, table)
         device = self.action_in.weight.device
         for name, spec in self._rope_specs().items():
             setattr(self, f"{name}_inv_freq", rope_inv_freq(spec.head_dim, spec.rope_theta, device))
         if self.action_in.weight.device.type == "cpu":
-            select_cpu_kernels(self)
+            cpu_layouts(self)
+        self.select_ops()
+
+    def select_ops(self) -> ops.Choices:
+        """The one `flashrt.ops.select` pass for the model's device and dtype with ``op_prefer``; again
+        after its weights change (quantized GEMM weights take no oneDNN form). -> ``op_choices``."""
+        dtype = self.vlm.layers[0].qkv.weight.dtype
+        self.op_choices = ops.select(self, self.action_in.weight.device, dtype, self.op_prefer)
+        return self.op_choices
 
     @torch.no_grad()
     def schedule(self, num_steps: int) -> dict[str, torch.Tensor]:
@@ -319,8 +330,8 @@ def column_major_linears(module: nn.Module) -> None:
 
 def meta_twin(model: Pi0Model) -> Pi0Model:
     """A shape-only copy on the meta device (no memory, no compute): the same config and per-tensor
-    dtypes, derived tables recomputed on meta, the same `flashrt.nn.fused` kernel table row, the ATen
-    GEMM/GELU kernels (the CUDA path; the CPU's oneDNN choices do not run on meta); a quantized GEMM
+    dtypes, derived tables recomputed on meta, the same form of the "decoder" ops as ``model``, the
+    reference GEMM/GELU forms (the CUDA path; the CPU's oneDNN forms do not run on meta); a quantized GEMM
     weight becomes a plain one of its dtype (one GEMM kernel). What `flashrt.profile.kernels` counts a
     step of (`Pi0Frontend.kernels_per_replay`)."""
     slots = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in model.state_dict().items()}
@@ -328,9 +339,8 @@ def meta_twin(model: Pi0Model) -> Pi0Model:
         w = sub.__dict__.get("weight") if isinstance(sub, nn.Linear) else None
         if w is not None:
             slots[f"{name}.weight"] = torch.empty(w.shape, dtype=w.dtype, device="meta")
-    twin = load.meta_twin(lambda: Pi0Model(model.config), slots=slots)
-    use_kernels(twin, model.vlm.kernels)
-    return twin
+    decoder_form = model.vlm.rms_norm.form
+    return load.meta_twin(lambda: Pi0Model(model.config, kernels=decoder_form), slots=slots)
 
 
 def kernel_stages(model: Pi0Model) -> dict[str, list[nn.Module]]:
@@ -343,59 +353,15 @@ def kernel_stages(model: Pi0Model) -> dict[str, list[nn.Module]]:
             "expert": [model.expert, *heads]}
 
 
-def select_cpu_kernels(model: Pi0Model) -> None:
-    """CPU kernel and layout choices, all equal to the plain ATen path within float32 rounding:
-
-    * expert and action/state/time heads (tens of rows per GEMM): column-major weights;
-    * vision tower and VLM (hundreds of rows): oneDNN GEMMs with the tanh-GELU (and the GeGLU
-      product) fused, when torch has oneDNN and those weights are float32 and row-major.
-    Idempotent; runs at load (``reset_derived``), before any graph is captured."""
+def cpu_layouts(model: Pi0Model) -> None:
+    """CPU weight layouts, equal to the plain ones within float32 rounding: the expert and the
+    action/state/time heads (tens of rows per GEMM) column-major (`column_major_linears`); the vision
+    tower and the VLM (hundreds of rows) stay row-major, for oneDNN's fused GEMM + GELU forms (the "mlp"
+    ops, `flashrt.nn.gemma.GEGLU`, `flashrt.nn.siglip.FC1_GELU`). Idempotent; runs at load
+    (``reset_derived``), before any graph is captured."""
     heads = [m for name, m in model.named_children() if name not in ("vision", "projector", "vlm")]
     for module in heads:
         column_major_linears(module)
-    select_mlp_kernels(model)
-
-
-def select_mlp_kernels(model: Pi0Model) -> None:
-    """oneDNN's fused GeGLU / fc1 + GELU where torch has it and the weights are plain float32 row-major,
-    ATen elsewhere (again after quantized weights are installed: `_row_major_f32`)."""
-    use_mlp_kernels(model, "onednn" if onednn_available() else "aten")
-
-
-def use_mlp_kernels(model: Pi0Model, kernel: str) -> None:
-    """Run the VLM's GeGLUs and the vision tower's fc1 + GELU with ``kernel`` ("aten" or "onednn";
-    "onednn" only where the weights are float32 and row-major, else "aten")."""
-    if kernel not in MLP_KERNELS or kernel not in FC1_GELU_KERNELS:
-        raise ValueError(f"unknown MLP kernel {kernel!r}; known: {sorted(MLP_KERNELS)}")
-    for layer in model.vlm.layers:
-        layer.mlp_kernel = kernel if _row_major_f32(layer.gate_up) else "aten"
-    for layer in model.vision.layers:
-        layer.fc1_kernel = kernel if _row_major_f32(layer.fc1) else "aten"
-
-
-@contextlib.contextmanager
-def mlp_kernels(model: Pi0Model, kernel: str) -> Iterator[None]:
-    """Run with ``kernel`` inside the block (e.g. "aten" for code torch.compile traces: it cannot trace
-    oneDNN's fused pointwise ops); every layer's previous choice is restored after."""
-    layers = [*model.vlm.layers, *model.vision.layers]
-    saved = [(getattr(x, "mlp_kernel", None), getattr(x, "fc1_kernel", None)) for x in layers]
-    use_mlp_kernels(model, kernel)
-    try:
-        yield
-    finally:
-        for layer, (mlp, fc1) in zip(layers, saved):
-            if mlp is not None:
-                layer.mlp_kernel = mlp
-            if fc1 is not None:
-                layer.fc1_kernel = fc1
-
-
-def _row_major_f32(linear: nn.Linear) -> bool:
-    """A plain float32 row-major weight (a quantized one runs the "aten" GeGLU: its gate and up halves
-    share one quantization of the input and one integer GEMM, where oneDNN's fused pair would quantize
-    the same input twice)."""
-    w = linear.weight
-    return w.dtype == torch.float32 and w.is_contiguous() and not isinstance(w, QuantWeight)
 
 
 # ---------------------------------------------------------------------- static buffers for capture

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from flashrt.frontends.pi0.frontend import Pi0Frontend
-from flashrt.frontends.pi0.model import select_mlp_kernels
+from flashrt.frontends.pi0.model import Pi0Model
 from flashrt.quant.flow import quantize_family
 from flashrt.quant.samples import smooth_frame
 from flashrt.runtime.device import device_arch
@@ -74,7 +74,7 @@ def quantize(pf: Any, kind: str, calibration: Any, checkpoint_dir: str | Path) -
     return quantize_family(pf.frontend.model, kind, calibration, default_recipe=DEFAULT_RECIPE,
                            synthetic=lambda n, seed: synthetic_observations(pf, n, seed), run=runner(pf),
                            key_fields=key_fields, name=f"{c.variant}-{kind}", device=pf.device,
-                           checkpoint=checkpoint_dir, on_install=select_mlp_kernels)
+                           checkpoint=checkpoint_dir, on_install=Pi0Model.select_ops)
 
 
 def calibration_frontend(model: Any, n_cams: int, buckets: tuple[int, ...]) -> Pi0Frontend:

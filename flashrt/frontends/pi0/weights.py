@@ -131,12 +131,14 @@ def detect_variant(keys: Iterable[str]) -> str:
 
 
 def load_pi0(config: Pi0Config, checkpoint: Mapping[str, torch.Tensor], device: str | torch.device = "cpu",
-             dtype: torch.dtype | None = None, keep_fp32: bool = False) -> Pi0Model:
+             dtype: torch.dtype | None = None, keep_fp32: bool = False, kernels: str = "auto") -> Pi0Model:
     """Build `Pi0Model` on meta, map ``checkpoint`` strictly, cast to ``dtype``, compute the schedule.
 
     ``dtype`` None keeps the storage dtype; ``keep_fp32`` (with a half ``dtype``) is lerobot's bf16
     recipe: vision tower, projector, norms and the action / state / time heads stay float32 (weights
-    and their activations), the two Gemmas run in ``dtype``; activations are cast at the boundaries."""
+    and their activations), the two Gemmas run in ``dtype``; activations are cast at the boundaries.
+    ``kernels``: the form of the "decoder" ops (`flashrt.ops.decoder.decoder_prefer`), chosen with the
+    other ops' forms by the one `flashrt.ops.select` pass of ``reset_derived``."""
     prefix = LAYOUT_PREFIXES[detect_layout(checkpoint.keys())]
     wmap = pi0_weight_map(config, prefix, keep_fp32)
-    return load_module(lambda: Pi0Model(config), checkpoint, wmap, device, dtype)
+    return load_module(lambda: Pi0Model(config, kernels), checkpoint, wmap, device, dtype)

@@ -46,15 +46,19 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from flashrt.frontends.pi0.model import use_mlp_kernels
+from flashrt import ops
 from flashrt.frontends.pi0_fast.config import IMAGE_FEATURE_NORM, Pi0FastConfig
 from flashrt.nn.attention import StaticKV, key_padding_bias, mask_value
-from flashrt.nn.gemma import Gemma, GemmaLayer, onednn_available
+from flashrt.nn.gemma import Gemma, GemmaLayer
 from flashrt.nn.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from flashrt.nn.siglip import Siglip
 from flashrt.runtime.buffers import Buffers, BufferSpec
 
 __all__ = ["Pi0FastNet", "Pi0FastDecodeModel"]
+
+
+# the prefill's "decoder" ops keep their references (the fused forms are not measured on this path)
+PREFER = {"decoder": "aten"}
 
 
 class Pi0FastNet(nn.Module):
@@ -72,12 +76,12 @@ class Pi0FastNet(nn.Module):
 
     def reset_derived(self) -> None:
         """The decode step's plain-tensor view of the weights (`DecodeLayer`s: no nn.Module attribute
-        lookups per token) and, on the CPU, the Pi0 family's kernel choices for the vision tower and the
-        VLM. Runs at load; call again after replacing weights."""
+        lookups per token) and the forms of the ops (the one `flashrt.ops.select` pass, ``op_choices``:
+        on the CPU oneDNN's fused GEMM + GELU forms for the vision tower and the VLM, as Pi0's). Runs at
+        load; call again after replacing weights."""
         self.decode_layers = tuple(DecodeLayer.of(layer) for layer in self.vlm.layers)
         self.decode_final = (1.0 + self.vlm.norm.weight.float(), self.vlm.norm.eps)
-        if self.projector.weight.device.type == "cpu":
-            use_mlp_kernels(self, "onednn" if onednn_available() else "aten")
+        self.op_choices = ops.select(self, self.projector.weight.device, self.dtype, PREFER)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -39,7 +39,7 @@ The user-facing loader is `flashrt.load_vocoder` (runner/vocoder.py: this packag
   load (`flashrt.nn.alias_free.pick_sine`: NumPy's or ATen's; plain eager calls only, a recorded graph
   holds ATen's); ``flashrt.nn.alias_free.use_sine(voc.module, "aten")`` sets it back.
 * Anti-aliased activations (BigVGAN): a float32 CPU module runs each one (2x up, snake, 2x down) as
-  one pass of a C kernel built with this machine's compiler on first use (`flashrt.runtime.csrc_cpu`;
+  one pass of a C kernel built with this machine's compiler on first use (`flashrt.ops.csrc_cpu`;
   several times faster than the torch form per activation); without a compiler, the torch form.
   ``use_activation_kernel(voc.module, "torch")`` sets it back.
 

@@ -133,11 +133,11 @@ def test_noise_is_a_static_input():
 def test_kernels_per_replay_on_meta_equal_the_cpu_steps_op_for_op(name):
     """The meta twin's count (what describe() reports) is the real step's: run on the CPU with the ATen
     kernels (the CUDA path), every op name counted the same number of times."""
-    from flashrt.frontends.pi0.model import use_mlp_kernels
+    from flashrt import ops
     from flashrt.profile.kernels import count_kernels
 
     _, model = _model(name)
-    use_mlp_kernels(model, "aten")
+    ops.select(model, "cpu", prefer={"mlp": "aten"})
     frontend = Pi0Frontend(model, len(E2E.case(name).info["cameras"]), (16, 32), backend="eager")
     meta = frontend.kernels_per_replay(32)
     assert meta.by_op == count_kernels(frontend.raw_step(32)).by_op and meta.total > 100
@@ -146,11 +146,11 @@ def test_kernels_per_replay_on_meta_equal_the_cpu_steps_op_for_op(name):
 
 @pytest.mark.parametrize("name", ["pi0_cam3", "pi05_cam2"])
 def test_fused_kernels_trace_and_equal_the_aten_step_bit_for_bit(name):
-    """The ``flashrt::`` custom ops (the "fused" kernel row) are recorded by the trace backend like any
-    aten op (no refusal; the K/V slots they mutate are static tensors) and, on the CPU, where they run
-    their references, the step equals the ATen row's eager run exactly; one replay launches fewer
-    kernels."""
-    from flashrt.nn.fused import use_kernels
+    """The ``flashrt::`` custom ops (the decoder ops' "fused" forms) are recorded by the trace backend
+    like any aten op (no refusal; the K/V slots they mutate are static tensors) and, on the CPU, where
+    they run their references, the step equals the ATen row's eager run exactly; one replay launches
+    fewer kernels."""
+    from flashrt import ops
 
     _, model = _model(name)
     cams = len(E2E.case(name).info["cameras"])
@@ -158,7 +158,7 @@ def test_fused_kernels_trace_and_equal_the_aten_step_bit_for_bit(name):
     _feed(eager, 7, 11)
     eager.run(16)
     aten_count = eager.kernels_per_replay().total
-    use_kernels(model, "fused")
+    ops.select(model, "cpu", prefer={"decoder": "fused"})
     try:
         trace = Pi0Frontend(model, cams, (16,), backend="trace")
         trace.capture()
@@ -168,7 +168,7 @@ def test_fused_kernels_trace_and_equal_the_aten_step_bit_for_bit(name):
         assert torch.equal(trace.actions(), eager.actions())
         assert trace.kernels_per_replay().total < aten_count
     finally:
-        use_kernels(model, "aten")
+        ops.select(model, "cpu")
 
 
 @pytest.mark.parametrize("name", ["pi0_cam3", "pi05_cam2"])

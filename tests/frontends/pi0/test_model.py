@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from flashrt import ops
+from flashrt.errors import ConfigError
 from flashrt.frontends.pi0.config import config_from_state_dict_shapes, preset
 from flashrt.frontends.pi0.model import (
     bytes_per_step,
@@ -20,7 +22,6 @@ from flashrt.frontends.pi0.model import (
     kv_buffer_specs,
     make_step,
     param_counts,
-    use_mlp_kernels,
 )
 from flashrt.frontends.pi0.weights import detect_variant, load_pi0
 from flashrt.io import open_checkpoint
@@ -76,11 +77,11 @@ def test_parity_holds_with_every_mlp_kernel(variant):
     kernels = ["aten", "onednn"] if onednn_available() else ["aten"]
     for kernel in kernels:
         model = _model(variant)
-        use_mlp_kernels(model, kernel)
-        assert model.vlm.layers[0].mlp_kernel == model.vision.layers[0].fc1_kernel == kernel
+        ops.select(model, "cpu", prefer={"mlp": kernel})
+        assert model.vlm.layers[0].geglu.form == model.vision.layers[0].fc1_gelu.form == kernel
         assert (_run(model, c) - c["actions"]).abs().max() <= TOL, kernel
-    with pytest.raises(ValueError, match="unknown MLP kernel"):
-        use_mlp_kernels(model, "triton")
+    with pytest.raises(ConfigError, match="no form 'triton'"):
+        ops.select(model, "cpu", prefer={"mlp": "triton"})
 
 
 def test_cpu_load_lays_out_the_expert_column_major_and_keeps_the_vlm_row_major():
@@ -208,7 +209,7 @@ def test_buffer_specs_names_shapes_roles():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_flops_match_a_flop_counter_on_a_real_call(variant):
     model, c = _model(variant), _case(variant, "cam2")
-    use_mlp_kernels(model, "aten")  # the counter knows ATen's matmuls, not oneDNN's fused ones
+    ops.select(model, "cpu", prefer={"mlp": "aten"})  # the counter knows ATen's matmuls, not oneDNN's
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         _run(model, c)
     flops = flops_per_step(model.config, n_cams=2, prompt_len=10, batch=2)

@@ -50,7 +50,7 @@ def test_quantized_policy_within_the_gate_of_float(checkpoints, tmp_path, varian
         assert not np.array_equal(a, b)  # the quantized GEMMs did run
     assert not linear.FALLBACKS  # every quantized GEMM ran as one, none through a dequantized weight
     vlm = q.frontend.frontend.model.vlm.layers
-    assert all(isinstance(x.gate_up.weight, linear.QuantWeight) and x.mlp_kernel == "aten" for x in vlm)
+    assert all(isinstance(x.gate_up.weight, linear.QuantWeight) and x.geglu.form == "aten" for x in vlm)
 
 
 def test_second_load_hits_the_cache_without_calibrating(checkpoints, tmp_path):

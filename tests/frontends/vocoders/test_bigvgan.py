@@ -190,8 +190,8 @@ def test_native_activations_stream_bit_for_bit_and_match_the_torch_form():
     the torch form's."""
     from flashrt.frontends.vocoders import get_family, prepare_module
     from flashrt.nn.alias_free import use_activation_kernel
+    from flashrt.ops import csrc_cpu
     from flashrt.runner.vocoder import Vocoder
-    from flashrt.runtime import csrc_cpu
     from flashrt.testing.synthetic.vocoders import random_module
 
     if csrc_cpu.load() is None:

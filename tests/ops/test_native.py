@@ -1,4 +1,4 @@
-"""flashrt/runtime/native.py through the two native libraries: a library planted in the cache (wrong bytes,
+"""flashrt/ops/native.py through the two native libraries: a library planted in the cache (wrong bytes,
 a symlink, a foreign owner, a folder others can write) is never loaded -- its constructor, which
 writes a marker file, never runs -- and the real kernels still load (rebuilt); compilers that fail,
 hang or are killed mid-build cost a warning and the torch forms, never a raw error, a hang or a temp
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from flashrt.runtime import csrc, csrc_cpu, native
+from flashrt.ops import csrc, csrc_cpu, native
 
 needs_cc = pytest.mark.skipif(csrc_cpu.compiler() is None, reason="no C compiler here")
 needs_nvcc = pytest.mark.skipif(csrc.nvcc_path() is None, reason="no CUDA toolkit (nvcc) here")
@@ -119,7 +119,7 @@ def test_a_planted_cpu_library_never_runs_and_is_rebuilt(tmp_path, planted, how,
     plant, marker = planted
     folder = tmp_path / "cache"
     PLANTS[how](folder, plant)
-    with caplog.at_level(logging.WARNING, logger="flashrt.runtime.native"):
+    with caplog.at_level(logging.WARNING, logger="flashrt.ops.native"):
         lib = csrc_cpu.load(folder=folder)
     assert not marker.exists(), "the planted library was loaded: its constructor ran"
     _assert_real_cpu_kernels(lib)
@@ -140,7 +140,7 @@ def test_a_folder_others_can_write_is_not_used(tmp_path, planted, mode, caplog):
     path.write_bytes(plant.read_bytes())
     _forge_sidecar(path, fields)  # anyone could have written both
     os.chmod(folder, mode)
-    with caplog.at_level(logging.WARNING, logger="flashrt.runtime.native"):
+    with caplog.at_level(logging.WARNING, logger="flashrt.ops.native"):
         lib = csrc_cpu.load(folder=folder)
     assert not marker.exists()
     _assert_real_cpu_kernels(lib)  # built in a private temporary folder
@@ -322,7 +322,7 @@ def test_a_build_killed_mid_compile_leaves_temp_files_the_next_build_removes(fak
         while [ "$1" != "-o" ]; do shift; done; echo partial > "$2"; sleep 60
         """)
     folder = tmp_path / "cache"
-    code = f"from flashrt.runtime import csrc_cpu; csrc_cpu.build({str(folder)!r}, cc={fake!r})"
+    code = f"from flashrt.ops import csrc_cpu; csrc_cpu.build({str(folder)!r}, cc={fake!r})"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     build = subprocess.Popen([sys.executable, "-c", code], env=env)
     try:

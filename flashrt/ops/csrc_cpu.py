@@ -1,14 +1,14 @@
 """The csrc CPU library (csrc/*_cpu.c): built once per machine with its C compiler, loaded with ctypes.
 
     lib = load()          # None where no C compiler is and nothing is cached (the torch forms run)
-    build(out_dir)        # what `load` runs on a miss
+    build(out_dir)        # what `load` runs on a miss (the one builder `flashrt.ops.library`, `RECIPE`)
 
 Kernels: ``flashrt_aa_snake`` (csrc/anti_alias_cpu.c), BigVGAN's anti-aliased snake activation in one
 pass (`flashrt.nn.alias_free.Activation1d` with ``kernel="native"``); ``flashrt_bgemm``
 (csrc/spectral_cpu.c), the small batched GEMM of the block-spectral convs' DFTs
 (`flashrt.nn.spectral_conv.SpectralPlan`); ``flashrt_wino43_in`` / ``_out`` (csrc/winograd_cpu.c), the
 transforms of the 3-tap convs' Winograd form (`flashrt.nn.winograd_conv.WinogradPlan`). Like the CUDA library
-(`flashrt.runtime.csrc`) the sources include no torch header and export a small C ABI of raw pointers,
+(`flashrt.ops.csrc`) the sources include no torch header and export a small C ABI of raw pointers,
 so one ``cc -shared`` call builds them in about a second, independent of torch's C++ ABI; the Python
 side checks every argument and falls back to the torch form for anything the kernel does not take.
 
@@ -22,7 +22,7 @@ Cache: ``<user cache dir>/flashrt/csrc/flashrt_cpu-<key>.so`` (`cache_folder`; `
 another); the key digests `key_fields`: the sources' names and contents (with the headers beside them),
 the compiler's version, this CPU (its model and flags, as ``-march=native`` reads them), the flags and
 the ABI, so a cache folder shared by machines of different CPUs holds one library per CPU, and an edited
-kernel is rebuilt. What is loaded and how a planted or damaged file is refused: `flashrt.runtime.native`
+kernel is rebuilt. What is loaded and how a planted or damaged file is refused: `flashrt.ops.native`
 (a sha256 sidecar written at build time, ownership and permission checks, the verified bytes loaded).
 Without a compiler nothing loads (the torch forms run; said once, at WARNING): a cached library's key
 (this CPU, the compiler's version) cannot be checked. A compiler that fails or runs past ``timeout_s``
@@ -32,17 +32,16 @@ means the torch forms too, with a warning.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import platform
 import shutil
 from pathlib import Path
 from typing import Any
 
+from flashrt.ops import library, native
+from flashrt.ops.csrc import csrc_dir
+from flashrt.ops.native import OUT, BuildError, Library
 from flashrt.paths import user_cache_dir
-from flashrt.runtime import native
-from flashrt.runtime.csrc import csrc_dir
-from flashrt.runtime.native import OUT, BuildError, Library
 
 log = logging.getLogger(__name__)
 
@@ -90,25 +89,27 @@ def _cpu() -> str:
     return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
 
 
-def sources_digest(paths: list[Path]) -> str:
-    """sha256 over the names and contents of ``paths`` and of every header beside them."""
-    headers = sorted(csrc_dir().glob("*.h"))
-    digest = hashlib.sha256()
-    for path in [*paths, *(h for h in headers if h not in paths)]:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+def _commands(cc: str, fields: dict[str, Any]) -> list[list[str]]:
+    """With OpenMP, without it, without ``-march=native`` (compilers that lack either)."""
+    portable = tuple(f for f in FLAGS if f != "-march=native")
+    files = [str(p) for p in sources()]
+    return [[cc, *flags, "-o", OUT, *files] for flags in ((*FLAGS, *OPENMP), FLAGS, portable)]
+
+
+RECIPE = library.Recipe("flashrt_cpu", "native CPU kernels", "the C compiler", sources, _commands)
 
 
 def key_fields(cc: str, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     """Everything the library depends on (its cache key and the sidecar's record); BuildError when the
     compiler's ``--version`` fails or hangs."""
-    return {"library": "flashrt_cpu", "sources": sources_digest(sources()),
+    headers = sorted(csrc_dir().glob("*.h"))
+    return {"library": RECIPE.library, "sources": library.sources_digest(sources(), headers),
             "compiler": native.tool_version(cc, timeout_s), "cpu": _cpu(), "flags": " ".join(FLAGS),
             "openmp": " ".join(OPENMP), "abi": ABI}
 
 
 def library_name(fields: dict[str, Any]) -> str:
-    return f"flashrt_cpu-{native.key_digest(fields)}.so"
+    return library.library_name(RECIPE, fields)
 
 
 def build(out_dir: str | Path, cc: str | None = None, timeout_s: float = TIMEOUT_S) -> Path:
@@ -119,22 +120,7 @@ def build(out_dir: str | Path, cc: str | None = None, timeout_s: float = TIMEOUT
     cc = cc or compiler()
     if cc is None:
         raise BuildError(NO_COMPILER)
-    return _build(Path(out_dir), cc, key_fields(cc, timeout_s), timeout_s)
-
-
-def _build(out_dir: Path, cc: str, fields: dict[str, Any], timeout_s: float) -> Path:
-    target = out_dir / library_name(fields)
-    try:
-        native.read_verified(target, fields)
-        return target
-    except native.Untrusted:
-        pass
-    portable = tuple(f for f in FLAGS if f != "-march=native")     # compilers without -march=native
-    files = [str(p) for p in sources()]
-    commands = [[cc, *flags, "-o", OUT, *files] for flags in ((*FLAGS, *OPENMP), FLAGS, portable)]
-    native.compile_library(target, commands, "the C compiler", fields, timeout_s)
-    log.info("built the csrc CPU kernels: %s", target)
-    return target
+    return library.build(RECIPE, Path(out_dir), cc, key_fields(cc, timeout_s), timeout_s)
 
 
 def _bind(handle: ctypes.CDLL) -> bool:
@@ -176,5 +162,4 @@ def _load_or_build(folder: Path, build_missing: bool, timeout_s: float) -> Libra
     except BuildError as exc:
         log.warning("native CPU kernels off, the torch forms run instead (slower): %s", exc)
         return None
-    build = (lambda out_dir: _build(out_dir, cc, fields, timeout_s)) if build_missing else None
-    return native.load_library(folder, library_name(fields), fields, build, _bind, "native CPU kernels")
+    return library.load(RECIPE, folder, cc, fields, _bind, timeout_s, build_missing)

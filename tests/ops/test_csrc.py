@@ -6,7 +6,7 @@ import ctypes
 import pytest
 import torch
 
-from flashrt.runtime import csrc
+from flashrt.ops import csrc
 
 needs_nvcc = pytest.mark.skipif(csrc.nvcc_path() is None, reason="no CUDA toolkit (nvcc) here")
 

@@ -1,18 +1,28 @@
-"""Fused ops (`flashrt.nn.fused`): each reference equals the unfused code it replaces, bit for bit; the
-``flashrt::`` custom ops equal their references on the CPU and pass torch's op checks; a Gemma stack on
-the "fused" row equals the "aten" row and launches one kernel per fused op."""
+"""The decoder ops (`flashrt.ops.decoder`): each reference equals the unfused code it replaces, bit for
+bit; the ``flashrt::`` custom ops equal their references on the CPU and pass torch's op checks; a Gemma
+stack on the "fused" forms equals the "aten" forms and launches one kernel per fused op."""
 
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from flashrt import ops
 from flashrt.errors import ConfigError
 from flashrt.io.loading import reset_derived
 from flashrt.nn.attention import StaticKV, key_padding_bias
-from flashrt.nn.fused import KERNELS, gelu_mul_ref, resolve_kernels, rope_qkv_ref, use_kernels
 from flashrt.nn.gemma import Gemma
-from flashrt.nn.norms import add_rms_norm_ref, gated_residual, rms_norm_ref, rms_normalize
-from flashrt.nn.rope import apply_rope, rope_cos_sin
+from flashrt.nn.rope import rope_cos_sin
+from flashrt.ops.decoder import (
+    REFERENCES,
+    add_rms_norm_ref,
+    apply_rope,
+    decoder_prefer,
+    gated_residual,
+    gelu_mul_ref,
+    rms_norm_ref,
+    rms_normalize,
+    rope_qkv_ref,
+)
 from flashrt.profile.kernels import count_kernels
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -92,7 +102,7 @@ def _tuple(out):
 def test_custom_op_equals_its_reference_and_passes_opcheck(dtype, name):
     args = _op_cases(dtype)[name]
     ref_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-    got, want = getattr(KERNELS["fused"], name)(*args), getattr(KERNELS["aten"], name)(*ref_args)
+    got, want = getattr(torch.ops.flashrt, name)(*args), REFERENCES[name](*ref_args)
     for a, b in zip(_tuple(got), _tuple(want)):
         assert torch.equal(a, b)
     for a, b in zip(args, ref_args):  # the mutated K/V slots too
@@ -105,10 +115,10 @@ def test_custom_op_equals_its_reference_and_passes_opcheck(dtype, name):
 def test_on_meta_a_custom_op_is_one_kernel_with_the_reference_shapes(name):
     args = _op_cases(torch.bfloat16)[name]
     meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
-    want = getattr(KERNELS["aten"], name)(*args)
-    count = count_kernels(lambda: getattr(KERNELS["fused"], name)(*meta))
+    want = REFERENCES[name](*args)
+    count = count_kernels(lambda: getattr(torch.ops.flashrt, name)(*meta))
     assert count.total == 1 and dict(count.by_op) == {f"flashrt.{name}.default": 1}
-    got = getattr(KERNELS["fused"], name)(*meta)
+    got = getattr(torch.ops.flashrt, name)(*meta)
     for a, b in zip(_tuple(got), _tuple(want)):
         assert a.shape == b.shape and a.dtype == b.dtype
 
@@ -145,8 +155,9 @@ def test_gemma_on_the_fused_row_equals_the_aten_row(adaptive, dtype):
     model = _stack(adaptive, dtype)
     x = torch.randn(2, 6, W).to(dtype)
     want, kv_want = _run(model, x, dtype)
-    use_kernels(model, "fused")
-    assert model.kernels == "fused" and all(layer.kernels == "fused" for layer in model.layers)
+    choices = ops.select(model, "cpu", prefer={"decoder": "fused", "mlp": "aten"})
+    assert choices["rms_norm"] == {"fused": DEPTH + 1} and choices["rope_qkv"] == {"fused": DEPTH}
+    assert model.rms_norm.run is torch.ops.flashrt.rms_norm
     got, kv_got = _run(model, x, dtype)
     assert torch.equal(got, want) and torch.equal(kv_got.k, kv_want.k) and torch.equal(kv_got.v, kv_want.v)
 
@@ -155,7 +166,7 @@ def test_fused_gemma_launches_nine_kernels_per_layer():
     """norm, then per layer: qkv GEMM, rope_qkv, attention, o GEMM, add_rms_norm, gate|up GEMM,
     gelu_mul, down GEMM, add_rms_norm (the next layer's input norm)."""
     model = _stack(False)
-    use_kernels(model, "fused")
+    ops.select(model, "cpu", prefer={"decoder": "fused", "mlp": "aten"})
     x, valid = torch.randn(1, 5, W), torch.ones(1, 5, dtype=torch.bool)
     kv = StaticKV(torch.zeros(DEPTH, 1, KV, 5, D), torch.zeros(DEPTH, 1, KV, 5, D))
     rope, bias = rope_cos_sin(valid.cumsum(1) - 1, D), key_padding_bias(valid, torch.float32)
@@ -166,9 +177,15 @@ def test_fused_gemma_launches_nine_kernels_per_layer():
     assert prefill.total == 1 + 9 * (DEPTH - 1) + 2  # the last layer: its K/V GEMM and rope_qkv only
 
 
-def test_resolve_kernels():
-    assert resolve_kernels("auto", "cpu") == "aten" and resolve_kernels("fused", "cpu") == "fused"
+def test_decoder_prefer_and_the_auto_choice_on_the_cpu():
+    assert decoder_prefer("auto") == {} and decoder_prefer("fused") == {"decoder": "fused"}
     with pytest.raises(ConfigError, match="kernels="):
-        resolve_kernels("triton", "cpu")
-    with pytest.raises(ConfigError, match="unknown kernel table row"):
-        use_kernels(_stack(False), "auto")
+        decoder_prefer("triton")
+    model = _stack(False)
+    assert ops.choices(model) == {"add_rms_norm": {"aten": DEPTH}, "geglu": {"aten": DEPTH},
+                                  "gelu_mul": {"aten": DEPTH}, "rms_norm": {"aten": DEPTH + 1},
+                                  "rope_qkv": {"aten": DEPTH}}  # every slot starts on its reference
+    ops.select(model, "cpu")  # "auto" on the CPU: the references (the fused form is a CUDA form)
+    assert all(set(c) == {"aten"} for n, c in ops.choices(model).items() if n != "geglu")
+    with pytest.raises(ConfigError, match="no form 'triton'"):
+        ops.select(model, "cpu", prefer={"decoder": "triton"})

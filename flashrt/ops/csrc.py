@@ -1,8 +1,9 @@
 """The csrc CUDA library: built once per machine where a CUDA toolkit is, loaded with ctypes, registered
-as the CUDA kernels of the ``flashrt::`` custom ops (`flashrt.nn.fused`).
+as the CUDA kernels of the ``flashrt::`` custom ops (`flashrt.ops.decoder`).
 
     lib = load()        # None without CUDA, or when no library is cached and none can be built
     build(out_dir, arch="sm_90")   # nvcc only (no GPU needed): what `load` runs on a miss
+                                   # (the one builder `flashrt.ops.library`, `RECIPE`)
 
 Why ctypes and not a torch extension: the kernels (csrc/*.cu) include no torch header and export a
 small C ABI (csrc/flashrt_csrc.h: raw pointers, strides, the stream), so one ``nvcc --shared`` call
@@ -12,12 +13,12 @@ the kernels are captured into CUDA graphs like any other. An input a kernel does
 broadcast gate, a non-contiguous row, a dtype it has no instantiation for) runs the reference instead.
 
 Nothing happens at import: `load` runs only when a CUDA model picks the "fused" kernels
-(`flashrt.nn.fused.resolve_kernels`), and a plain install on a CPU machine never compiles anything.
+(`flashrt.ops.select` asks for it), and a plain install on a CPU machine never compiles anything.
 
 Cache: ``<user cache dir>/flashrt/csrc/flashrt_csrc-<key>.so`` (`cache_folder`; ``open_library(folder=...)``
 takes another); the key digests `key_fields`: the sources' names and contents (headers included), the
 nvcc version, the flags, the target architecture and the ABI, so an edited kernel is rebuilt. What is
-loaded and how a planted or damaged file is refused: `flashrt.runtime.native` (a sha256 sidecar written
+loaded and how a planted or damaged file is refused: `flashrt.ops.native` (a sha256 sidecar written
 at build time, ownership and permission checks, the verified bytes loaded). Without nvcc only a
 library that passes those checks and was built from these sources, flags, ABI and architecture loads
 (by another nvcc: the one field that cannot be checked). `load(build_missing=False)` only looks in the
@@ -29,7 +30,6 @@ Sources: `csrc_dir` is the csrc folder of the flashrt package actually imported 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import shutil
 from pathlib import Path
@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
+from flashrt.ops import library, native
+from flashrt.ops.native import OUT, BuildError, Library
 from flashrt.paths import user_cache_dir
 from flashrt.resources import data_dir
-from flashrt.runtime import native
-from flashrt.runtime.native import OUT, BuildError, Library
 
 log = logging.getLogger(__name__)
 
@@ -87,24 +87,26 @@ def _arch(device: torch.device | None) -> str:
     return f"sm_{major}{minor}"
 
 
-def _sources_digest() -> str:
-    digest = hashlib.sha256()
-    for path in sources():
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+def _commands(nvcc: str, fields: dict[str, Any]) -> list[list[str]]:
+    number = fields["arch"].removeprefix("sm_")
+    return [[nvcc, *NVCC_FLAGS, f"-gencode=arch=compute_{number},code=sm_{number}", "-o", OUT,
+             *(str(p) for p in sources() if p.suffix == ".cu")]]
+
+
+RECIPE = library.Recipe("flashrt_csrc", "csrc CUDA kernels", "nvcc", sources, _commands)
 
 
 def key_fields(arch: str, nvcc: str | None, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     """Everything the library depends on (its cache key and the sidecar's record); ``nvcc`` None leaves
     the compiler out (what can be checked without one). BuildError when ``nvcc --version`` fails or
     hangs."""
-    fields = {"library": "flashrt_csrc", "sources": _sources_digest(), "flags": " ".join(NVCC_FLAGS),
-              "arch": arch, "abi": ABI}
+    fields = {"library": RECIPE.library, "sources": library.sources_digest(sources()),
+              "flags": " ".join(NVCC_FLAGS), "arch": arch, "abi": ABI}
     return fields if nvcc is None else {**fields, "compiler": native.tool_version(nvcc, timeout_s)}
 
 
 def library_name(fields: dict[str, Any]) -> str:
-    return f"flashrt_csrc-{native.key_digest(fields)}.so"
+    return library.library_name(RECIPE, fields)
 
 
 def build(out_dir: str | Path, arch: str = "sm_90", nvcc: str | None = None, timeout_s: float = TIMEOUT_S
@@ -116,22 +118,7 @@ def build(out_dir: str | Path, arch: str = "sm_90", nvcc: str | None = None, tim
     nvcc = nvcc or nvcc_path()
     if nvcc is None:
         raise BuildError("no CUDA toolkit (nvcc) found: the csrc kernels cannot be built here")
-    return _build(Path(out_dir), arch, nvcc, key_fields(arch, nvcc, timeout_s), timeout_s)
-
-
-def _build(out_dir: Path, arch: str, nvcc: str, fields: dict[str, Any], timeout_s: float) -> Path:
-    target = out_dir / library_name(fields)
-    try:
-        native.read_verified(target, fields)
-        return target
-    except native.Untrusted:
-        pass
-    number = arch.removeprefix("sm_")
-    cmd = [nvcc, *NVCC_FLAGS, f"-gencode=arch=compute_{number},code=sm_{number}", "-o", OUT,
-           *(str(p) for p in sources() if p.suffix == ".cu")]
-    native.compile_library(target, [cmd], "nvcc", fields, timeout_s)
-    log.info("built the csrc CUDA kernels for %s: %s", arch, target)
-    return target
+    return library.build(RECIPE, Path(out_dir), nvcc, key_fields(arch, nvcc, timeout_s), timeout_s)
 
 
 def _bind(handle: ctypes.CDLL) -> bool:
@@ -175,14 +162,13 @@ def open_library(arch: str, *, build_missing: bool = True, folder: str | Path | 
     except BuildError as exc:
         log.warning("csrc CUDA kernels off, the references run instead (slower): %s", exc)
         return None
-    build = (lambda out_dir: _build(out_dir, arch, nvcc, fields, timeout_s)) if build_missing else None
-    return native.load_library(folder, library_name(fields), fields, build, _bind, "csrc CUDA kernels")
+    return library.load(RECIPE, folder, nvcc, fields, _bind, timeout_s, build_missing)
 
 
 def _register(lib: Library) -> None:
-    from flashrt.nn import fused
-    from flashrt.runtime.csrc_ops import CudaOps
+    from flashrt.ops import decoder
+    from flashrt.ops.csrc_ops import CudaOps
 
     ops = CudaOps(lib.handle)
-    for name, op in fused.CUSTOM_OPS.items():
+    for name, op in decoder.CUSTOM_OPS.items():
         op.register_kernel("cuda")(getattr(ops, name))

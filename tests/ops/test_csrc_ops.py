@@ -1,4 +1,4 @@
-"""GPU parity of the csrc kernels (`flashrt.runtime.csrc_ops`) with their references, at Pi0's shapes,
+"""GPU parity of the csrc kernels (`flashrt.ops.csrc_ops`) with their references, at Pi0's shapes,
 in a CUDA graph too. Skipped without CUDA; `bench/gpu_check.sh` runs them (cuda-tests step).
 
 Tolerances (the kernels follow the references' order of operations and roundings; the row reductions
@@ -9,18 +9,20 @@ same rounding steps as the references, mostly bit-equal)."""
 import pytest
 import torch
 
-from flashrt.nn.fused import KERNELS, use_kernels
+from flashrt import ops
 from flashrt.nn.rope import rope_cos_sin
+from flashrt.ops.decoder import REFERENCES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ULP = {torch.float32: 2e-6, torch.bfloat16: 2**-7, torch.float16: 2**-10}
+FORMS = {"fused": {name: getattr(torch.ops.flashrt, name) for name in REFERENCES}, "aten": REFERENCES}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def library():
-    from flashrt.runtime import csrc
+    from flashrt.ops import csrc
 
     if csrc.nvcc_path() is None and csrc.load(build_missing=False) is None:
         pytest.skip("no CUDA toolkit to build the csrc kernels and none cached")
@@ -45,12 +47,12 @@ def test_norms_match_the_reference(dtype, rows, dim, form):
     scale = 1 + 0.3 * torch.randn(dim, device="cuda", generator=g)
     shift = torch.randn(dim, device="cuda", generator=g) if form in ("adaptive", "gated") else None
     gate = torch.randn(dim, device="cuda", generator=g).to(dtype) if form == "gated" else None
-    fused, ref = KERNELS["fused"], KERNELS["aten"]
+    fused, ref = FORMS["fused"], FORMS["aten"]
     if form in ("plain", "adaptive"):
-        _close(fused.rms_norm(x, scale, shift, 1e-6), ref.rms_norm(x, scale, shift, 1e-6), dtype)
+        _close(fused["rms_norm"](x, scale, shift, 1e-6), ref["rms_norm"](x, scale, shift, 1e-6), dtype)
         return
-    (s, n), (s_ref, n_ref) = fused.add_rms_norm(x, y, gate, scale, shift, 1e-6), \
-        ref.add_rms_norm(x, y, gate, scale, shift, 1e-6)
+    (s, n), (s_ref, n_ref) = fused["add_rms_norm"](x, y, gate, scale, shift, 1e-6), \
+        ref["add_rms_norm"](x, y, gate, scale, shift, 1e-6)
     _close(s, s_ref, dtype)
     _close(n, n_ref, dtype)
 
@@ -66,7 +68,7 @@ def test_rope_qkv_matches_the_reference_into_strided_slots(dtype, heads):
     for row in ("fused", "aten"):
         k, v = (torch.zeros(18, b, kv, t, d, device="cuda", dtype=dtype) for _ in range(2))
         ks, vs = k[3, :, :, 816:816 + length].transpose(1, 2), v[3, :, :, 816:816 + length].transpose(1, 2)
-        q = KERNELS[row].rope_qkv(qkv, cos, sin, ks, vs, heads)
+        q = FORMS[row]["rope_qkv"](qkv, cos, sin, ks, vs, heads)
         outs.append((q, k, v))
     (q, k, v), (q_ref, k_ref, v_ref) = outs
     _close(q, q_ref, dtype)
@@ -77,7 +79,7 @@ def test_rope_qkv_matches_the_reference_into_strided_slots(dtype, heads):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gelu_mul_matches_the_reference(dtype):
     gate_up = (torch.randn(816, 2 * 4096, device="cuda") * 3).to(dtype)
-    _close(KERNELS["fused"].gelu_mul(gate_up), KERNELS["aten"].gelu_mul(gate_up), dtype)
+    _close(FORMS["fused"]["gelu_mul"](gate_up), FORMS["aten"]["gelu_mul"](gate_up), dtype)
 
 
 def _feed(frontend, seed: int) -> None:
@@ -89,7 +91,7 @@ def _feed(frontend, seed: int) -> None:
     frontend.write_noise(seed=seed)
 
 
-def test_pi05_step_on_the_fused_row_captures_in_a_cuda_graph_and_equals_the_aten_row():
+def test_pi05_step_on_the_fused_forms_captures_in_a_cuda_graph_and_equals_the_aten_forms():
     """The tiny Pi0.5 fixture (float32): its step captured with the fused kernels in a CUDA graph, against
     the ATen row run eagerly, within the fixture tolerance (1e-4)."""
     from pathlib import Path
@@ -105,9 +107,9 @@ def test_pi05_step_on_the_fused_row_captures_in_a_cuda_graph_and_equals_the_aten
     cfg = config_from_state_dict_shapes(shapes, detect_variant(shapes), "tiny", "tiny", chunk_size=6)
     model = load_pi0(cfg, ckpt, device="cuda")
     eager, graph = Pi0Frontend(model, 2, (16,), backend="eager"), Pi0Frontend(model, 2, (16,), backend="cuda")
-    use_kernels(model, "fused")
+    ops.select(model, "cuda", prefer={"decoder": "fused"})
     graph.capture()  # the graph holds the fused kernels from here on
-    use_kernels(model, "aten")
+    ops.select(model, "cuda", prefer={"decoder": "aten"})
     for seed in (0, 1):
         for frontend in (eager, graph):
             _feed(frontend, seed)

@@ -1,11 +1,11 @@
 """CUDA implementations of the ``flashrt::`` custom ops over the csrc library's C ABI
-(`flashrt.runtime.csrc`).
+(`flashrt.ops.csrc`).
 
 Each method takes the op's arguments, checks what its kernel handles (dtype float32 / bfloat16 /
 float16 shared by the activations, contiguous rows, (D,) float32 scale and shift, (D,) gate in the
 activation dtype, last dims contiguous for RoPE), allocates the outputs with torch and launches on
 torch's current stream of the tensors' device (so a CUDA graph captures it); anything else runs the
-reference of `flashrt.nn.fused`, which is always correct. Shapes: as in `flashrt.nn.fused`.
+reference of `flashrt.ops.decoder`, which is always correct. Shapes: as in `flashrt.ops.decoder`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import ctypes
 import torch
 from torch import Tensor
 
-from flashrt.nn.fused import gelu_mul_ref, rope_qkv_ref
-from flashrt.nn.norms import add_rms_norm_ref, rms_norm_ref
+from flashrt.ops.decoder import add_rms_norm_ref, gelu_mul_ref, rms_norm_ref, rope_qkv_ref
 
 __all__ = ["CudaOps", "CUDA_FORMS", "gelu_mul_takes", "norm_takes", "rope_qkv_takes"]
 

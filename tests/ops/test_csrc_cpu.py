@@ -5,7 +5,7 @@ import ctypes
 
 import pytest
 
-from flashrt.runtime import csrc_cpu
+from flashrt.ops import csrc_cpu
 
 needs_cc = pytest.mark.skipif(csrc_cpu.compiler() is None, reason="no C compiler here")
 

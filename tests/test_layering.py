@@ -1,0 +1,168 @@
+"""The package's floors (docs/architecture.md, "Layering"): every import of a flashrt module, at module
+level or inside a function, goes to a lower floor or stays in its own package; so no import reaches up,
+no two packages import each other, and `runtime` imports neither `nn` nor `quant` (it asks `ops`).
+
+Read from the source with `ast` (nothing imported): ``import flashrt.x.y``, ``from flashrt.x import y``,
+``from flashrt import x`` and relative imports all count; a name in a string or a docstring does not."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import flashrt
+
+ROOT = Path(flashrt.__file__).resolve().parent
+
+# lower number = lower floor; a package imports only from strictly lower floors (and itself)
+FLOORS = {
+    "errors": 0, "paths": 0,
+    "io": 1,
+    "resources": 2, "profile": 2,
+    "ops": 3, "chain": 3,  # the chain knows no model: a frontend may build its serving chain on it
+    "runtime": 4,
+    "nn": 5, "quant": 5,
+    "frontends": 6,
+    "runner": 8,
+    "testing": 9,
+}
+# the applications on top: they may import any floor and each other (serve's CLI starts the Ray Serve
+# integration; bench's CLI reuses the main one), nothing below imports them
+TOP = {"bench", "serve", "integrations", "cli", "demo", "demo_talk", "export", "calibrate", "extras"}
+
+
+def _unit(module: str) -> str | None:
+    """The floor unit of a dotted flashrt module name: its package, or the top-level module."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "flashrt" and len(parts) > 1 else None
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts[:-1]) if rel.name == "__init__" else list(rel.parts)
+    return ".".join(parts)
+
+
+def imports_of(path: Path, root: Path = ROOT) -> set[str]:
+    """The flashrt modules ``path`` imports (dotted names; ``from flashrt import x`` as flashrt.x where
+    x is a module or package, not a name such as ``__version__``)."""
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            found.add(base)
+            if base == "flashrt":
+                found.update(f"flashrt.{a.name}" for a in node.names
+                             if (root / a.name).is_dir() or (root / f"{a.name}.py").is_file())
+    return {m for m in found if m.startswith("flashrt.")}
+
+
+def unit_edges(root: Path = ROOT) -> dict[tuple[str, str], list[str]]:
+    """(importing unit, imported unit) -> the files that import across, for every flashrt file."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        src = _unit(_module_name(path, root))
+        if src is None:
+            continue
+        for module in imports_of(path, root):
+            dst = _unit(module)
+            if dst is not None and dst != src:
+                edges.setdefault((src, dst), []).append(str(path.relative_to(root.parent)))
+    return edges
+
+
+def violations(edges: dict[tuple[str, str], list[str]]) -> list[str]:
+    """Every import that is not from a higher floor to a strictly lower one (the applications on top
+    may import anything)."""
+    found = []
+    for (src, dst), files in sorted(edges.items()):
+        if src in TOP:
+            continue
+        if dst in TOP or src not in FLOORS or dst not in FLOORS or FLOORS[dst] >= FLOORS[src]:
+            found.append(f"{src} -> {dst} ({', '.join(files)})")
+    return found
+
+
+def circles(edges: dict[tuple[str, str], list[str]]) -> list[list[str]]:
+    """The import circles between units below the applications (strongly connected, more than one)."""
+    graph: dict[str, set[str]] = {}
+    for src, dst in edges:
+        if src not in TOP and dst not in TOP:
+            graph.setdefault(src, set()).add(dst)
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                out.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_unit_has_a_floor():
+    units = {_unit(_module_name(p)) for p in ROOT.rglob("*.py")} - {None}
+    assert units <= set(FLOORS) | TOP, sorted(units - set(FLOORS) - TOP)
+
+
+def test_no_import_reaches_up_or_across_a_floor():
+    assert violations(unit_edges()) == []
+
+
+def test_no_import_circle_between_packages():
+    assert circles(unit_edges()) == []
+
+
+def test_runtime_imports_neither_nn_nor_quant_and_ops_knows_no_block():
+    edges = unit_edges()
+    assert not [e for e in edges if e[0] == "runtime" and e[1] in ("nn", "quant", "frontends")]
+    assert {dst for src, dst in edges if src == "ops"} <= {"errors", "paths", "io", "resources"}
+
+
+@pytest.mark.parametrize("planted, broken", [
+    # the old circle: runtime's custom-op registry importing nn, nn's blocks loading runtime's libraries
+    ({"runtime": "from flashrt.nn.gemma import Gemma\n", "nn": "from flashrt.runtime import graphs\n"},
+     "runtime -> nn"),
+    ({"runtime": "from flashrt import quant\n"}, "runtime -> quant"),          # as a package import
+    ({"runtime": "def f():\n    from ..frontends import registry\n"}, "runtime -> frontends"),  # lazy
+])
+def test_the_checks_catch_an_upward_import(tmp_path, planted, broken):
+    """A copy of the package with upward imports planted: the floor check names them and the circle
+    check finds the circle they close (quant and frontends import runtime)."""
+    copy = tmp_path / "flashrt"
+    for path in ROOT.rglob("*.py"):
+        target = copy / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    for package, source in planted.items():
+        (copy / package / "planted.py").write_text(source, encoding="utf-8")
+    edges = unit_edges(copy)
+    assert any(v.startswith(broken) for v in violations(edges))
+    assert any(broken.split(" -> ")[1] in c and "runtime" in c for c in circles(edges))
