@@ -139,5 +139,6 @@ def load_weights(
     decoder = load_module(
         lambda: HifiGan(cfg.decoder), dec_ckpt, decoder_weight_map(cfg, dec_ckpt), device=device, dtype=dtype
     )
+    prior.flow.pack()
     apply_conv_policy(decoder, CONV_POLICIES[conv])
     return prior, decoder

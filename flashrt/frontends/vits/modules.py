@@ -399,8 +399,20 @@ class CouplingFlow(nn.Module):
     def __init__(self, cfg: VitsConfig) -> None:
         super().__init__()
         self.flows = nn.ModuleList(m for _ in range(cfg.flow_flows) for m in (ResidualCoupling(cfg), Flip()))
+        self.packed = None  # the time-major packed-GEMM form (`pack`), derived from the weights
+
+    def pack(self) -> None:
+        """Derive the CPU float32 form (`flashrt.frontends.vits.flow.PackedFlow`: the same math time-major
+        on oneDNN-packed GEMMs) from the loaded weights; elsewhere (a GPU, another dtype) clear it. Call
+        after loading or changing the weights."""
+        from flashrt.frontends.vits.flow import PackedFlow
+
+        w = self.flows[0].pre.weight
+        self.packed = PackedFlow(self) if w.device.type == "cpu" and w.dtype == torch.float32 else None
 
     def forward(self, z: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(z, mask, g)
         for flow in reversed(self.flows):
             z = flow.reverse(z, mask, g)
         return z
