@@ -45,6 +45,11 @@ class PackedLinear:
                   and self.weight.dtype == torch.float32)
         self.packed = _REORDER(self.weight, 64) if usable else None
 
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        """A copy packs its own weight (oneDNN's packed tensors have no storage to copy)."""
+        bias = None if self.bias is None else self.bias.clone()
+        return PackedLinear(self.weight.clone(), bias, self.act)
+
     @property
     def out_features(self) -> int:
         return self.weight.shape[0]

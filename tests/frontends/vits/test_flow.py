@@ -9,7 +9,6 @@ import torch
 from flashrt.frontends.vits.config import PRESETS
 from flashrt.frontends.vits.flow import PackedFlow
 from flashrt.frontends.vits.modules import CouplingFlow
-from flashrt.nn.packed_linear import PackedLinear
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,26 +48,14 @@ def test_packed_flow_matches_the_conv_form(changes):
     assert (again - got).abs().max() <= 1e-5
 
 
-def test_loaded_prior_runs_the_packed_flow():
+def test_loaded_prior_runs_the_packed_forms():
+    """load_weights derives the CPU float32 forms of the encoder, the duration predictor and the flow."""
     from flashrt.frontends.vits.model import load_weights
     from tests.frontends.vits.test_vits import _tiny_state
 
     prior, _ = load_weights(_tiny_state(), PRESETS["tiny"], conv="direct")
     assert isinstance(prior.flow.packed, PackedFlow)
+    assert prior.enc_p.packed is not None and prior.dp.packed is not None
     prior.to(torch.float64)
-    prior.flow.pack()
-    assert prior.flow.packed is None  # float64 runs the conv form
-
-
-def test_packed_linear_fuses_activation_and_residual():
-    gen = torch.Generator().manual_seed(0)
-    w, b = torch.randn(24, 40, generator=gen), torch.randn(24, generator=gen)
-    x, other = torch.randn(53, 40, generator=gen), torch.randn(53, 24, generator=gen)
-    ref = torch.nn.functional.linear(x, w, b)
-    for act, fn in (("none", lambda y: y), ("tanh", torch.tanh), ("sigmoid", torch.sigmoid)):
-        assert (PackedLinear(w, b, act)(x) - fn(ref)).abs().max() <= 1e-5
-    assert (PackedLinear(w, b)(x, other=other) - (ref + other)).abs().max() <= 1e-5
-    b2 = torch.randn(24, generator=gen)
-    assert (PackedLinear(w, b)(x, bias=b2) - torch.nn.functional.linear(x, w, b2)).abs().max() <= 1e-5
-    with pytest.raises(ValueError):
-        PackedLinear(w, b, "tanh")(x, other=other)
+    prior.pack()
+    assert prior.flow.packed is None and prior.enc_p.packed is None and prior.dp.packed is None
