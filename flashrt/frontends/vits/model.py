@@ -62,6 +62,15 @@ class VitsPrior(nn.Module):
             self.emb_g = nn.Embedding(cfg.n_speakers, cfg.gin_channels)
             self.dec_cond = nn.Conv1d(cfg.gin_channels, cfg.decoder.upsample_initial_channel, 1)
 
+    def pack(self) -> None:
+        """Derive the CPU float32 forms of the text encoder, the stochastic duration predictor and the flow
+        (time-major, packed GEMMs) from the loaded weights, or clear them elsewhere; `load_weights` calls
+        it."""
+        self.enc_p.pack()
+        if isinstance(self.dp, StochasticDurationPredictor):
+            self.dp.pack()
+        self.flow.pack()
+
     def speaker(self, sid: int) -> torch.Tensor:
         """The speaker vector g (1, G, 1) of speaker `sid`."""
         return self.emb_g.weight[sid].view(1, -1, 1)
@@ -139,5 +148,6 @@ def load_weights(
     decoder = load_module(
         lambda: HifiGan(cfg.decoder), dec_ckpt, decoder_weight_map(cfg, dec_ckpt), device=device, dtype=dtype
     )
+    prior.pack()
     apply_conv_policy(decoder, CONV_POLICIES[conv])
     return prior, decoder

@@ -59,6 +59,11 @@ class LayerNorm(nn.Module):
         return y.transpose(1, -1)
 
 
+def _packable(weight: torch.Tensor) -> bool:
+    """The packed time-major forms run CPU float32 weights (`flashrt.nn.packed_linear`)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32
+
+
 def same_conv(cin: int, cout: int, kernel: int, dilation: int = 1, groups: int = 1) -> nn.Conv1d:
     return nn.Conv1d(
         cin, cout, kernel, dilation=dilation, groups=groups, padding=(kernel * dilation - dilation) // 2
@@ -162,8 +167,19 @@ class TextEncoder(nn.Module):
         self.emb = nn.Embedding(cfg.n_vocab, cfg.hidden_channels)
         self.encoder = Encoder(cfg)
         self.proj = nn.Conv1d(cfg.hidden_channels, 2 * cfg.inter_channels, 1)
+        self.packed = None  # the time-major packed-GEMM form (`pack`), derived from the weights
+
+    def pack(self) -> None:
+        """Derive the CPU float32 form (`flashrt.frontends.vits.encoder.PackedTextEncoder`: the same math
+        time-major on oneDNN-packed GEMMs) from the loaded weights; elsewhere clear it. Call after
+        loading or changing the weights."""
+        from flashrt.frontends.vits.encoder import PackedTextEncoder
+
+        self.packed = PackedTextEncoder(self) if _packable(self.proj.weight) else None
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor, index: tuple[torch.Tensor, ...]):
+        if self.packed is not None:
+            return self.packed(ids, mask)
         x = (self.emb(ids) * math.sqrt(self.cfg.hidden_channels)).transpose(1, 2)  # (B, H, P)
         x = self.encoder(x * mask, mask, index)
         stats = self.proj(x) * mask
@@ -294,10 +310,20 @@ class StochasticDurationPredictor(nn.Module):
         self.flows = nn.ModuleList(flows)
         if cfg.gin_channels:
             self.cond = nn.Conv1d(cfg.gin_channels, ch, 1)
+        self.packed = None  # the time-major form (`pack`), derived from the weights
+
+    def pack(self) -> None:
+        """Derive the CPU float32 form (`flashrt.frontends.vits.duration.PackedDurationPredictor`: the same
+        math time-major, 1x1 convs on packed GEMMs) from the loaded weights; elsewhere clear it."""
+        from flashrt.frontends.vits.duration import PackedDurationPredictor
+
+        self.packed = PackedDurationPredictor(self) if _packable(self.pre.weight) else None
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor, g: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(x, mask, noise, g)
         x = self.pre(x)
         if g is not None:
             x = x + self.cond(g)
@@ -399,8 +425,19 @@ class CouplingFlow(nn.Module):
     def __init__(self, cfg: VitsConfig) -> None:
         super().__init__()
         self.flows = nn.ModuleList(m for _ in range(cfg.flow_flows) for m in (ResidualCoupling(cfg), Flip()))
+        self.packed = None  # the time-major packed-GEMM form (`pack`), derived from the weights
+
+    def pack(self) -> None:
+        """Derive the CPU float32 form (`flashrt.frontends.vits.flow.PackedFlow`: the same math time-major
+        on oneDNN-packed GEMMs) from the loaded weights; elsewhere (a GPU, another dtype) clear it. Call
+        after loading or changing the weights."""
+        from flashrt.frontends.vits.flow import PackedFlow
+
+        self.packed = PackedFlow(self) if _packable(self.flows[0].pre.weight) else None
 
     def forward(self, z: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(z, mask, g)
         for flow in reversed(self.flows):
             z = flow.reverse(z, mask, g)
         return z
