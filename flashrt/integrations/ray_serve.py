@@ -53,7 +53,8 @@ from flashrt.errors import ConfigError, FlashRTError, InputError
 
 __all__ = ["StageScale", "SpeechApp", "PolicyApp", "speech_app", "policy_app", "deploy_speech",
            "deploy_policy", "LMStage", "VocoderStage", "SpeechIngress", "PolicyIngress", "parse_replicas",
-           "serve_config", "speech_builder", "serve_command", "check_fits", "STAGES"]
+           "serve_config", "speech_builder", "policy_builder", "serve_command", "policy_command",
+           "check_fits", "STAGES"]
 
 STAGES = ("lm", "vocoder", "ingress")  # the deployments of a SpeechApp, as --replicas names them
 
@@ -138,6 +139,20 @@ class PolicyApp:
     folder: str
     options: dict[str, Any] = field(default_factory=dict)
     scale: StageScale = StageScale()
+
+    def args(self) -> dict[str, Any]:
+        """This app as the plain ``args`` of a Serve config (`policy_builder` rebuilds it)."""
+        from dataclasses import asdict
+
+        return {"folder": str(self.folder), "options": dict(self.options), "scale": asdict(self.scale)}
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> PolicyApp:
+        unknown = sorted(set(args) - {"folder", "options", "scale"})
+        if unknown or "folder" not in args:
+            raise ConfigError(f"policy app args: unknown {unknown} or no 'folder' (args: {sorted(args)})")
+        scale = StageScale(**args["scale"]) if "scale" in args else StageScale()
+        return cls(str(args["folder"]), dict(args.get("options", {})), scale)
 
 
 # ------------------------------------------------------------------------------------------ speech
@@ -365,36 +380,92 @@ class SpeechIngress:
 # ------------------------------------------------------------------------------------------ policy
 
 class PolicyIngress:
-    """POST /infer: an openpi msgpack observation -> msgpack actions (GET /health: the policy's metadata)."""
+    """A policy's routes at its application's root (a Serve ASGI ingress, `policy_app`):
+
+        websocket      the openpi protocol of `flashrt serve-policy` (`flashrt.serve.policy_server`): the
+                       metadata map first, then each binary msgpack observation answered with msgpack
+                       ``{"actions", "policy_timing", "server_timing"}`` or a text error; an internal
+                       error closes the connection with 1011, every other error keeps it
+        POST /infer    one observation -> the same msgpack reply, or the error as JSON (400 / 500)
+        GET /health    the policy's metadata
+
+    One worker thread runs the policy (the only caller of it, as in `flashrt serve-policy`)."""
 
     def __init__(self, folder: str, options: dict[str, Any], threads: int) -> None:
         from flashrt.runner.policy import load_policy
-        from flashrt.serve.policy_server import message_limit
+        from flashrt.serve.policy_server import message_limit, policy_metadata
+        from flashrt.serve.wire import packb
 
         _set_threads(threads)
         self.policy = load_policy(folder, **options)
         self.max_bytes = message_limit(self.policy)
+        self.hello = packb(policy_metadata(self.policy))
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="policy")
 
-    async def __call__(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse, Response
+    def __serve_build_asgi_app__(self) -> Any:
+        """The ASGI app (Serve calls this once the replica is constructed): a websocket on any path of
+        the application (as `flashrt serve-policy` takes any), the HTTP routes by path."""
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+        from starlette.websockets import WebSocket
+
+        http = Starlette(routes=[Route("/infer", self._http_infer, methods=["POST"]),
+                                 Route("/health", self._health, methods=["GET"])])
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] == "websocket":
+                return await self._websocket(WebSocket(scope, receive, send))
+            return await http(scope, receive, send)
+
+        return app
+
+    async def _http_infer(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        status, body = await self._answer(await request.body(), None)
+        kind = "application/msgpack" if status == 200 else "application/json"
+        return Response(body, status_code=status, media_type=kind)
+
+    async def _health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
 
         from flashrt.serve.policy_server import _no_paths, policy_metadata
 
-        path, method = request.url.path.rstrip("/"), request.method
-        if path.endswith("/infer") and method == "POST":
-            status, body = await self._infer(await request.body())
-            kind = "application/msgpack" if status == 200 else "application/json"
-            return Response(body, status_code=status, media_type=kind)
-        if path.endswith("/health") and method == "GET":
-            return JSONResponse({"status": "ok", "policy": _no_paths(policy_metadata(self.policy))})
-        return JSONResponse({"error": {"code": "not_found", "message": f"no route {method} {path}"}},
-                            status_code=404)
+        return JSONResponse({"status": "ok", "policy": _no_paths(policy_metadata(self.policy))})
 
-    async def _infer(self, message: bytes) -> tuple[int, bytes | str]:
+    async def _websocket(self, ws: Any) -> None:
+        """One openpi client: metadata, then requests answered in turn (`flashrt serve-policy`'s replies)."""
+        import time
+
+        from starlette.websockets import WebSocketDisconnect
+
+        from flashrt.serve.policy_server import CLOSE_INTERNAL_ERROR
+
+        await ws.accept()
+        try:
+            await ws.send_bytes(self.hello)
+            prev_total_ms = None
+            while (message := await ws.receive())["type"] != "websocket.disconnect":
+                start = time.perf_counter()
+                data = message.get("bytes")
+                status, reply = await self._answer(data if data is not None else message.get("text"),
+                                                      prev_total_ms)
+                await (ws.send_bytes(reply) if isinstance(reply, bytes) else ws.send_text(reply))
+                if status == 500:
+                    await ws.close(CLOSE_INTERNAL_ERROR, "internal server error")
+                    return
+                prev_total_ms = (time.perf_counter() - start) * 1e3
+        except WebSocketDisconnect:
+            return
+
+    async def _answer(self, message: Any, prev_total_ms: float | None) -> tuple[int, bytes | str]:
+        """(status, reply): msgpack actions, or an error reply (400 refused, 500 a bug)."""
+        import time
+
         from flashrt.serve.policy_server import INTERNAL_ERROR, _request_of, error_code, error_reply
         from flashrt.serve.wire import WireError, coerce, packb, unpackb
 
+        start = time.perf_counter()
         try:
             request = _request_of(coerce(unpackb(message, self.max_bytes)))
             loop = asyncio.get_running_loop()
@@ -404,8 +475,12 @@ class PolicyIngress:
             return 400, error_reply(error_code(exc), type(exc).__name__, str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug answers 500; the replica keeps serving
             return 500, error_reply(INTERNAL_ERROR, type(exc).__name__, f"internal error: {exc}")
+        infer_ms = (time.perf_counter() - start) * 1e3
         timing = {k: float(v) for k, v in out.get("timing", {}).items()}
-        return 200, packb({"actions": out["actions"], "policy_timing": timing})
+        server: dict[str, Any] = {"infer_ms": infer_ms, "batch": 1}
+        if prev_total_ms is not None:
+            server["prev_total_ms"] = prev_total_ms
+        return 200, packb({"actions": out["actions"], "policy_timing": timing, "server_timing": server})
 
     def check_health(self) -> None:
         if self.worker._shutdown:
@@ -434,8 +509,10 @@ def speech_app(app: SpeechApp) -> Any:
 
 
 def policy_app(app: PolicyApp) -> Any:
+    """The Serve application of `app` (one ASGI ingress deployment: websocket and HTTP routes)."""
     serve = _serve()
-    return serve.deployment(PolicyIngress, name="policy", **app.scale.deployment_options()).bind(
+    ingress = serve.ingress()(PolicyIngress)  # its routes built in each replica (__serve_build_asgi_app__)
+    return serve.deployment(ingress, name="policy", **app.scale.deployment_options()).bind(
         str(app.folder), dict(app.options), app.scale.torch_threads)
 
 
@@ -509,20 +586,85 @@ def init_local(**options: Any) -> None:
     ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, **options)
 
 
-def serve_config(app: SpeechApp, host: str = "127.0.0.1", port: int = 8000, name: str = "flashrt-speech",
-                 route_prefix: str = "/") -> dict[str, Any]:
+def policy_builder(args: dict[str, Any]) -> Any:
+    """The application builder of a policy's Serve config: `PolicyApp.args` -> the application."""
+    return policy_app(PolicyApp.from_args(dict(args)))
+
+
+# what a Serve config of each kind of app names: (its import_path, the application's default name)
+CONFIG_KINDS: dict[type, tuple[str, str]] = {
+    SpeechApp: ("flashrt.integrations.ray_serve:speech_builder", "flashrt-speech"),
+    PolicyApp: ("flashrt.integrations.ray_serve:policy_builder", "flashrt-policy"),
+}
+
+
+def serve_config(app: SpeechApp | PolicyApp, host: str = "127.0.0.1", port: int = 8000,
+                 name: str | None = None, route_prefix: str = "/") -> dict[str, Any]:
     """Serve's own config (``serve deploy config.yaml``) running `app`: its args must be plain values
     (YAML), so options such as a `Sampling` object are refused here."""
     import json
 
+    import_path, default_name = CONFIG_KINDS[type(app)]
     args = app.args()
     try:
         json.dumps(args)
     except TypeError as exc:
         raise ConfigError(f"a Serve config holds plain values only: {exc}") from None
     return {"http_options": {"host": host, "port": port},
-            "applications": [{"name": name, "route_prefix": route_prefix,
-                              "import_path": "flashrt.integrations.ray_serve:speech_builder", "args": args}]}
+            "applications": [{"name": name or default_name, "route_prefix": route_prefix,
+                              "import_path": import_path, "args": args}]}
+
+
+def _write_config(app: SpeechApp | PolicyApp, path: Path, host: str, port: int, command: str) -> None:
+    import typer
+    import yaml  # a dependency of ray
+
+    path.write_text(yaml.safe_dump(serve_config(app, host, port), sort_keys=False))
+    typer.echo(f"{command}: wrote {path} (serve deploy {path})")
+
+
+def _serve_until_interrupted(deploy: Any, *, host: str, port: int, address: str | None, line: str) -> None:
+    """Join the cluster at ``address`` (None: start a local one, `init_local`), start Serve's HTTP proxy
+    on ``host:port``, run ``deploy()``, print ``line`` and serve until interrupted; Serve and the Ray
+    connection are shut down on every way out."""
+    import time
+
+    import ray
+    import typer
+
+    if address is None:
+        init_local()  # Serve's HTTP proxy binds ``host`` alone
+    else:
+        ray.init(address=address)
+    serve = _serve()
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        deploy()
+        typer.echo(line)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def policy_command(folder: str, options: dict[str, Any], *, host: str, port: int, address: str | None,
+                   replicas: str, write_config: Path | None) -> None:
+    """`flashrt serve-policy --ray`: the policy at `folder` as a `PolicyApp` (``replicas``: a count);
+    with ``write_config`` its Serve config written there (nothing started), else deployed as
+    `serve_command` does, the openpi websocket at ``ws://host:port/``."""
+    count = replicas.strip() or "1"
+    if not count.isdigit() or int(count) < 1:
+        raise ConfigError(f"--replicas {replicas!r}: give a count >= 1")
+    app = PolicyApp(str(Path(folder).resolve()), options, StageScale(replicas=int(count)))
+    if write_config is not None:
+        _write_config(app, write_config, host, port, "flashrt serve-policy")
+        return
+    _serve_until_interrupted(lambda: deploy_policy(app), host=host, port=port, address=address,
+                             line=f"flashrt serve-policy: {Path(folder).name} on Ray Serve at "
+                                  f"ws://{host}:{port} (POST /infer; Ctrl-C stops)")
 
 
 def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, *, host: str, port: int,
@@ -531,10 +673,6 @@ def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, 
     config written there (nothing started), else deployed on the cluster at ``address`` (None: a local
     one; Ray puts its own node on the machine's routable address, never a loopback one) and served on
     ``host:port`` until interrupted."""
-    import time
-
-    import typer
-
     if len(voices) != 1:
         raise ConfigError(f"--ray serves one voice (an Orpheus-style folder), got {sorted(voices) or 'none'}")
     (name, folder), = voices.items()
@@ -544,26 +682,8 @@ def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, 
         scales["ingress"] = replace(SpeechApp.ingress, replicas=counts["ingress"])
     app = SpeechApp(str(Path(folder).resolve()), name, options, limits=limits, **scales)
     if write_config is not None:
-        import yaml  # a dependency of ray
-
-        write_config.write_text(yaml.safe_dump(serve_config(app, host, port), sort_keys=False))
-        typer.echo(f"flashrt serve: wrote {write_config} (serve deploy {write_config})")
+        _write_config(app, write_config, host, port, "flashrt serve")
         return
-    import ray
-
-    if address is None:
-        init_local()  # Serve's HTTP proxy binds ``host`` alone
-    else:
-        ray.init(address=address)
-    serve = _serve()
-    try:
-        serve.start(http_options={"host": host, "port": port})
-        deploy_speech(app)
-        typer.echo(f"flashrt serve: voice {name!r} on Ray Serve at http://{host}:{port} (Ctrl-C stops)")
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    _serve_until_interrupted(lambda: deploy_speech(app), host=host, port=port, address=address,
+                             line=f"flashrt serve: voice {name!r} on Ray Serve at http://{host}:{port} "
+                                  "(Ctrl-C stops)")

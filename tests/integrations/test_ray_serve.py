@@ -25,7 +25,6 @@ from flashrt.integrations.ray_serve import (  # noqa: E402
     PolicyApp,
     SpeechApp,
     StageScale,
-    deploy_policy,
     deploy_speech,
 )
 from flashrt.runner.tts import load_tts  # noqa: E402
@@ -190,24 +189,98 @@ def demo_policy(tmp_path_factory):
     return folder
 
 
-def test_policy_matches_policy_infer(cluster, demo_policy, one_thread):  # replicas: threads=1
-    from ray import serve
+@pytest.fixture(scope="module")
+def ray_policy(cluster, demo_policy, tmp_path_factory):
+    """The policy deployed from the Serve config `flashrt serve-policy --ray --write-config` writes (its
+    import_path's builder), at /policy; its config."""
+    import importlib
+    from dataclasses import asdict
 
+    import yaml
+    from ray import serve
+    from typer.testing import CliRunner
+
+    from flashrt.cli import app as cli
+
+    path = tmp_path_factory.mktemp("config") / "policy.yaml"
+    result = CliRunner().invoke(cli, ["serve-policy", str(demo_policy), "--ray", "--replicas", "1",
+                                      "--port", "8124", "--write-config", str(path)])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(path.read_text())
+    (application,) = config["applications"]
+    module, _, builder = application["import_path"].partition(":")
+    args = {**application["args"], "scale": asdict(SMALL)}  # a quarter CPU, one thread
+    serve.run(getattr(importlib.import_module(module), builder)(args), name="flashrt-policy",
+              route_prefix="/policy")
+    yield cluster + "/policy", config
+    serve.delete("flashrt-policy")
+
+
+@pytest.fixture(scope="module")
+def local_policy(demo_policy, one_thread):
+    from flashrt.runner.policy import load_policy
+    from flashrt.serve.policy_server import PolicyServer
+
+    with PolicyServer(load_policy(demo_policy), port=0, max_batch=1) as server:
+        yield server
+
+
+def test_policy_matches_policy_infer(ray_policy, demo_policy, one_thread):  # replicas: threads=1
     from flashrt.demo import ToyRobot
     from flashrt.runner.policy import load_policy
     from flashrt.serve.wire import packb, unpackb
 
-    deploy_policy(PolicyApp(str(demo_policy), scale=SMALL), route_prefix="/policy")
-    try:
-        obs = ToyRobot().observe()
-        reply = httpx.post(cluster + "/policy/infer", content=packb({**obs, "seed": 5}), timeout=WAIT)
-        assert reply.status_code == 200, reply.text
-        want = load_policy(demo_policy).infer(obs, seed=5)["actions"]
-        assert np.array_equal(unpackb(reply.content, 1 << 24)["actions"], want)
-        bad = httpx.post(cluster + "/policy/infer", content=b"\xc1 not msgpack", timeout=WAIT)
-        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_message"
-    finally:
-        serve.delete("flashrt-policy")
+    url, _ = ray_policy
+    obs = ToyRobot().observe()
+    reply = httpx.post(url + "/infer", content=packb({**obs, "seed": 5}), timeout=WAIT)
+    assert reply.status_code == 200, reply.text
+    want = load_policy(demo_policy).infer(obs, seed=5)["actions"]
+    assert np.array_equal(unpackb(reply.content, 1 << 24)["actions"], want)
+    bad = httpx.post(url + "/infer", content=b"\xc1 not msgpack", timeout=WAIT)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_message"
+
+
+def test_serve_policy_ray_writes_the_policys_config(ray_policy, demo_policy):
+
+    _, config = ray_policy
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8124}
+    (application,) = config["applications"]
+    assert application["import_path"] == "flashrt.integrations.ray_serve:policy_builder"
+    app = PolicyApp.from_args(application["args"])
+    assert app.folder == str(Path(demo_policy).resolve()) and app.scale.replicas == 1
+    assert app.options == {"device": "cpu", "precision": "float32"}
+    assert PolicyApp.from_args(app.args()) == app
+
+
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
+def test_openpi_client_gets_the_actions_of_serve_policy(ray_policy, local_policy):
+    """openpi-client's WebsocketClientPolicy against the Ray app (its websocket at the app's root) and
+    against `flashrt serve-policy`'s server: the same metadata first, the same actions per seed, a
+    refused message answered as text (the client raises it) on a connection that then serves on."""
+    openpi = pytest.importorskip("openpi_client.websocket_client_policy",
+                                 reason="openpi-client (the test extra) is not installed")
+    from websockets.sync.client import connect
+
+    from flashrt.demo import ToyRobot
+    from flashrt.serve.wire import unpackb
+
+    url, _ = ray_policy
+    on_ray = openpi.WebsocketClientPolicy(host=url.replace("http://", "ws://"))
+    served = openpi.WebsocketClientPolicy(host=f"ws://127.0.0.1:{local_policy.port}")
+    assert on_ray.get_server_metadata() == served.get_server_metadata()
+    robot = ToyRobot()
+    for seed in (1, 2, 3):
+        obs = {**robot.observe(), "seed": seed}
+        got, want = on_ray.infer(obs), served.infer(obs)
+        assert np.array_equal(got["actions"], want["actions"])
+        assert set(got) == set(want) and got["server_timing"]["batch"] == 1
+    with connect(url.replace("http://", "ws://"), open_timeout=WAIT) as ws:
+        unpackb(ws.recv(timeout=WAIT), 1 << 20)  # the metadata
+        ws.send(b"\xc1 not msgpack")
+        error = __import__("json").loads(ws.recv(timeout=WAIT))["error"]
+        assert error["code"] == "invalid_message"
+    obs = {**robot.observe(), "seed": 4}
+    assert np.array_equal(on_ray.infer(obs)["actions"], served.infer(obs)["actions"])
 
 
 def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
