@@ -26,9 +26,14 @@ replays from then on; its ``check_health`` fails once its chain or worker is clo
 it. A replica that dies mid-request
 ends that request with an error: before the first chunk a 500 in OpenAI's shape, after it the
 response is cut short (the client's read fails: never a clean end of a truncated stream); Serve
-restarts the replica and the next request is served. Back-pressure: ``max_ongoing_requests`` per
-replica and ``max_queued_requests`` per deployment (beyond it Serve refuses with a 503 at once), and
-each lm replica's chain refuses beyond ``max_pending`` (503 ``server_busy``).
+restarts the replica and the next request is served. Back-pressure, refused at once, never queued
+without bound: an ingress replica admits ``ingress.max_ongoing_requests`` speech requests (a streamed one
+until its body ends) and answers the others `flashrt serve`'s 503 (``server_busy``, OpenAI's error
+shape, Retry-After); Serve hands it `REFUSAL_HEADROOM` times that many, so its own refusals are the ones
+clients see, and queues ``max_queued_requests`` more for it while it routes a burst (beyond: Serve's
+own 503, text, with Retry-After where its ``backpressure_config`` exists). Behind it the vocoder and lm
+deployments hold ``max_ongoing_requests`` per replica and queue ``max_queued_requests`` (beyond: 503
+``server_busy``), and each lm replica's chain refuses beyond ``max_pending`` (503 ``server_busy``).
 
 Policies (`PolicyApp`): one deployment, `load_policy` inside each replica; POST /infer takes an openpi
 msgpack observation (``seed``/``noise`` keys as `flashrt serve-policy`) and answers msgpack
@@ -58,6 +63,7 @@ __all__ = ["StageScale", "SpeechApp", "PolicyApp", "speech_app", "policy_app", "
 
 STAGES = ("lm", "vocoder", "ingress")  # the deployments of a SpeechApp, as --replicas names them
 
+REFUSAL_HEADROOM = 4  # an ingress replica takes this many times the speech requests it admits (speech_app)
 VOCODER_OPTIONS = ("device", "backend", "stream_chunk", "snac_noise", "slots")  # `load_snac`'s options
 
 
@@ -283,11 +289,40 @@ def _api_error(exc: BaseException) -> Any:
     return ApiError(500, f"synthesis failed: {type(cause).__name__}: {cause}", code="server_error")
 
 
-class SpeechIngress:
-    """POST /v1/audio/speech (and GET /v1/models, /health) over the voices' vocoder deployments."""
+class _Admission:
+    """The speech requests an ingress replica holds at once (a streamed one until its body ends); one
+    beyond ``limit`` is refused before any work (`take`: 503 ``server_busy``). The replica's requests
+    run on its one event loop: no lock."""
 
-    def __init__(self, lms: dict[str, Any], vocoders: dict[str, Any], limits: Any) -> None:
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = int(limit), 0
+
+    def take(self) -> Any:
+        """A slot (its release, idempotent), or ApiError 503 when ``limit`` are held."""
+        from flashrt.serve.app import ApiError
+
+        if self.held >= self.limit:
+            raise ApiError(503, f"busy: {self.held} requests held by this replica (limit {self.limit}); "
+                           "retry", code="server_busy")
+        self.held += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.held -= 1
+
+        return release
+
+
+class SpeechIngress:
+    """POST /v1/audio/speech (and GET /v1/models, /health) over the voices' vocoder deployments; it
+    admits ``admit`` speech requests at once (`_Admission`) and refuses the others at once."""
+
+    def __init__(self, lms: dict[str, Any], vocoders: dict[str, Any], limits: Any, admit: int) -> None:
         self.lms, self.vocoders, self.limits = lms, vocoders, limits
+        self.admission = _Admission(admit)
         self.checks: Any = None
 
     async def _checks(self) -> Any:
@@ -312,6 +347,22 @@ class SpeechIngress:
         return _error(ApiError(404, f"no route {method} {path}", code="not_found"))
 
     async def _speech(self, request: Any) -> Any:
+        from flashrt.serve.app import ApiError, _error
+
+        try:
+            release = self.admission.take()
+        except ApiError as exc:  # refused before any work, in OpenAI's shape with Retry-After
+            return _error(exc, self.limits.retry_after_s)
+        handed = False
+        try:
+            response, handed = await self._admitted(request, release)
+            return response
+        finally:
+            if not handed:  # answered (or failed) here: a streamed body releases its slot when it ends
+                release()
+
+    async def _admitted(self, request: Any, release: Any) -> tuple[Any, bool]:
+        """(response, whether a streamed body now holds the request's slot)."""
         from flashrt.serve import formats
         from flashrt.serve.app import ApiError, _error, _read_body
 
@@ -322,11 +373,11 @@ class SpeechIngress:
                 job.text, job.speaker, job.seed, job.speed)
             first = await self._first(chunks)
         except ApiError as exc:
-            return _error(exc, self.limits.retry_after_s)
+            return _error(exc, self.limits.retry_after_s), False
         encoder = formats.encoder(checks.formats[job.fmt], checks.voices[job.voice].sample_rate)
         if not encoder.fmt.streamed:
-            return await self._whole(first, chunks, encoder)
-        return self._streamed(first, chunks, encoder)
+            return await self._whole(first, chunks, encoder), False
+        return self._streamed(first, chunks, encoder, release), True
 
     @staticmethod
     async def _first(chunks: Any) -> np.ndarray:
@@ -360,7 +411,11 @@ class SpeechIngress:
                         headers={"X-Sample-Rate": str(encoder.rate)})
 
     @staticmethod
-    def _streamed(first: np.ndarray, chunks: Any, encoder: Any) -> Any:
+    def _streamed(first: np.ndarray, chunks: Any, encoder: Any, release: Any) -> Any:
+        """The streamed answer; it holds the request's admission slot until its body ends (or, never
+        started, e.g. the client gone first, until it is collected)."""
+        import weakref
+
         from starlette.responses import StreamingResponse
 
         async def body():
@@ -372,8 +427,11 @@ class SpeechIngress:
             finally:
                 chunks.cancel()
                 encoder.close()
+                release()
 
-        return StreamingResponse(body(), media_type=encoder.fmt.media_type,
+        stream = body()
+        weakref.finalize(stream, release)
+        return StreamingResponse(stream, media_type=encoder.fmt.media_type,
                                  headers={"X-Sample-Rate": str(encoder.rate)})
 
 
@@ -502,10 +560,25 @@ def speech_app(app: SpeechApp) -> Any:
     serve, limits = _serve(), app.limits or ServerLimits()
     lm = serve.deployment(LMStage, name=f"{app.name}-lm", **app.lm.deployment_options())
     vocoder = serve.deployment(VocoderStage, name=f"{app.name}-vocoder", **app.vocoder.deployment_options())
-    ingress = serve.deployment(SpeechIngress, name="speech", **app.ingress.deployment_options())
+    # Serve hands an ingress replica REFUSAL_HEADROOM x the requests it admits, so the ones beyond are
+    # refused by it (OpenAI's 503 body, Retry-After) rather than by Serve's proxy (its own text 503)
+    ingress_options = {**app.ingress.deployment_options(), **_backpressure(serve, limits.retry_after_s),
+                       "max_ongoing_requests": REFUSAL_HEADROOM * app.ingress.max_ongoing_requests}
+    ingress = serve.deployment(SpeechIngress, name="speech", **ingress_options)
     lm_bound = lm.bind(str(app.folder), dict(app.options), limits, app.lm.torch_threads)
     vocoder_bound = vocoder.bind(str(app.folder), dict(app.options), app.vocoder.torch_threads, lm_bound)
-    return ingress.bind({app.name: lm_bound}, {app.name: vocoder_bound}, limits)
+    return ingress.bind({app.name: lm_bound}, {app.name: vocoder_bound}, limits,
+                        app.ingress.max_ongoing_requests)
+
+
+def _backpressure(serve: Any, retry_after_s: float) -> dict[str, Any]:
+    """Serve's own refusals (beyond a deployment's ``max_queued_requests``) with a Retry-After header,
+    where this Ray's Serve has ``backpressure_config`` (newer than the oldest Ray 2 flashrt takes)."""
+    import inspect
+
+    if "backpressure_config" in inspect.signature(serve.deployment).parameters:
+        return {"backpressure_config": {"retry_after_s": retry_after_s}}
+    return {}
 
 
 def policy_app(app: PolicyApp) -> Any:
