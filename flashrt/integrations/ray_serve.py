@@ -14,8 +14,8 @@ replica count, resources and ``max_ongoing_requests`` (`StageScale`):
     vocoder  `load_snac` (as `load_orpheus` loads it): streams a request's audio, pulling its code chunks
              from an lm replica (``handle.options(stream=True)``) into the request's SNAC stream
              (exact overlap windows: the chunks concatenate to what the single-process chain makes);
-             a replica decodes one window at a time (the single-process snac stage also stacks the
-             windows of several requests into one replay: not yet done here)
+             the windows due in the requests a replica streams are decoded together, stacked as rows
+             of one replay, as the single-process snac stage does (`VocoderStage`)
     ingress  POST /v1/audio/speech, GET /v1/models, GET /health: the request checks and error shapes
              of `flashrt serve` (`flashrt.serve.app.SpeechServer.parse`, its ``{"error": ...}`` body)
 
@@ -201,9 +201,20 @@ class LMStage:
 
 
 class VocoderStage:
-    """The snac stage: a request's audio, decoded from the code chunks an lm replica streams."""
+    """The snac stage: a request's audio, decoded from the code chunks an lm replica streams.
+
+    The requests a replica streams share its one decode worker as the single-process chain's batched
+    snac stage does: each chunk a request receives is a step (`_window`); the steps waiting when the
+    worker comes free are taken together (never waiting for more: no latency is added), each fed into
+    its own request's SNAC stream, and the windows due in all of them decoded with one
+    `StreamRunner.decode_together` (windows of one length stacked as rows of one replay, where the
+    vocoder stacks: seeded SNAC noise decodes one row each). Serve's ``@serve.batch`` is not used: it
+    would add a wait and a second batching layer over this one. `rounds` counts the steps taken per
+    decode. A batch that fails is decoded again one request at a time, so a failure is its request's."""
 
     def __init__(self, folder: str, options: dict[str, Any], threads: int, lm: Any) -> None:
+        from collections import Counter
+
         from flashrt.runner.orpheus import load_snac, snac_folder
 
         _set_threads(threads)
@@ -211,15 +222,18 @@ class VocoderStage:
         self.vocoder, self.stack = load_snac(snac_folder(Path(folder), options.get("snac")), **given)
         self.lm = lm
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="snac")  # one decode at a time
+        self.waiting: list[tuple[Any, Any, bool, asyncio.Future]] = []
+        self.drainer: asyncio.Task | None = None
+        self.rounds: Counter[int] = Counter()
 
     async def audio(self, text: str, speaker: str | None, seed: int | None, speed: float):
         """float32 audio chunks of one request, as the single-process chain's snac stage makes them."""
-        stream, loop = self.vocoder.open(), asyncio.get_running_loop()
+        stream = self.vocoder.open()
         chunks = self.lm.codes.options(stream=True).remote(text, speaker, seed, speed)
         ended = False
         try:
             async for codes, last in chunks:
-                audio = await loop.run_in_executor(self.worker, self._decode, stream, codes, last)
+                audio = await self._window(stream, codes, last)
                 ended = ended or last
                 if audio is not None:
                     yield audio
@@ -228,20 +242,75 @@ class VocoderStage:
         finally:
             chunks.cancel()
 
-    def _decode(self, stream: Any, codes: Any, last: bool) -> np.ndarray | None:
-        from flashrt.runner.orpheus import _mono
+    async def _window(self, stream: Any, codes: Any, last: bool) -> np.ndarray | None:
+        """One step of one request (its chunk in, the audio it completes out), decoded with the steps
+        of the other requests waiting for the worker."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.waiting.append((stream, codes, last, future))
+        if self.drainer is None or self.drainer.done():
+            self.drainer = loop.create_task(self._drain())
+        return await future
 
-        if codes is not None:
-            stream.feed(codes)
-        if last:
-            stream.finish()
-        self.vocoder.decode_together([stream], stack=self.stack)
-        audio = stream.take()
-        return np.concatenate([_mono(a) for a in audio]) if audio else None
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.waiting:
+            steps, self.waiting = [s for s in self.waiting if not s[3].done()], []
+            if not steps:
+                continue
+            self.rounds[len(steps)] += 1
+            try:
+                outs = await loop.run_in_executor(self.worker, self._decode_steps, [s[:3] for s in steps])
+            except BaseException as exc:  # the worker gone (replica shutting down): every step says so
+                outs = [exc] * len(steps)
+            for (*_, future), out in zip(steps, outs):
+                if not future.done():
+                    future.set_exception(out) if isinstance(out, BaseException) else future.set_result(out)
+
+    def _decode(self, stream: Any, codes: Any, last: bool) -> np.ndarray | None:
+        """One request's step alone (`_decode_steps` of one)."""
+        (out,) = self._decode_steps([(stream, codes, last)])
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def _decode_steps(self, steps: list[tuple[Any, Any, bool]]) -> list[Any]:
+        """Each step's audio (None: none yet), or the exception that ended its request."""
+        outs: list[Any] = [None] * len(steps)
+        live = []
+        for k, (stream, codes, last) in enumerate(steps):
+            try:
+                if codes is not None:
+                    stream.feed(codes)
+                if last:
+                    stream.finish()
+                live.append(k)
+            except Exception as exc:  # noqa: BLE001 - a bad chunk ends its own request
+                outs[k] = exc
+        try:
+            self.vocoder.decode_together([steps[k][0] for k in live], stack=self.stack)
+        except Exception:  # noqa: BLE001 - again one by one: the audio already read stays its stream's
+            for k in live:
+                try:
+                    self.vocoder.decode_together([steps[k][0]], stack=self.stack)
+                except Exception as exc:  # noqa: BLE001
+                    outs[k] = exc
+        for k in live:
+            if outs[k] is None:
+                outs[k] = _take(steps[k][0])
+        return outs
 
     def check_health(self) -> None:
         if self.worker._shutdown:
             raise RuntimeError("the snac worker is shut down")
+
+
+def _take(stream: Any) -> np.ndarray | None:
+    """The mono audio a SNAC stream has ready (None: none)."""
+    from flashrt.runner.orpheus import _mono
+
+    audio = stream.take()
+    return np.concatenate([_mono(a) for a in audio]) if audio else None
 
 
 @dataclass(frozen=True)
