@@ -58,8 +58,8 @@ from flashrt.errors import ConfigError, FlashRTError, InputError
 
 __all__ = ["StageScale", "SpeechApp", "PolicyApp", "speech_app", "policy_app", "deploy_speech",
            "deploy_policy", "LMStage", "VocoderStage", "SpeechIngress", "PolicyIngress", "parse_replicas",
-           "serve_config", "speech_builder", "policy_builder", "serve_command", "policy_command",
-           "check_fits", "STAGES"]
+           "parse_count", "serve_config", "speech_deployments", "policy_deployments", "speech_builder",
+           "policy_builder", "serve_command", "policy_command", "check_fits", "STAGES"]
 
 STAGES = ("lm", "vocoder", "ingress")  # the deployments of a SpeechApp, as --replicas names them
 
@@ -70,9 +70,14 @@ VOCODER_OPTIONS = ("device", "backend", "stream_chunk", "snac_noise", "slots")  
 @dataclass(frozen=True)
 class StageScale:
     """One deployment's scale: replicas, resources per replica, requests a replica holds at once and
-    requests the deployment queues beyond them (then Serve refuses with a 503)."""
+    requests the deployment queues beyond them (then Serve refuses with a 503). With ``max_replicas``
+    above ``replicas`` the deployment autoscales between them (Serve's ``autoscaling_config``: it
+    starts at ``replicas`` and adds replicas while they hold more than ``target_ongoing_requests``
+    each)."""
 
     replicas: int = 1
+    max_replicas: int | None = None  # None: always ``replicas``
+    target_ongoing_requests: float = 2.0  # what autoscaling aims a replica holds (Serve's default)
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     max_ongoing_requests: int = 8
@@ -85,6 +90,9 @@ class StageScale:
                               "max_queued_requests >= 0")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"{self}: threads must be >= 1")
+        if self.max_replicas is not None and self.max_replicas < self.replicas or \
+                not self.target_ongoing_requests > 0:
+            raise ConfigError(f"{self}: max_replicas must be >= replicas, target_ongoing_requests > 0")
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ConfigError(f"{self}: resources must not be negative")
 
@@ -94,8 +102,23 @@ class StageScale:
         so a replica matches (bit for bit) a process run with the same count."""
         return self.threads if self.threads is not None else max(1, int(self.num_cpus))
 
+    @property
+    def autoscales(self) -> bool:
+        return self.max_replicas is not None and self.max_replicas > self.replicas
+
+    @property
+    def most_replicas(self) -> int:
+        return self.max_replicas if self.autoscales else self.replicas
+
     def deployment_options(self) -> dict[str, Any]:
-        return {"num_replicas": self.replicas, "max_ongoing_requests": self.max_ongoing_requests,
+        """Serve's options of the deployment (``serve.deployment(**options)``, and a Serve config's
+        deployment entry): a fixed ``num_replicas``, or an ``autoscaling_config``."""
+        count: dict[str, Any] = {"num_replicas": self.replicas}
+        if self.autoscales:
+            count = {"autoscaling_config": {"min_replicas": self.replicas, "initial_replicas": self.replicas,
+                                            "max_replicas": self.max_replicas,
+                                            "target_ongoing_requests": self.target_ongoing_requests}}
+        return {**count, "max_ongoing_requests": self.max_ongoing_requests,
                 "max_queued_requests": self.max_queued_requests,
                 "ray_actor_options": {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}}
 
@@ -622,22 +645,39 @@ def _serve() -> Any:
     return serve
 
 
+def speech_deployments(app: SpeechApp) -> dict[str, dict[str, Any]]:
+    """{deployment name: Serve options} of `app`'s stages: what `speech_app` deploys and what a Serve
+    config (`serve_config`) lists under ``deployments``."""
+    from flashrt.serve.app import ServerLimits
+
+    limits = app.limits or ServerLimits()
+    # Serve hands an ingress replica REFUSAL_HEADROOM x the requests it admits, so the ones beyond are
+    # refused by it (OpenAI's 503 body, Retry-After) rather than by Serve's proxy (its own text 503)
+    ingress = {**app.ingress.deployment_options(), **_backpressure(_serve(), limits.retry_after_s),
+               "max_ongoing_requests": REFUSAL_HEADROOM * app.ingress.max_ongoing_requests}
+    return {f"{app.name}-lm": app.lm.deployment_options(),
+            f"{app.name}-vocoder": app.vocoder.deployment_options(), "speech": ingress}
+
+
 def speech_app(app: SpeechApp) -> Any:
     """The Serve application of `app` (lm -> vocoder -> ingress), not yet running."""
     from flashrt.serve.app import ServerLimits
 
     serve, limits = _serve(), app.limits or ServerLimits()
-    lm = serve.deployment(LMStage, name=f"{app.name}-lm", **app.lm.deployment_options())
-    vocoder = serve.deployment(VocoderStage, name=f"{app.name}-vocoder", **app.vocoder.deployment_options())
-    # Serve hands an ingress replica REFUSAL_HEADROOM x the requests it admits, so the ones beyond are
-    # refused by it (OpenAI's 503 body, Retry-After) rather than by Serve's proxy (its own text 503)
-    ingress_options = {**app.ingress.deployment_options(), **_backpressure(serve, limits.retry_after_s),
-                       "max_ongoing_requests": REFUSAL_HEADROOM * app.ingress.max_ongoing_requests}
+    (lm_name, lm_options), (vocoder_name, vocoder_options), (_, ingress_options) = \
+        speech_deployments(app).items()
+    lm = serve.deployment(LMStage, name=lm_name, **lm_options)
+    vocoder = serve.deployment(VocoderStage, name=vocoder_name, **vocoder_options)
     ingress = serve.deployment(SpeechIngress, name="speech", **ingress_options)
     lm_bound = lm.bind(str(app.folder), dict(app.options), limits, app.lm.torch_threads)
     vocoder_bound = vocoder.bind(str(app.folder), dict(app.options), app.vocoder.torch_threads, lm_bound)
     return ingress.bind({app.name: lm_bound}, {app.name: vocoder_bound}, limits,
                         app.ingress.max_ongoing_requests)
+
+
+def policy_deployments(app: PolicyApp) -> dict[str, dict[str, Any]]:
+    """{deployment name: Serve options} of `app` (one deployment, "policy")."""
+    return {"policy": app.scale.deployment_options()}
 
 
 def _backpressure(serve: Any, retry_after_s: float) -> dict[str, Any]:
@@ -654,15 +694,16 @@ def policy_app(app: PolicyApp) -> Any:
     """The Serve application of `app` (one ASGI ingress deployment: websocket and HTTP routes)."""
     serve = _serve()
     ingress = serve.ingress()(PolicyIngress)  # its routes built in each replica (__serve_build_asgi_app__)
-    return serve.deployment(ingress, name="policy", **app.scale.deployment_options()).bind(
+    return serve.deployment(ingress, name="policy", **policy_deployments(app)["policy"]).bind(
         str(app.folder), dict(app.options), app.scale.torch_threads)
 
 
 def check_fits(scales: list[StageScale], available: dict[str, float]) -> None:
-    """ConfigError when the replicas of `scales` together need more CPUs or GPUs than `available`
-    (``ray.cluster_resources()``, the cluster's total): Serve would wait for them forever."""
-    for key, need in (("CPU", sum(s.replicas * s.num_cpus for s in scales)),
-                      ("GPU", sum(s.replicas * s.num_gpus for s in scales))):
+    """ConfigError when the replicas of `scales` together (an autoscaling one at its most) need more
+    CPUs or GPUs than `available` (``ray.cluster_resources()``, the cluster's total): Serve would wait
+    for them forever."""
+    for key, need in (("CPU", sum(s.most_replicas * s.num_cpus for s in scales)),
+                      ("GPU", sum(s.most_replicas * s.num_gpus for s in scales))):
         have = available.get(key, 0.0)
         if need > have + 1e-9:
             raise ConfigError(f"the deployments need {need:g} {key}s ({', '.join(_needs(scales, key))}); "
@@ -670,7 +711,7 @@ def check_fits(scales: list[StageScale], available: dict[str, float]) -> None:
 
 
 def _needs(scales: list[StageScale], key: str) -> list[str]:
-    return [f"{s.replicas} x {s.num_cpus if key == 'CPU' else s.num_gpus:g}" for s in scales]
+    return [f"{s.most_replicas} x {s.num_cpus if key == 'CPU' else s.num_gpus:g}" for s in scales]
 
 
 def _cluster_fits(scales: list[StageScale], check: bool) -> None:
@@ -703,15 +744,26 @@ def speech_builder(args: dict[str, Any]) -> Any:
     return speech_app(SpeechApp.from_args(dict(args)))
 
 
-def parse_replicas(spec: str) -> dict[str, int]:
-    """``lm=2,vocoder=1`` -> {"lm": 2, "vocoder": 1}: stages of `STAGES`, each a count >= 1."""
-    counts: dict[str, int] = {}
+def parse_count(text: str, flag: str = "--replicas") -> dict[str, int | None]:
+    """``N`` or ``MIN-MAX`` (autoscaling between them) -> `StageScale` fields (replicas, max_replicas)."""
+    low, sep, high = text.strip().partition("-")
+    if not low.isdigit() or int(low) < 1 or sep and (not high.isdigit() or int(high) < int(low)):
+        raise ConfigError(f"{flag} {text!r}: give a count N >= 1, or MIN-MAX (autoscaling) with "
+                          "1 <= MIN <= MAX")
+    return {"replicas": int(low), "max_replicas": int(high) if sep else None}
+
+
+def parse_replicas(spec: str) -> dict[str, dict[str, int | None]]:
+    """``lm=1-3,vocoder=1`` -> {"lm": {"replicas": 1, "max_replicas": 3}, "vocoder": {"replicas": 1,
+    "max_replicas": None}}: stages of `STAGES` (each once), each a count or a MIN-MAX range
+    (`parse_count`)."""
+    counts: dict[str, dict[str, int | None]] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         stage, sep, count = part.partition("=")
-        if not sep or stage not in STAGES or not count.isdigit() or int(count) < 1 or stage in counts:
+        if not sep or stage not in STAGES or stage in counts:
             raise ConfigError(f"--replicas {spec!r}: give STAGE=COUNT[,...] with STAGE one of {STAGES} "
-                              "(each once) and COUNT >= 1")
-        counts[stage] = int(count)
+                              "(each once) and COUNT a count >= 1 or MIN-MAX")
+        counts[stage] = parse_count(count, f"--replicas {stage}=")
     return counts
 
 
@@ -734,19 +786,21 @@ def policy_builder(args: dict[str, Any]) -> Any:
 
 
 # what a Serve config of each kind of app names: (its import_path, the application's default name)
-CONFIG_KINDS: dict[type, tuple[str, str]] = {
-    SpeechApp: ("flashrt.integrations.ray_serve:speech_builder", "flashrt-speech"),
-    PolicyApp: ("flashrt.integrations.ray_serve:policy_builder", "flashrt-policy"),
+CONFIG_KINDS: dict[type, tuple[str, str, Any]] = {
+    SpeechApp: ("flashrt.integrations.ray_serve:speech_builder", "flashrt-speech", speech_deployments),
+    PolicyApp: ("flashrt.integrations.ray_serve:policy_builder", "flashrt-policy", policy_deployments),
 }
 
 
 def serve_config(app: SpeechApp | PolicyApp, host: str = "127.0.0.1", port: int = 8000,
                  name: str | None = None, route_prefix: str = "/") -> dict[str, Any]:
-    """Serve's own config (``serve deploy config.yaml``) running `app`: its args must be plain values
-    (YAML), so options such as a `Sampling` object are refused here."""
+    """Serve's own config (``serve deploy config.yaml``) running `app`: its ``args`` (what the builder
+    rebuilds the app from: plain values only, so options such as a `Sampling` object are refused here)
+    and its ``deployments`` (each one's Serve options: replicas or ``autoscaling_config``, resources,
+    request bounds; Serve applies them over the builder's, so an operator may edit them there)."""
     import json
 
-    import_path, default_name = CONFIG_KINDS[type(app)]
+    import_path, default_name, deployments = CONFIG_KINDS[type(app)]
     args = app.args()
     try:
         json.dumps(args)
@@ -754,7 +808,9 @@ def serve_config(app: SpeechApp | PolicyApp, host: str = "127.0.0.1", port: int 
         raise ConfigError(f"a Serve config holds plain values only: {exc}") from None
     return {"http_options": {"host": host, "port": port},
             "applications": [{"name": name or default_name, "route_prefix": route_prefix,
-                              "import_path": import_path, "args": args}]}
+                              "import_path": import_path, "args": args,
+                              "deployments": [{"name": deployment, **options}
+                                              for deployment, options in deployments(app).items()]}]}
 
 
 def _write_config(app: SpeechApp | PolicyApp, path: Path, host: str, port: int, command: str) -> None:
@@ -797,10 +853,7 @@ def policy_command(folder: str, options: dict[str, Any], *, host: str, port: int
     """`flashrt serve-policy --ray`: the policy at `folder` as a `PolicyApp` (``replicas``: a count);
     with ``write_config`` its Serve config written there (nothing started), else deployed as
     `serve_command` does, the openpi websocket at ``ws://host:port/``."""
-    count = replicas.strip() or "1"
-    if not count.isdigit() or int(count) < 1:
-        raise ConfigError(f"--replicas {replicas!r}: give a count >= 1")
-    app = PolicyApp(str(Path(folder).resolve()), options, StageScale(replicas=int(count)))
+    app = PolicyApp(str(Path(folder).resolve()), options, StageScale(**parse_count(replicas or "1")))
     if write_config is not None:
         _write_config(app, write_config, host, port, "flashrt serve-policy")
         return
@@ -819,9 +872,7 @@ def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, 
         raise ConfigError(f"--ray serves one voice (an Orpheus-style folder), got {sorted(voices) or 'none'}")
     (name, folder), = voices.items()
     counts = parse_replicas(replicas)
-    scales = {stage: StageScale(replicas=counts[stage]) for stage in counts if stage != "ingress"}
-    if "ingress" in counts:
-        scales["ingress"] = replace(SpeechApp.ingress, replicas=counts["ingress"])
+    scales = {stage: replace(getattr(SpeechApp, stage), **counts[stage]) for stage in counts}
     app = SpeechApp(str(Path(folder).resolve()), name, options, limits=limits, **scales)
     if write_config is not None:
         _write_config(app, write_config, host, port, "flashrt serve")

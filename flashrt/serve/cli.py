@@ -61,7 +61,8 @@ def serve(
         "deployments (flashrt.integrations.ray_serve; one Orpheus-style voice)")] = False,
     address: Annotated[str | None, typer.Option(
         help="with --ray: the Ray cluster to join (default: start a local one on 127.0.0.1)")] = None,
-    replicas: Annotated[str, typer.Option(help="with --ray: replicas per stage, e.g. lm=2,vocoder=1")] = "",
+    replicas: Annotated[str, typer.Option(
+        help="with --ray: replicas per stage, e.g. lm=2,vocoder=1; MIN-MAX autoscales (lm=1-3)")] = "",
     write_config: Annotated[Path | None, typer.Option(
         help="with --ray: write Serve's YAML config (for 'serve deploy') to this path and exit")] = None,
 ) -> None:

@@ -45,7 +45,8 @@ def serve_policy(
         "at the root, POST /infer, one request at a time per replica")] = False,
     address: Annotated[str | None, typer.Option(
         help="with --ray: the Ray cluster to join (default: start a local one on 127.0.0.1)")] = None,
-    replicas: Annotated[str, typer.Option(help="with --ray: replicas of the policy deployment")] = "1",
+    replicas: Annotated[str, typer.Option(
+        help="with --ray: replicas of the policy deployment, N or MIN-MAX (autoscaling)")] = "1",
     write_config: Annotated[Path | None, typer.Option(
         help="with --ray: write Serve's YAML config (for 'serve deploy') to this path and exit")] = None,
 ) -> None:

@@ -288,7 +288,8 @@ def test_openpi_client_gets_the_actions_of_serve_policy(ray_policy, local_policy
 
 def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
     """`flashrt serve --ray --write-config` writes Serve's config; its args rebuild the same SpeechApp,
-    and its import_path's builder makes the application (lm, vocoder and ingress deployments)."""
+    its deployments carry each stage's Serve options (``lm=1-3``: an autoscaling_config, fixed counts
+    otherwise), and its import_path's builder makes the application with those options."""
     import importlib
 
     import yaml
@@ -298,28 +299,57 @@ def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
 
     path = tmp_path / "serve.yaml"
     result = CliRunner().invoke(cli, ["serve", "--ray", "--voice", f"talk={FIXTURE}", "--replicas",
-                                      "lm=2,vocoder=1", "--port", "8123", "--write-config", str(path)])
+                                      "lm=1-3,vocoder=2", "--port", "8123", "--write-config", str(path)])
     assert result.exit_code == 0, result.output
     config = yaml.safe_load(path.read_text())
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
     (application,) = config["applications"]
     module, _, builder = application["import_path"].partition(":")
     speech = SpeechApp.from_args(application["args"])
-    assert (speech.name, speech.lm.replicas, speech.vocoder.replicas) == ("talk", 2, 1)
+    assert (speech.name, speech.lm.replicas, speech.lm.max_replicas, speech.vocoder.replicas) == \
+        ("talk", 1, 3, 2)
     assert speech.options == {"device": "cpu"} and speech.limits == ServerLimits()
     assert SpeechApp.from_args(speech.args()) == speech
+    deployments = {d["name"]: d for d in application["deployments"]}
+    assert set(deployments) == {"talk-lm", "talk-vocoder", "speech"}
+    assert deployments["talk-lm"]["autoscaling_config"] == {
+        "min_replicas": 1, "initial_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2.0}
+    assert "num_replicas" not in deployments["talk-lm"]  # Serve refuses both
+    assert deployments["talk-vocoder"]["num_replicas"] == 2 and "autoscaling_config" not in \
+        deployments["talk-vocoder"]
     built = getattr(importlib.import_module(module), builder)(application["args"])
     assert type(built).__name__ == "Application"
+    # the deployed lm (bound in the ingress's arguments) autoscales as written (Ray's own attributes)
+    lm = built._bound_deployment.init_args[0]["talk"]._bound_deployment
+    scaling = lm._deployment_config.autoscaling_config
+    assert (lm.name, scaling.min_replicas, scaling.max_replicas) == ("talk-lm", 1, 3)
 
 
-@pytest.mark.parametrize("spec", ["lm=0", "lm", "lm=2,lm=1", "gpu=1", "lm=x"])
+def test_serve_policy_ray_replicas_range_autoscales(tmp_path, demo_policy):
+    import yaml
+    from typer.testing import CliRunner
+
+    from flashrt.cli import app as cli
+
+    path = tmp_path / "policy.yaml"
+    result = CliRunner().invoke(cli, ["serve-policy", str(demo_policy), "--ray", "--replicas", "2-4",
+                                      "--write-config", str(path)])
+    assert result.exit_code == 0, result.output
+    (deployment,) = yaml.safe_load(path.read_text())["applications"][0]["deployments"]
+    assert deployment["name"] == "policy"
+    assert (deployment["autoscaling_config"]["min_replicas"], deployment["autoscaling_config"]
+            ["max_replicas"]) == (2, 4)
+
+
+@pytest.mark.parametrize("spec", ["lm=0", "lm", "lm=2,lm=1", "gpu=1", "lm=x", "lm=3-2", "lm=0-2", "lm=1-"])
 def test_replicas_spec_is_checked(spec):
     from flashrt.errors import ConfigError
     from flashrt.integrations.ray_serve import parse_replicas
 
     with pytest.raises(ConfigError, match="--replicas"):
         parse_replicas(spec)
-    assert parse_replicas("lm=2, vocoder=1") == {"lm": 2, "vocoder": 1}
+    assert parse_replicas("lm=2, vocoder=1-3") == {"lm": {"replicas": 2, "max_replicas": None},
+                                                   "vocoder": {"replicas": 1, "max_replicas": 3}}
 
 
 def test_a_burst_beyond_the_bounds_is_refused_at_once(speech, local):
@@ -365,3 +395,5 @@ def test_deployments_that_cannot_fit_are_refused_at_once():
     check_fits([app.lm, app.vocoder, app.ingress], {"CPU": 3.0})
     with pytest.raises(ConfigError, match="GPU"):
         check_fits([StageScale(num_gpus=0.5)], {"CPU": 8.0})
+    with pytest.raises(ConfigError, match=r"need 3 CPUs \(3 x 1\)"):  # autoscaling: its most replicas
+        check_fits([StageScale(replicas=1, max_replicas=3)], {"CPU": 2.0})
