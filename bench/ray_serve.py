@@ -1,0 +1,130 @@
+"""`flashrt bench serve` against the speech chain on Ray Serve: 1 vs 2 LM replicas, and Serve's overhead
+against `flashrt serve`, on the same offered loads.
+
+    python bench/ray_serve.py --voice tests/fixtures/tts/orpheus_tiny --loads 1,2,4 --requests 24
+
+1. `flashrt bench serve --voice VOICE --threads 1` (the in-process `flashrt serve`) measures the
+   single-stream capacity and TTFA; its capacity and goodput deadline are then given (``--capacity``,
+   ``--deadline-ms``) to every other run, so all offer the same arrivals.
+2. A one-node Ray cluster on 127.0.0.1 (`init_local`, ``--cpus``), Serve's proxy on 127.0.0.1, the voice
+   deployed as lm -> vocoder -> ingress (`deploy_speech`; each replica one torch thread, ``--lm-cpus``
+   per lm replica) with 1, then 2 lm replicas; `flashrt bench serve --url` against each.
+
+Per run: the warm single-stream TTFA (sequential requests, nothing else in flight: Serve's overhead per
+request is its difference to `flashrt serve`'s), and per load served requests per second (served / the
+level's wall time), TTFA p50 / p99 and goodput. A table on stdout, every run's results.json under
+``--out``, one JSON line last. Every request goes to 127.0.0.1; each run's levels are bounded by
+``--requests`` and the client timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PORT = 18531
+
+
+def bench(args: list[str], out: Path) -> dict[str, Any]:
+    """One `flashrt bench serve` run (a child process); its results.json."""
+    command = [sys.executable, "-m", "flashrt.cli", "bench", "serve", *args, "--no-plot", "--out", str(out)]
+    print("$", " ".join(command[2:]), file=sys.stderr, flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"bench serve failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads((out / "results.json").read_text())
+
+
+def summary(record: dict[str, Any]) -> dict[str, Any]:
+    levels = record["modes"]["off"]
+    return {"warm_ttfa_ms": record["single_stream"]["warm_ttfa_ms"],
+            "warm_total_ms": record["single_stream"]["warm_total_ms"],
+            "levels": [{"load": lv["load"], "rate_per_s": lv["rate_per_s"], "served": lv["served"],
+                        "offered": lv["offered"], "served_per_s": lv["served"] / lv["wall_s"],
+                        "ttfa_p50_ms": lv["ttfa_ms"].get("p50"), "ttfa_p99_ms": lv["ttfa_ms"].get("p99"),
+                        "goodput": lv["goodput"], "refused": sum(lv["refused"].values()),
+                        "errors": lv["errors"], "timeouts": lv["timeouts"]} for lv in levels]}
+
+
+def on_ray(voice: str, replicas: int, lm_cpus: float, shared: list[str], out: Path) -> dict[str, Any]:
+    from ray import serve
+
+    from flashrt.integrations.ray_serve import SpeechApp, StageScale, deploy_speech
+
+    one = {"threads": 1, "max_ongoing_requests": 8, "max_queued_requests": 16}
+    app = SpeechApp(str(Path(voice).resolve()), lm=StageScale(replicas=replicas, num_cpus=lm_cpus, **one),
+                    vocoder=StageScale(num_cpus=0.5, **one),
+                    ingress=StageScale(num_cpus=0.25, threads=1, max_ongoing_requests=64,
+                                       max_queued_requests=64))
+    deploy_speech(app)
+    try:
+        return bench(["--url", f"http://127.0.0.1:{PORT}", "--voice", app.name, *shared], out)
+    finally:
+        serve.delete("flashrt-speech")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--voice", default="tests/fixtures/tts/orpheus_tiny")
+    parser.add_argument("--loads", default="1,2,4")
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--warm", type=int, default=6)
+    parser.add_argument("--cpus", type=float, default=2.0, help="the local Ray cluster's CPUs")
+    parser.add_argument("--lm-cpus", type=float, default=0.5, help="CPUs per lm replica")
+    parser.add_argument("--out", type=Path,
+                        default=Path("bench/results") / time.strftime("ray-serve-%Y%m%d-%H%M%S"))
+    opts = parser.parse_args()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    levels = ["--loads", opts.loads, "--requests", str(opts.requests), "--warm", str(opts.warm),
+              "--timeout", "60", "--level-cap", "120"]
+    local = bench(["--voice", opts.voice, "--threads", "1", *levels], opts.out / "flashrt-serve")
+    shared = [*levels, "--capacity", str(local["capacity_rps"]), "--deadline-ms", str(local["deadline_ms"])]
+    runs = {"flashrt serve": summary(local)}
+
+    import builtins
+
+    import ray
+    from ray import serve
+
+    from flashrt.integrations.ray_serve import init_local
+
+    saved_print = builtins.print  # Ray patches it
+    init_local(num_cpus=opts.cpus, log_to_driver=False)
+    try:
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+        for replicas in (1, 2):
+            record = on_ray(opts.voice, replicas, opts.lm_cpus, shared, opts.out / f"ray-lm{replicas}")
+            runs[f"ray, {replicas} lm"] = summary(record)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        builtins.print = saved_print
+    result = {"bench": "ray_serve", "voice": opts.voice, "capacity_rps": local["capacity_rps"],
+              "deadline_ms": local["deadline_ms"], "cpus": os.cpu_count(), "runs": runs}
+    (opts.out / "ray_serve.json").write_text(json.dumps(result, indent=1))
+    table(result)
+    print(json.dumps(result))
+
+
+def table(result: dict[str, Any]) -> None:
+    print(f"capacity {result['capacity_rps']:.2f} req/s, deadline {result['deadline_ms']:.0f} ms")
+    base = result["runs"]["flashrt serve"]["warm_ttfa_ms"]
+    for name, run in result["runs"].items():
+        print(f"{name}: warm TTFA {run['warm_ttfa_ms']:.1f} ms (+{run['warm_ttfa_ms'] - base:.1f}), "
+              f"warm request {run['warm_total_ms']:.0f} ms")
+        for lv in run["levels"]:
+            print(f"  {lv['load']:g}x ({lv['rate_per_s']:.2f}/s): served {lv['served']}/{lv['offered']} "
+                  f"{lv['served_per_s']:.2f}/s, TTFA p50 {lv['ttfa_p50_ms'] or 0:.0f} p99 "
+                  f"{lv['ttfa_p99_ms'] or 0:.0f} ms, goodput {lv['goodput']:.2f}, refused {lv['refused']}, "
+                  f"errors {lv['errors']}, timeouts {lv['timeouts']}")
+
+
+if __name__ == "__main__":
+    main()
