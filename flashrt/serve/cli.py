@@ -72,6 +72,11 @@ def serve(
         from flashrt.serve.app import ServerLimits
 
         check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)
+        if api_key is not None:
+            from flashrt.errors import ConfigError
+
+            raise ConfigError("--api-key is not applied by the Ray Serve ingress: put an authenticating "
+                              "gateway or firewall in front of Serve's port instead")
         limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout,
                               ttfa_deadline_ms=ttfa_deadline_ms)
         options = {"device": device, **({"slots": slots} if slots is not None else {}),

@@ -397,3 +397,13 @@ def test_deployments_that_cannot_fit_are_refused_at_once():
         check_fits([StageScale(num_gpus=0.5)], {"CPU": 8.0})
     with pytest.raises(ConfigError, match=r"need 3 CPUs \(3 x 1\)"):  # autoscaling: its most replicas
         check_fits([StageScale(replicas=1, max_replicas=3)], {"CPU": 2.0})
+
+
+def test_an_api_key_is_refused_with_ray_never_silently_dropped(tmp_path):
+    """The Ray ingress does not check keys: `--api-key` with `--ray` is an error, not an open server."""
+    from flashrt.cli import main
+
+    path = tmp_path / "serve.yaml"
+    code = main(["serve", "--ray", "--voice", f"talk={FIXTURE}", "--api-key", "k",
+                 "--write-config", str(path)])
+    assert code == 2 and not path.exists()
