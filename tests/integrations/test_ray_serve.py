@@ -224,7 +224,7 @@ def local_policy(demo_policy, one_thread):
     from flashrt.runner.policy import load_policy
     from flashrt.serve.policy_server import PolicyServer
 
-    with PolicyServer(load_policy(demo_policy), port=0, max_batch=1) as server:
+    with PolicyServer(load_policy(demo_policy, batches=(1, 2, 4)), port=0) as server:  # as serve-policy
         yield server
 
 
@@ -251,7 +251,7 @@ def test_serve_policy_ray_writes_the_policys_config(ray_policy, demo_policy):
     assert application["import_path"] == "flashrt.integrations.ray_serve:policy_builder"
     app = PolicyApp.from_args(application["args"])
     assert app.folder == str(Path(demo_policy).resolve()) and app.scale.replicas == 1
-    assert app.options == {"device": "cpu", "precision": "float32"}
+    assert app.options == {"device": "cpu", "precision": "float32", "family": "pi0", "batches": [1, 2, 4]}
     assert PolicyApp.from_args(app.args()) == app
 
 
