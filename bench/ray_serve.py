@@ -3,12 +3,15 @@ against `flashrt serve`, on the same offered loads.
 
     python bench/ray_serve.py --voice tests/fixtures/tts/orpheus_tiny --loads 1,2,4 --requests 24
 
-1. `flashrt bench serve --voice VOICE --threads 1` (the in-process `flashrt serve`) measures the
-   single-stream capacity and TTFA; its capacity and goodput deadline are then given (``--capacity``,
-   ``--deadline-ms``) to every other run, so all offer the same arrivals.
+1. `flashrt serve --voice orpheus=VOICE --threads 1` in its own process on 127.0.0.1;
+   `flashrt bench serve --url` against it measures the single-stream capacity and TTFA; its capacity
+   and goodput deadline are then given (``--capacity``, ``--deadline-ms``) to every other run, so all
+   offer the same arrivals.
 2. A one-node Ray cluster on 127.0.0.1 (`init_local`, ``--cpus``), Serve's proxy on 127.0.0.1, the voice
    deployed as lm -> vocoder -> ingress (`deploy_speech`; each replica one torch thread, ``--lm-cpus``
    per lm replica) with 1, then 2 lm replicas; `flashrt bench serve --url` against each.
+3. `flashrt serve` again, on the same arrivals (the machine's other load drifts: two runs of the
+   baseline bracket the Ray runs).
 
 Per run: the warm single-stream TTFA (sequential requests, nothing else in flight: Serve's overhead per
 request is its difference to `flashrt serve`'s), and per load served requests per second (served / the
@@ -28,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-PORT = 18531
+PORT = 18531  # Serve's proxy
+LOCAL_PORT = 18532  # flashrt serve
 
 
 def bench(args: list[str], out: Path) -> dict[str, Any]:
@@ -69,6 +73,34 @@ def on_ray(voice: str, replicas: int, lm_cpus: float, shared: list[str], out: Pa
         serve.delete("flashrt-speech")
 
 
+def on_flashrt_serve(voice: str, args: list[str], out: Path) -> dict[str, Any]:
+    """`flashrt serve` in its own process (as the Ray replicas are), benched over HTTP, then stopped."""
+    import httpx
+
+    command = [sys.executable, "-m", "flashrt.cli", "serve", "--voice", f"orpheus={voice}", "--threads", "1",
+               "--port", str(LOCAL_PORT)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{LOCAL_PORT}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"flashrt serve did not come up ({server.returncode})")
+            time.sleep(0.5)
+        return bench(["--url", f"http://127.0.0.1:{LOCAL_PORT}", "--voice", "orpheus", *args], out)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--voice", default="tests/fixtures/tts/orpheus_tiny")
@@ -83,7 +115,7 @@ def main() -> None:
     opts.out.mkdir(parents=True, exist_ok=True)
     levels = ["--loads", opts.loads, "--requests", str(opts.requests), "--warm", str(opts.warm),
               "--timeout", "60", "--level-cap", "120"]
-    local = bench(["--voice", opts.voice, "--threads", "1", *levels], opts.out / "flashrt-serve")
+    local = on_flashrt_serve(opts.voice, levels, opts.out / "flashrt-serve")
     shared = [*levels, "--capacity", str(local["capacity_rps"]), "--deadline-ms", str(local["deadline_ms"])]
     runs = {"flashrt serve": summary(local)}
 
@@ -106,15 +138,18 @@ def main() -> None:
         serve.shutdown()
         ray.shutdown()
         builtins.print = saved_print
+    runs["flashrt serve, again"] = summary(on_flashrt_serve(opts.voice, shared, opts.out / "flashrt-serve-2"))
     result = {"bench": "ray_serve", "voice": opts.voice, "capacity_rps": local["capacity_rps"],
-              "deadline_ms": local["deadline_ms"], "cpus": os.cpu_count(), "runs": runs}
+              "deadline_ms": local["deadline_ms"], "cpus": os.cpu_count(),
+              "loadavg_after": os.getloadavg(), "runs": runs}
     (opts.out / "ray_serve.json").write_text(json.dumps(result, indent=1))
     table(result)
     print(json.dumps(result))
 
 
 def table(result: dict[str, Any]) -> None:
-    print(f"capacity {result['capacity_rps']:.2f} req/s, deadline {result['deadline_ms']:.0f} ms")
+    print(f"capacity {result['capacity_rps']:.2f} req/s, deadline {result['deadline_ms']:.0f} ms, "
+          f"load average after {result['loadavg_after']}")
     base = result["runs"]["flashrt serve"]["warm_ttfa_ms"]
     for name, run in result["runs"].items():
         print(f"{name}: warm TTFA {run['warm_ttfa_ms']:.1f} ms (+{run['warm_ttfa_ms'] - base:.1f}), "
