@@ -109,10 +109,10 @@ def ttfa_ms(url: str, text: str) -> float:
     start = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/audio/speech", json=body, timeout=60) as reply:
         reply.raise_for_status()
-        for _ in reply.iter_raw():
-            first = (time.perf_counter() - start) * 1e3
-            break
-        for _ in reply.iter_raw():
+        parts = reply.iter_raw()
+        next(parts)
+        first = (time.perf_counter() - start) * 1e3
+        for _ in parts:
             pass
     return first
 
