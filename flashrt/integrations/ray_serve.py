@@ -4,7 +4,7 @@
     deploy_speech(SpeechApp("orpheus_dir", lm=StageScale(replicas=2), vocoder=StageScale(replicas=1)))
     # POST http://127.0.0.1:8000/v1/audio/speech   (Serve's HTTP proxy; as `flashrt serve`)
     deploy_policy(PolicyApp("policy_dir"))
-    # POST http://127.0.0.1:8000/infer             (openpi msgpack in, actions as msgpack out)
+    # ws://127.0.0.1:8000/ (openpi-client), POST http://127.0.0.1:8000/infer (msgpack in and out)
 
 Speech (an Orpheus-style voice, `flashrt.runner.orpheus`) runs as three deployments, each with its own
 replica count, resources and ``max_ongoing_requests`` (`StageScale`):
@@ -23,22 +23,28 @@ So the audio of a request and seed is the one `flashrt serve` sends (each replic
 count, `StageScale.threads`: float reductions, hence bits, depend on it). A replica loads and captures
 its graphs in its constructor, so Serve reports it not ready and routes nothing to it before that; it
 replays from then on; its ``check_health`` fails once its chain or worker is closed, so Serve replaces
-it. A replica that dies mid-request
-ends that request with an error: before the first chunk a 500 in OpenAI's shape, after it the
-response is cut short (the client's read fails: never a clean end of a truncated stream); Serve
-restarts the replica and the next request is served. Back-pressure, refused at once, never queued
-without bound: an ingress replica admits ``ingress.max_ongoing_requests`` speech requests (a streamed one
-until its body ends) and answers the others `flashrt serve`'s 503 (``server_busy``, OpenAI's error
-shape, Retry-After); Serve hands it `REFUSAL_HEADROOM` times that many, so its own refusals are the ones
-clients see, and queues ``max_queued_requests`` more for it while it routes a burst (beyond: Serve's
-own 503, text, with Retry-After where its ``backpressure_config`` exists). Behind it the vocoder and lm
-deployments hold ``max_ongoing_requests`` per replica and queue ``max_queued_requests`` (beyond: 503
-``server_busy``), and each lm replica's chain refuses beyond ``max_pending`` (503 ``server_busy``).
+it. A replica that dies mid-request ends that request with an error: before the first chunk a 500 in
+OpenAI's shape, after it the response is cut short (the client's read fails: never a clean end of a
+truncated stream); Serve restarts the replica and the next request is served. Back-pressure, refused at
+once, never queued without bound: an ingress replica admits ``ingress.max_ongoing_requests`` speech
+requests (a streamed one until its body ends) and answers the others `flashrt serve`'s 503
+(``server_busy``, OpenAI's error shape, Retry-After); Serve hands it `REFUSAL_HEADROOM` times that many,
+so its own refusals are the ones clients see, and queues ``max_queued_requests`` more for it while it
+routes a burst (beyond: Serve's own 503, text, with Retry-After where its ``backpressure_config``
+exists). Behind it the vocoder and lm deployments hold ``max_ongoing_requests`` per replica and queue
+``max_queued_requests`` (beyond: 503 ``server_busy``), and each lm replica's chain refuses beyond
+``max_pending`` (503 ``server_busy``).
 
-Policies (`PolicyApp`): one deployment, `load_policy` inside each replica; POST /infer takes an openpi
-msgpack observation (``seed``/``noise`` keys as `flashrt serve-policy`) and answers msgpack
-``{"actions", "policy_timing"}``, or a JSON error (`flashrt.serve.policy_server.error_reply`) with 400
-(a refused request) or 500 (a bug).
+Policies (`PolicyApp`): one ASGI deployment (`PolicyIngress`), `load_policy` inside each replica: the
+openpi websocket protocol of `flashrt serve-policy` on any path of the application (metadata first, then
+msgpack observations, ``seed``/``noise`` keys as there, answered with msgpack ``{"actions",
+"policy_timing", "server_timing"}`` or a text error), and POST /infer (one observation, the same reply,
+or a JSON error (`flashrt.serve.policy_server.error_reply`): 400 a refused request, 500 a bug). The
+requests waiting for a replica's worker run together (`Policy.infer_batch`) where it loaded batch
+buckets.
+
+Scale: a `StageScale` with ``max_replicas`` autoscales (Serve's ``autoscaling_config``); `serve_config`
+writes Serve's own YAML (the builder's ``args`` and each deployment's options) for ``serve deploy``.
 
 Ray is optional (``pip install 'flashrt[ray]'``) and imported only when a deployment is built.
 """
