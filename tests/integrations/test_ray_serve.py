@@ -19,6 +19,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("msgpack")
 
+from ray.serve.schema import ServeDeploySchema  # noqa: E402
 from support.servers import RunningServer  # noqa: E402
 
 from flashrt.integrations.ray_serve import (  # noqa: E402
@@ -286,6 +287,12 @@ def test_openpi_client_gets_the_actions_of_serve_policy(ray_policy, local_policy
     assert np.array_equal(on_ray.infer(obs)["actions"], served.infer(obs)["actions"])
 
 
+def _validate(config):
+    """Serve's own check of a config file (pydantic 2's model_validate, 1's parse_obj)."""
+    check = getattr(ServeDeploySchema, "model_validate", None) or ServeDeploySchema.parse_obj
+    check(config)
+
+
 def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
     """`flashrt serve --ray --write-config` writes Serve's config; its args rebuild the same SpeechApp,
     its deployments carry each stage's Serve options (``lm=1-3``: an autoscaling_config, fixed counts
@@ -302,6 +309,7 @@ def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
                                       "lm=1-3,vocoder=2", "--port", "8123", "--write-config", str(path)])
     assert result.exit_code == 0, result.output
     config = yaml.safe_load(path.read_text())
+    _validate(config)  # what `serve deploy` checks it against
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
     (application,) = config["applications"]
     module, _, builder = application["import_path"].partition(":")
@@ -335,7 +343,9 @@ def test_serve_policy_ray_replicas_range_autoscales(tmp_path, demo_policy):
     result = CliRunner().invoke(cli, ["serve-policy", str(demo_policy), "--ray", "--replicas", "2-4",
                                       "--write-config", str(path)])
     assert result.exit_code == 0, result.output
-    (deployment,) = yaml.safe_load(path.read_text())["applications"][0]["deployments"]
+    config = yaml.safe_load(path.read_text())
+    _validate(config)
+    (deployment,) = config["applications"][0]["deployments"]
     assert deployment["name"] == "policy"
     assert (deployment["autoscaling_config"]["min_replicas"], deployment["autoscaling_config"]
             ["max_replicas"]) == (2, 4)
