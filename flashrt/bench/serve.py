@@ -4,21 +4,23 @@
     flashrt bench serve --trace requests.jsonl --compare-admission      # a frozen trace, replayed as is
     flashrt bench serve --voice orpheus_dir --slots 1,8                 # one at a time vs batched decode
 
-Without ``--url`` it serves the voice in this process (127.0.0.1, a free port) and measures that server;
-with ``--url`` it measures a running `flashrt serve`. Requests ask for ``pcm`` (24 kHz). Admission: "on"
-sends each request with ``ttfa_deadline_ms`` = its goodput deadline, so the server refuses at once what it
-cannot start in time (503 ``deadline_unmeetable``); ``--compare-admission`` runs both on the same arrivals,
-side by side. ``--capacity RPS`` / ``--deadline-ms MS`` fix the loads' unit and the goodput deadline instead
-of measuring them, so runs against different servers (``--url``: a Ray Serve app, `flashrt serve`) offer the
-same arrivals. Variants: ``--cancel-every N`` (every Nth client hangs up after its first audio),
-``--slow-consumer N`` (every Nth client reads no audio and holds its connection ``--slow-hold`` seconds),
-``--restart-at S`` (the in-process server is restarted S seconds into each level, requests in flight cut:
-they must fail cleanly, never time out, and those sent after it is back are served; reported per level).
-``--slots 1,8`` serves the voice once per value (an Orpheus-style voice decodes that many requests at once)
-on the same arrivals, capacity and deadline (measured on the first), side by side. Tables on stderr,
-results.json (every request's record) and serve.png under ``--out``, one JSON line last on stdout. The
-policy server has its own: `flashrt bench serve-policy` (robots served per second, batched vs one at a
-time).
+Without ``--url`` it serves the voice in this process (127.0.0.1, a free port) and measures that
+server; with ``--url`` it measures a running `flashrt serve`. Requests ask for ``pcm`` (24 kHz). Admission:
+"on" sends each request with ``ttfa_deadline_ms`` = its goodput deadline, so the server refuses at once
+what it cannot start in time (503 ``deadline_unmeetable``); ``--compare-admission`` runs both on the
+same arrivals, side by side. Variants: ``--cancel-every N`` (every Nth client hangs up after its first
+audio), ``--slow-consumer N`` (every Nth client reads no audio and holds its connection ``--slow-hold``
+seconds), ``--restart-at S`` (the in-process server is restarted S seconds into each level, requests in
+flight cut: they must fail cleanly, never time out, and those sent after it is back are served;
+reported per level). ``--slots 1,8`` serves the voice once per value (an Orpheus-style voice decodes that many
+requests at once) on the same arrivals, capacity and deadline (measured on the first), side by side.
+Tables on stderr, results.json (every request's record) and serve.png under ``--out``, one
+JSON line last on stdout. The policy server has its own: `flashrt bench serve-policy` (robots served per
+second, batched vs one at a time).
+
+``--capacity RPS`` / ``--deadline-ms MS`` fix the loads' unit and the goodput deadline instead of
+measuring them, so runs against different servers (``--url``: a Ray Serve app, `flashrt serve`) offer
+the same arrivals (`bench/ray_serve.py`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ def bench_serve(
     timeout: Annotated[float, typer.Option(help="client timeout per request, s")] = 60.0,
     level_cap: Annotated[float, typer.Option(help="wall-clock cap per load level, s")] = 180.0,
     max_pending: Annotated[int, typer.Option(help="in-process server: requests held at once")] = 16,
+    capacity: Annotated[float | None, typer.Option(
+        help="requests/s the loads are multiples of, instead of the measured single-stream capacity "
+             "(the same arrivals against several servers, e.g. a Ray Serve app and flashrt serve)")] = None,
+    deadline_ms: Annotated[float | None, typer.Option(
+        help="the goodput deadline for the first audio, ms, instead of --ttfa-factor x the measured "
+             "single-stream TTFA")] = None,
     seed: Annotated[int, typer.Option(help="seed of the arrival schedules")] = 0,
     out: Annotated[Path | None, typer.Option(help="output folder [bench/results/serve-...]")] = None,
     plot: Annotated[bool, typer.Option(help="write serve.png")] = True,
@@ -65,12 +73,6 @@ def bench_serve(
     slots: Annotated[str | None, typer.Option(help="in-process server: requests a voice decodes at once, "
                                               "one value or a list compared side by side (e.g. 1,8); "
                                               "models with slots only (Orpheus-style)")] = None,
-    capacity: Annotated[float | None, typer.Option(
-        help="requests/s the loads are multiples of, instead of the measured single-stream capacity "
-             "(the same arrivals against several servers, e.g. a Ray Serve app and flashrt serve)")] = None,
-    deadline_ms: Annotated[float | None, typer.Option(
-        help="the goodput deadline for the first audio, ms, instead of --ttfa-factor x the measured "
-             "single-stream TTFA")] = None,
 ) -> None:
     """Open-loop load against the speech server (`flashrt serve`; the policy server: `bench serve-policy`):
     goodput, TTFA and refusals against offered load."""
