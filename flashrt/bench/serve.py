@@ -18,6 +18,10 @@ deadline (measured on the first), side by side.
 Tables on stderr, results.json (every request's record) and serve.png under ``--out``, one
 JSON line last on stdout. The policy server has its own: `flashrt bench serve-policy` (robots served per
 second, batched vs one at a time).
+
+``--capacity RPS`` / ``--deadline-ms MS`` fix the loads' unit and the goodput deadline instead of
+measuring them, so runs against different servers (``--url``: a Ray Serve app, `flashrt serve`) offer
+the same arrivals (`bench/ray_serve.py`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ def bench_serve(
     timeout: Annotated[float, typer.Option(help="client timeout per request, s")] = 60.0,
     level_cap: Annotated[float, typer.Option(help="wall-clock cap per load level, s")] = 180.0,
     max_pending: Annotated[int, typer.Option(help="in-process server: requests held at once")] = 16,
+    capacity: Annotated[float | None, typer.Option(
+        help="requests/s the loads are multiples of, instead of the measured single-stream capacity "
+             "(the same arrivals against several servers, e.g. a Ray Serve app and flashrt serve)")] = None,
+    deadline_ms: Annotated[float | None, typer.Option(
+        help="the goodput deadline for the first audio, ms, instead of --ttfa-factor x the measured "
+             "single-stream TTFA")] = None,
     seed: Annotated[int, typer.Option(help="seed of the arrival schedules")] = 0,
     out: Annotated[Path | None, typer.Option(help="output folder [bench/results/serve-...]")] = None,
     plot: Annotated[bool, typer.Option(help="write serve.png")] = True,
@@ -80,6 +90,8 @@ def bench_serve(
             raise ConfigError("--threads must be 0 (torch's default) or more")
         if restart_at is not None and (url is not None or not restart_at > 0):
             raise ConfigError("--restart-at restarts the in-process server (not --url) and must be positive")
+        if any(v is not None and not v > 0 for v in (capacity, deadline_ms)):
+            raise ConfigError("--capacity and --deadline-ms must be positive")
         if min(requests, warm) < 1 or min(cancel_every, slow_consumer) < 0 \
                 or not min(ttfa_factor, timeout, level_cap) > 0 or not slow_hold >= 0:
             raise ConfigError("--requests and --warm must be >= 1, --cancel-every and --slow-consumer >= 0, "
@@ -91,11 +103,12 @@ def bench_serve(
         from flashrt.bench.harness import torch_threads
 
         record = None
+        fixed = {k: v for k, v in (("capacity_rps", capacity), ("deadline_ms", deadline_ms)) if v is not None}
         with torch_threads(threads):
             for n in slot_list:  # the same capacity, deadline and arrivals for every server compared
                 with _target(voice, url, max_pending, n) as target:
                     base, served_name = target.url, target.name
-                    run = asyncio.run(_measure(base, served_name, plan, record, target))
+                    run = asyncio.run(_measure(base, served_name, plan, record or fixed or None, target))
                 record = _merge(record, run, n, len(slot_list) > 1)
         record["threads"] = threads
     except (FlashRTError, ImportError) as exc:
@@ -241,7 +254,8 @@ class _target:
 async def _measure(url: str, voice: str, plan: _Plan, baseline: dict[str, Any] | None = None,
                    target: _target | None = None) -> dict[str, Any]:
     """Single-stream capacity, then every load level per mode. With a ``baseline`` record (an earlier
-    server of a side-by-side run) its capacity and deadline are used, so the arrivals are the same."""
+    server of a side-by-side run, or the --capacity / --deadline-ms given) its capacity and deadline
+    are used where it has them, so the arrivals are the same."""
     from flashrt.bench.serve_load import TEXTS, run_level, single_stream, summarize
     from flashrt.serve.app import PCM_RATE
 
@@ -257,7 +271,7 @@ async def _measure(url: str, voice: str, plan: _Plan, baseline: dict[str, Any] |
     ttfa = sorted(o.ttfa_ms for o in served)[len(served) // 2]
     capacity, deadline = 1.0 / mean_total_s, plan.factor * ttfa
     if baseline is not None:
-        capacity, deadline = baseline["capacity_rps"], baseline["deadline_ms"]
+        capacity, deadline = baseline.get("capacity_rps", capacity), baseline.get("deadline_ms", deadline)
     record: dict[str, Any] = {
         "voice": voice, "url": url, "capacity_rps": capacity, "deadline_ms": deadline,
         "single_stream": {"cold": _outcome(cold), "warm_ttfa_ms": ttfa, "warm_total_ms": mean_total_s * 1e3,

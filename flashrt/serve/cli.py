@@ -61,7 +61,8 @@ def serve(
         "deployments (flashrt.integrations.ray_serve; one Orpheus-style voice)")] = False,
     address: Annotated[str | None, typer.Option(
         help="with --ray: the Ray cluster to join (default: start a local one on 127.0.0.1)")] = None,
-    replicas: Annotated[str, typer.Option(help="with --ray: replicas per stage, e.g. lm=2,vocoder=1")] = "",
+    replicas: Annotated[str, typer.Option(
+        help="with --ray: replicas per stage, e.g. lm=2,vocoder=1; MIN-MAX autoscales (lm=1-3)")] = "",
     write_config: Annotated[Path | None, typer.Option(
         help="with --ray: write Serve's YAML config (for 'serve deploy') to this path and exit")] = None,
 ) -> None:
@@ -71,6 +72,11 @@ def serve(
         from flashrt.serve.app import ServerLimits
 
         check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)
+        if api_key is not None:
+            from flashrt.errors import ConfigError
+
+            raise ConfigError("--api-key is not applied by the Ray Serve ingress: put an authenticating "
+                              "gateway or firewall in front of Serve's port instead")
         limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout,
                               ttfa_deadline_ms=ttfa_deadline_ms)
         options = {"device": device, **({"slots": slots} if slots is not None else {}),

@@ -3,7 +3,12 @@
 Several robots: requests arriving within ``--batch-window-ms`` (default 2) run as one replay of up to
 ``--max-batch`` observations (default 4: batch buckets 1, 2, 4 captured at load) where the family
 batches (Pi0 / Pi0.5); a family that cannot (GROOT, Pi0-FAST) is served one request at a time, and the
-command says so. ``--max-batch 1`` serves every family one request at a time."""
+command says so. ``--max-batch 1`` serves every family one request at a time.
+
+``--ray [--address ADDR] [--replicas N|MIN-MAX]`` deploys the policy on Ray Serve instead (the same
+protocol at the application's root, `flashrt.integrations.ray_serve.PolicyIngress`, each replica
+batching up to ``--max-batch`` as here); ``--write-config PATH`` writes Serve's YAML config for ``serve
+deploy`` and exits."""
 
 from __future__ import annotations
 
@@ -36,6 +41,16 @@ def serve_policy(
              "at load; 1: one request at a time)")] = 4,
     batch_window_ms: Annotated[float, typer.Option(
         help="how long a request waits for others to share its replay, ms")] = 2.0,
+    ray: Annotated[bool, typer.Option(
+        "--ray", help="deploy on Ray Serve instead (flashrt.integrations.ray_serve): the openpi websocket "
+        "at the root and POST /infer; a replica batches the requests waiting for it, up to --max-batch")
+    ] = False,
+    address: Annotated[str | None, typer.Option(
+        help="with --ray: the Ray cluster to join (default: start a local one on 127.0.0.1)")] = None,
+    replicas: Annotated[str, typer.Option(
+        help="with --ray: replicas of the policy deployment, N or MIN-MAX (autoscaling)")] = "1",
+    write_config: Annotated[Path | None, typer.Option(
+        help="with --ray: write Serve's YAML config (for 'serve deploy') to this path and exit")] = None,
 ) -> None:
     """Serve one policy to openpi-client over websockets (msgpack + numpy, metadata on connect)."""
     from flashrt.errors import ConfigError
@@ -44,14 +59,27 @@ def serve_policy(
 
     if not 0 <= port < 65536:
         raise ConfigError(f"--port {port} must lie in 0..65535")
+    if not 1 <= max_batch <= 64:
+        raise ConfigError(f"--max-batch {max_batch} must lie in 1..64")
+    if ray or write_config is not None:
+        from flashrt.integrations.ray_serve import policy_command
+        from flashrt.io.hub import resolve_checkpoint
+
+        folder = resolve_checkpoint(path)
+        family = detect_family(folder)
+        batched = "batches" in family.options and max_batch > 1
+        options = {"device": device, "precision": precision, "family": family.name,
+                   **({"batches": list(batch_ladder(max_batch))} if batched else {}),
+                   **cli_options(tokenizer, embodiment)}
+        policy_command(str(folder), options, host=host, port=port, address=address, replicas=replicas,
+                       write_config=write_config)
+        return
     if max_message_mb is not None and not 0 < max_message_mb <= 4096:
         raise ConfigError(f"--max-message-mb {max_message_mb} must lie in (0, 4096]")
     if max_connections < 1:
         raise ConfigError(f"--max-connections {max_connections} must be at least 1")
     if max_held_mb is not None and not 0 < max_held_mb <= 2**20:
         raise ConfigError(f"--max-held-mb {max_held_mb} must lie in (0, 1048576]")
-    if not 1 <= max_batch <= 64:
-        raise ConfigError(f"--max-batch {max_batch} must lie in 1..64")
     if not 0 <= batch_window_ms <= 1000:
         raise ConfigError(f"--batch-window-ms {batch_window_ms} must lie in [0, 1000]")
     from flashrt.io.hub import resolve_checkpoint

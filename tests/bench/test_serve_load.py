@@ -298,3 +298,23 @@ def test_restart_at_needs_the_in_process_server(capsys):
     assert main(["bench", "serve", "--restart-at", "1", "--url", "http://127.0.0.1:9"]) == 2
     out, err = capsys.readouterr()
     assert "--restart-at" in err and json.loads(out.strip().splitlines()[-1])["status"] == "error"
+
+
+def test_a_given_capacity_and_deadline_set_the_offered_load(toy, tmp_path, capsys):
+    """--capacity / --deadline-ms replace the measured ones: the same arrivals against any server."""
+    code, line, err = _run(["--loads", "1,2", "--requests", "3", "--capacity", "5", "--deadline-ms", "900",
+                            "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    record = json.loads((tmp_path / "results.json").read_text())
+    assert (record["capacity_rps"], record["deadline_ms"]) == (5.0, 900.0)
+    assert [lv["rate_per_s"] for lv in record["modes"]["off"]] == [5.0, 10.0]
+    _check_accounting(record["modes"]["off"], 3)
+    assert main_rejects(["--capacity", "0"], capsys)
+
+
+def main_rejects(args, capsys):
+    from flashrt.cli import main
+
+    code = main(["bench", "serve", *args])
+    out, err = capsys.readouterr()
+    return code == 2 and "--capacity" in err and json.loads(out.strip().splitlines()[-1])["status"] == "error"

@@ -19,13 +19,13 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
 pytest.importorskip("msgpack")
 
+from ray.serve.schema import ServeDeploySchema  # noqa: E402
 from support.servers import RunningServer  # noqa: E402
 
 from flashrt.integrations.ray_serve import (  # noqa: E402
     PolicyApp,
     SpeechApp,
     StageScale,
-    deploy_policy,
     deploy_speech,
 )
 from flashrt.runner.tts import load_tts  # noqa: E402
@@ -39,6 +39,9 @@ OPTIONS = {"max_new_tokens": 300, "cache_len": 512, "slots": 1, "constrain_frame
 SERVE_PORT = 18431
 WAIT = 30.0
 SMALL = StageScale(num_cpus=0.25, max_ongoing_requests=4, max_queued_requests=4, threads=1)
+# the ingress admits 4 at once; Serve's proxy queues up to 16 for it while it routes a burst (a request
+# counts as queued there until a replica takes it, which the ingress's own refusals make quick)
+INGRESS = StageScale(num_cpus=0.25, max_ongoing_requests=4, max_queued_requests=16, threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def cluster(tmp_path_factory):
 def speech(cluster):
     from ray import serve
 
-    deploy_speech(SpeechApp(str(FIXTURE), options=OPTIONS, lm=SMALL, vocoder=SMALL, ingress=SMALL))
+    deploy_speech(SpeechApp(str(FIXTURE), options=OPTIONS, lm=SMALL, vocoder=SMALL, ingress=INGRESS))
     yield cluster
     serve.delete("flashrt-speech")
 
@@ -190,29 +193,110 @@ def demo_policy(tmp_path_factory):
     return folder
 
 
-def test_policy_matches_policy_infer(cluster, demo_policy, one_thread):  # replicas: threads=1
-    from ray import serve
+@pytest.fixture(scope="module")
+def ray_policy(cluster, demo_policy, tmp_path_factory):
+    """The policy deployed from the Serve config `flashrt serve-policy --ray --write-config` writes (its
+    import_path's builder), at /policy; its config."""
+    import importlib
+    from dataclasses import asdict
 
+    import yaml
+    from ray import serve
+    from typer.testing import CliRunner
+
+    from flashrt.cli import app as cli
+
+    path = tmp_path_factory.mktemp("config") / "policy.yaml"
+    result = CliRunner().invoke(cli, ["serve-policy", str(demo_policy), "--ray", "--replicas", "1",
+                                      "--port", "8124", "--write-config", str(path)])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(path.read_text())
+    (application,) = config["applications"]
+    module, _, builder = application["import_path"].partition(":")
+    args = {**application["args"], "scale": asdict(SMALL)}  # a quarter CPU, one thread
+    serve.run(getattr(importlib.import_module(module), builder)(args), name="flashrt-policy",
+              route_prefix="/policy")
+    yield cluster + "/policy", config
+    serve.delete("flashrt-policy")
+
+
+@pytest.fixture(scope="module")
+def local_policy(demo_policy, one_thread):
+    from flashrt.runner.policy import load_policy
+    from flashrt.serve.policy_server import PolicyServer
+
+    with PolicyServer(load_policy(demo_policy, batches=(1, 2, 4)), port=0) as server:  # as serve-policy
+        yield server
+
+
+def test_policy_matches_policy_infer(ray_policy, demo_policy, one_thread):  # replicas: threads=1
     from flashrt.demo import ToyRobot
     from flashrt.runner.policy import load_policy
     from flashrt.serve.wire import packb, unpackb
 
-    deploy_policy(PolicyApp(str(demo_policy), scale=SMALL), route_prefix="/policy")
-    try:
-        obs = ToyRobot().observe()
-        reply = httpx.post(cluster + "/policy/infer", content=packb({**obs, "seed": 5}), timeout=WAIT)
-        assert reply.status_code == 200, reply.text
-        want = load_policy(demo_policy).infer(obs, seed=5)["actions"]
-        assert np.array_equal(unpackb(reply.content, 1 << 24)["actions"], want)
-        bad = httpx.post(cluster + "/policy/infer", content=b"\xc1 not msgpack", timeout=WAIT)
-        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_message"
-    finally:
-        serve.delete("flashrt-policy")
+    url, _ = ray_policy
+    obs = ToyRobot().observe()
+    reply = httpx.post(url + "/infer", content=packb({**obs, "seed": 5}), timeout=WAIT)
+    assert reply.status_code == 200, reply.text
+    want = load_policy(demo_policy).infer(obs, seed=5)["actions"]
+    assert np.array_equal(unpackb(reply.content, 1 << 24)["actions"], want)
+    bad = httpx.post(url + "/infer", content=b"\xc1 not msgpack", timeout=WAIT)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_message"
+
+
+def test_serve_policy_ray_writes_the_policys_config(ray_policy, demo_policy):
+
+    _, config = ray_policy
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8124}
+    (application,) = config["applications"]
+    assert application["import_path"] == "flashrt.integrations.ray_serve:policy_builder"
+    app = PolicyApp.from_args(application["args"])
+    assert app.folder == str(Path(demo_policy).resolve()) and app.scale.replicas == 1
+    assert app.options == {"device": "cpu", "precision": "float32", "family": "pi0", "batches": [1, 2, 4]}
+    assert PolicyApp.from_args(app.args()) == app
+
+
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
+def test_openpi_client_gets_the_actions_of_serve_policy(ray_policy, local_policy):
+    """openpi-client's WebsocketClientPolicy against the Ray app (its websocket at the app's root) and
+    against `flashrt serve-policy`'s server: the same metadata first, the same actions per seed, a
+    refused message answered as text (the client raises it) on a connection that then serves on."""
+    openpi = pytest.importorskip("openpi_client.websocket_client_policy",
+                                 reason="openpi-client (the test extra) is not installed")
+    from websockets.sync.client import connect
+
+    from flashrt.demo import ToyRobot
+    from flashrt.serve.wire import unpackb
+
+    url, _ = ray_policy
+    on_ray = openpi.WebsocketClientPolicy(host=url.replace("http://", "ws://"))
+    served = openpi.WebsocketClientPolicy(host=f"ws://127.0.0.1:{local_policy.port}")
+    assert on_ray.get_server_metadata() == served.get_server_metadata()
+    robot = ToyRobot()
+    for seed in (1, 2, 3):
+        obs = {**robot.observe(), "seed": seed}
+        got, want = on_ray.infer(obs), served.infer(obs)
+        assert np.array_equal(got["actions"], want["actions"])
+        assert set(got) == set(want) and got["server_timing"]["batch"] == 1
+    with connect(url.replace("http://", "ws://"), open_timeout=WAIT) as ws:
+        unpackb(ws.recv(timeout=WAIT), 1 << 20)  # the metadata
+        ws.send(b"\xc1 not msgpack")
+        error = __import__("json").loads(ws.recv(timeout=WAIT))["error"]
+        assert error["code"] == "invalid_message"
+    obs = {**robot.observe(), "seed": 4}
+    assert np.array_equal(on_ray.infer(obs)["actions"], served.infer(obs)["actions"])
+
+
+def _validate(config):
+    """Serve's own check of a config file (pydantic 2's model_validate, 1's parse_obj)."""
+    check = getattr(ServeDeploySchema, "model_validate", None) or ServeDeploySchema.parse_obj
+    check(config)
 
 
 def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
     """`flashrt serve --ray --write-config` writes Serve's config; its args rebuild the same SpeechApp,
-    and its import_path's builder makes the application (lm, vocoder and ingress deployments)."""
+    its deployments carry each stage's Serve options (``lm=1-3``: an autoscaling_config, fixed counts
+    otherwise), and its import_path's builder makes the application with those options."""
     import importlib
 
     import yaml
@@ -222,40 +306,73 @@ def test_write_config_is_serve_config_that_rebuilds_the_app(tmp_path):
 
     path = tmp_path / "serve.yaml"
     result = CliRunner().invoke(cli, ["serve", "--ray", "--voice", f"talk={FIXTURE}", "--replicas",
-                                      "lm=2,vocoder=1", "--port", "8123", "--write-config", str(path)])
+                                      "lm=1-3,vocoder=2", "--port", "8123", "--write-config", str(path)])
     assert result.exit_code == 0, result.output
     config = yaml.safe_load(path.read_text())
+    _validate(config)  # what `serve deploy` checks it against
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
     (application,) = config["applications"]
     module, _, builder = application["import_path"].partition(":")
     speech = SpeechApp.from_args(application["args"])
-    assert (speech.name, speech.lm.replicas, speech.vocoder.replicas) == ("talk", 2, 1)
+    assert (speech.name, speech.lm.replicas, speech.lm.max_replicas, speech.vocoder.replicas) == \
+        ("talk", 1, 3, 2)
     assert speech.options == {"device": "cpu"} and speech.limits == ServerLimits()
     assert SpeechApp.from_args(speech.args()) == speech
+    deployments = {d["name"]: d for d in application["deployments"]}
+    assert set(deployments) == {"talk-lm", "talk-vocoder", "speech"}
+    assert deployments["talk-lm"]["autoscaling_config"] == {
+        "min_replicas": 1, "initial_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2.0}
+    assert "num_replicas" not in deployments["talk-lm"]  # Serve refuses both
+    assert deployments["talk-vocoder"]["num_replicas"] == 2 and "autoscaling_config" not in \
+        deployments["talk-vocoder"]
     built = getattr(importlib.import_module(module), builder)(application["args"])
     assert type(built).__name__ == "Application"
+    # the deployed lm (bound in the ingress's arguments) autoscales as written (Ray's own attributes)
+    lm = built._bound_deployment.init_args[0]["talk"]._bound_deployment
+    scaling = lm._deployment_config.autoscaling_config
+    assert (lm.name, scaling.min_replicas, scaling.max_replicas) == ("talk-lm", 1, 3)
 
 
-@pytest.mark.parametrize("spec", ["lm=0", "lm", "lm=2,lm=1", "gpu=1", "lm=x"])
+def test_serve_policy_ray_replicas_range_autoscales(tmp_path, demo_policy):
+    import yaml
+    from typer.testing import CliRunner
+
+    from flashrt.cli import app as cli
+
+    path = tmp_path / "policy.yaml"
+    result = CliRunner().invoke(cli, ["serve-policy", str(demo_policy), "--ray", "--replicas", "2-4",
+                                      "--write-config", str(path)])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(path.read_text())
+    _validate(config)
+    (deployment,) = config["applications"][0]["deployments"]
+    assert deployment["name"] == "policy"
+    assert (deployment["autoscaling_config"]["min_replicas"], deployment["autoscaling_config"]
+            ["max_replicas"]) == (2, 4)
+
+
+@pytest.mark.parametrize("spec", ["lm=0", "lm", "lm=2,lm=1", "gpu=1", "lm=x", "lm=3-2", "lm=0-2", "lm=1-"])
 def test_replicas_spec_is_checked(spec):
     from flashrt.errors import ConfigError
     from flashrt.integrations.ray_serve import parse_replicas
 
     with pytest.raises(ConfigError, match="--replicas"):
         parse_replicas(spec)
-    assert parse_replicas("lm=2, vocoder=1") == {"lm": 2, "vocoder": 1}
+    assert parse_replicas("lm=2, vocoder=1-3") == {"lm": {"replicas": 2, "max_replicas": None},
+                                                   "vocoder": {"replicas": 1, "max_replicas": 3}}
 
 
 def test_a_burst_beyond_the_bounds_is_refused_at_once(speech, local):
-    """12 clients at once against an ingress that holds 4 and queues 4: every client is served (its
-    whole audio) or refused with a 503 at once; none waits without bound."""
+    """12 streaming clients at once against an ingress that admits 4 (a stream until its end): every
+    client is served (its whole audio) or refused at once with `flashrt serve`'s 503 (OpenAI's error
+    shape, Retry-After), never Serve's own text 503; none waits without bound (each read has WAIT)."""
     want = _speech(local, "Yes.", seed=1).content
     got = {}
 
     def post(key):
         try:
             reply = _speech(speech, "Yes.", seed=1)
-            got[key] = (reply.status_code, reply.content)
+            got[key] = (reply.status_code, reply)
         except httpx.HTTPError as exc:
             got[key] = (None, repr(exc))
 
@@ -267,7 +384,13 @@ def test_a_burst_beyond_the_bounds_is_refused_at_once(speech, local):
     statuses = sorted(status for status, _ in got.values())
     assert len(got) == 12 and set(statuses) <= {200, 503}, got
     assert statuses.count(503) >= 1 and statuses.count(200) >= 4, statuses
-    assert all(body == want for status, body in got.values() if status == 200)
+    for status, reply in got.values():
+        if status == 200:
+            assert reply.content == want
+            continue
+        assert reply.headers.get("retry-after") == "1", (reply.headers, reply.text)
+        error = reply.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "server_busy") and error["message"]
 
 
 def test_deployments_that_cannot_fit_are_refused_at_once():
@@ -282,3 +405,15 @@ def test_deployments_that_cannot_fit_are_refused_at_once():
     check_fits([app.lm, app.vocoder, app.ingress], {"CPU": 3.0})
     with pytest.raises(ConfigError, match="GPU"):
         check_fits([StageScale(num_gpus=0.5)], {"CPU": 8.0})
+    with pytest.raises(ConfigError, match=r"need 3 CPUs \(3 x 1\)"):  # autoscaling: its most replicas
+        check_fits([StageScale(replicas=1, max_replicas=3)], {"CPU": 2.0})
+
+
+def test_an_api_key_is_refused_with_ray_never_silently_dropped(tmp_path):
+    """The Ray ingress does not check keys: `--api-key` with `--ray` is an error, not an open server."""
+    from flashrt.cli import main
+
+    path = tmp_path / "serve.yaml"
+    code = main(["serve", "--ray", "--voice", f"talk={FIXTURE}", "--api-key", "k",
+                 "--write-config", str(path)])
+    assert code == 2 and not path.exists()

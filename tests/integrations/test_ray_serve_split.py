@@ -113,3 +113,43 @@ def test_the_vocoder_stage_refuses_a_code_stream_without_its_last_chunk(models):
     assert np.array_equal(np.concatenate(got), np.concatenate(list(whole.stream("Hello there.", "tara", 5))))
     with pytest.raises(RuntimeError, match="before the utterance's last chunk"):
         asyncio.run(asyncio.wait_for(audio(_Handle(items[:-1])), 30))
+
+
+class _Paced(_Items):
+    """Items handed out one per event-loop turn, so two requests' chunks arrive interleaved."""
+
+    async def __anext__(self):
+        import asyncio
+
+        await asyncio.sleep(0)
+        return await super().__anext__()
+
+
+def test_the_windows_of_several_requests_are_decoded_together(models):
+    """Two requests streamed by one vocoder replica at once: their steps share decodes (the windows
+    due in both stacked, as the single-process snac stage does) and each request's audio is the whole
+    model's for it alone, bit for bit."""
+    import asyncio
+
+    whole, lm, _ = models
+    texts = {"Hello there.": 5, "Numbers: one, two, three.": 9}
+    items = {text: [(i.codes, i.last) for i in lm.chain.submit(lm.request(text, "tara", seed=seed))]
+             for text, seed in texts.items()}
+
+    class Handle(_Handle):
+        def remote(self, text, *args):
+            return _Paced(items[text])
+
+    stage = VocoderStage(str(FIXTURE), OPTIONS, 1, lm=Handle(None))
+
+    async def audio(text):
+        return [chunk async for chunk in stage.audio(text, "tara", texts[text], 1.0)]
+
+    async def both():
+        return await asyncio.gather(*(audio(text) for text in texts))
+
+    got = asyncio.run(asyncio.wait_for(both(), 60))
+    for text, chunks in zip(texts, got):
+        want = np.concatenate(list(whole.stream(text, voice="tara", seed=texts[text])))
+        assert np.array_equal(np.concatenate(chunks), want), text
+    assert stage.stack and max(stage.rounds) == 2, stage.rounds  # steps of both requests in one decode
