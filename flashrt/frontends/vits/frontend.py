@@ -35,12 +35,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from flashrt import ops
 from flashrt.errors import ConfigError, InputError
 from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.model import VitsPrior, frame_index
 from flashrt.frontends.vits.modules import relative_index
 from flashrt.frontends.vocoders.hifigan import HifiGan, receptive_field
 from flashrt.nn.audio import ValidLength
+from flashrt.nn.conv_policy import conv_forms
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 
@@ -433,6 +435,8 @@ class VitsFrontend:
             "hop_length": self.cfg.hop_length,
             "sample_rate": self.cfg.sample_rate,
             "buffer_bytes": self.buffers.nbytes(),
+            "ops": {**ops.choices(self.prior), **ops.choices(self.decoder),
+                    "conv1d": conv_forms(self.decoder)},
         }
 
     def report(self) -> dict[str, Any]:

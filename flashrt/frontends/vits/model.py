@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from flashrt import ops
 from flashrt.errors import CheckpointError
 from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.modules import (
@@ -140,4 +141,6 @@ def load_weights(
         lambda: HifiGan(cfg.decoder), dec_ckpt, decoder_weight_map(cfg, dec_ckpt), device=device, dtype=dtype
     )
     apply_conv_policy(decoder, CONV_POLICIES[conv])
+    for module in (prior, decoder):
+        ops.select(module, device, dtype)  # the one `flashrt.ops` pass (neither holds an op slot yet)
     return prior, decoder
