@@ -21,11 +21,10 @@ FLOORS = {
     "errors": 0, "paths": 0,
     "io": 1,
     "resources": 2, "profile": 2,
-    "ops": 3,
+    "ops": 3, "chain": 3,  # the chain knows no model: a frontend may build its serving chain on it
     "runtime": 4,
     "nn": 5, "quant": 5,
     "frontends": 6,
-    "chain": 7,
     "runner": 8,
     "testing": 9,
 }
