@@ -42,7 +42,6 @@ from flashrt.frontends.vits.model import VitsPrior, frame_index
 from flashrt.frontends.vits.modules import relative_index
 from flashrt.frontends.vocoders.hifigan import HifiGan, receptive_field
 from flashrt.nn.audio import ValidLength
-from flashrt.nn.conv_policy import conv_forms
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 
@@ -423,6 +422,8 @@ class VitsFrontend:
     # ----------------------------------------------------------------------------------- helpers
 
     def describe(self) -> dict[str, Any]:
+        from flashrt.nn.conv_policy import conv_forms
+
         return {
             "family": "vits",
             "device": str(self.device),

@@ -288,9 +288,9 @@ def prepare_module(fam: VocoderFamily, module: torch.nn.Module, device: str | to
                    dtype: torch.dtype, conv: str | None = None) -> torch.nn.Module:
     """The load-time choices every vocoder module gets, however its weights came (a checkpoint, or
     `flashrt.frontends.vocoders.synthetic.random_module`): the conv policy (``conv``, else the family's
-    default) and the one `flashrt.ops.select` pass: for CPU float32, the measured snake sine and the
-    native anti-aliased activation kernel (where the machine builds it: `flashrt.nn.alias_free`).
-    Returns ``module``."""
+    default) and, for CPU float32, the measured snake sine and the native anti-aliased activation
+    kernel where the machine builds it, both picked by the one `flashrt.ops.select` pass (the ops
+    `flashrt.nn.alias_free.SNAKE_SINE`, `AA_SNAKE`). Returns ``module``."""
     apply_conv_policy(module, CONV_POLICIES[conv or fam.conv])
     ops.select(module, device, dtype)
     return module
