@@ -12,9 +12,11 @@ memory taken as one flat array (a value's sine depends on the value only, not on
 one-shot stays exact), where that is possible: a plain eager call on a dense CPU float32 tensor without
 autograd; under a recording mode (the trace backend, FLOP counters, export) or anywhere else it is ATen's
 ``sin_``, so a recorded graph always holds the op. The two sines differ in the last bit of ~13 % of the
-values. `pick_sine` measures both once per process; `use_sine` sets a module's snakes.
+values. The sine is an op (`SNAKE_SINE`, slot ``Snake.sine``): its "numpy" form is chosen by
+`flashrt.ops.select` for CPU float32 where `pick_sine` (which measures both once per process) says so.
 
-Native kernel (`ACTIVATION_KERNELS`): ``Activation1d.kernel = "native"`` runs the whole anti-aliased
+Native kernel: the "native" form of the op `AA_SNAKE` (slot ``Activation1d.aa_snake``) runs the whole
+anti-aliased
 snake (2x upsample, snake, low-pass 2x down) as one pass of the C kernel csrc/anti_alias_cpu.c
 (`flashrt.ops.csrc_cpu`, built with the machine's C compiler on first use): the upsampled signal
 stays in the cache in tiles, and its sine is a vector polynomial (about 1 ulp) instead of a library
@@ -44,12 +46,12 @@ from torch import nn
 from flashrt.nn.conv1d import ROWS
 from flashrt.nn.reach import Reach
 from flashrt.nn.valid import EXACT
+from flashrt.ops import Form, Op, OpSlot, register
 
 __all__ = ["Snake", "SnakeBeta", "kaiser_sinc_filter1d", "UpSample1d", "DownSample1d", "Activation1d",
-           "SINES", "sin_", "pick_sine", "use_sine", "ACTIVATION_KERNELS", "use_activation_kernel"]
+           "SINES", "sin_", "pick_sine", "SNAKE_SINE", "AA_SNAKE"]
 
 SINES = ("aten", "numpy")
-ACTIVATION_KERNELS = ("torch", "native")
 
 
 # ----------------------------------------------------------------------------------------- sine
@@ -88,14 +90,18 @@ def pick_sine(probe: int = 1 << 18, tries: int = 5) -> str:
     return "numpy" if best["numpy"] < 0.8 * best["aten"] else "aten"
 
 
-def use_sine(module: nn.Module, sine: str) -> int:
-    """Set the sine of every `Snake` in ``module`` (one of `SINES`); returns how many."""
-    if sine not in SINES:
-        raise ValueError(f"sine must be one of {SINES}, got {sine!r}")
-    snakes = [m for m in module.modules() if isinstance(m, Snake)]
-    for m in snakes:
-        m.sine = sine
-    return len(snakes)
+def _aten_sin_(t: torch.Tensor) -> torch.Tensor:
+    return t.sin_()
+
+
+def _numpy_sin_(t: torch.Tensor) -> torch.Tensor:
+    return sin_(t, "numpy")
+
+
+# t = sin(t) in place: ATen's, or NumPy's where it measured faster on this CPU (float32)
+SNAKE_SINE = register(Op("snake_sine", _aten_sin_, forms={
+    "numpy": Form(_numpy_sin_, device="cpu", dtypes=(torch.float32,),
+                  available=lambda: pick_sine() == "numpy")}))
 
 
 # ----------------------------------------------------------------------------------------- snake
@@ -107,10 +113,10 @@ class Snake(nn.Module):
     """
 
     eps = 1e-9
-    sine = "aten"   # or "numpy" (`use_sine`): see the module docstring
 
     def __init__(self, channels: int, logscale: bool = True) -> None:
         super().__init__()
+        self.sine = OpSlot(SNAKE_SINE)   # "aten" or "numpy": see the module docstring
         self.logscale = logscale
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.register_buffer("freq", torch.empty(channels, 1), persistent=False)   # (C, 1)
@@ -127,7 +133,7 @@ class Snake(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * (x.dim() - 2)              # (C, 1) or (C, 1, 1) for rows
         t = x * self.freq.view(shape)
-        sin_(t, self.sine).square_()
+        self.sine.run(t).square_()
         if t.requires_grad:  # autograd cannot record out=; inference never gets here
             return torch.addcmul(x, t, self.inv.view(shape))
         return torch.addcmul(x, t, self.inv.view(shape), out=t)   # one pass, into the fresh t
@@ -346,13 +352,12 @@ class Activation1d(nn.Module):
     """Anti-aliased activation: upsample x2, pointwise activation, low-pass and downsample x2.
 
     (B, C, T) -> (B, C, T). ``act`` is a Snake/SnakeBeta (its parameters are ``act.alpha``/``act.beta``).
-    ``kernel``: "torch" (the three modules) or "native" (`use_activation_kernel`; module docstring).
+    ``aa_snake``: the slot of `AA_SNAKE`, "torch" (the three modules) or "native" (module docstring).
     """
-
-    kernel = "torch"
 
     def __init__(self, channels: int, act: nn.Module, ratio: int = 2, kernel_size: int = 12) -> None:
         super().__init__()
+        self.aa_snake = OpSlot(AA_SNAKE)
         self.act = act
         self.upsample = UpSample1d(channels, ratio, kernel_size)
         self.downsample = DownSample1d(channels, ratio, kernel_size)
@@ -364,9 +369,7 @@ class Activation1d(nn.Module):
         _cast_filters(self.downsample, dtype)
 
     def forward(self, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
-        if self.kernel == "native" and self._native_applies(x, valid):
-            return self._native(x)
-        return self.downsample(self.act(self.upsample(x, valid)), valid)
+        return self.aa_snake.run(self, x, valid)
 
     def reach(self, rate: int = 1) -> Reach:
         return self.upsample.reach(rate) + self.downsample.reach(rate * self.upsample.ratio)
@@ -403,15 +406,19 @@ def _native_kernel():
     return None if lib is None else lib.handle.flashrt_aa_snake
 
 
-def use_activation_kernel(module: nn.Module, kernel: str) -> int:
-    """Set the kernel of every `Activation1d` in ``module`` (one of `ACTIVATION_KERNELS`); "native" only
-    where the CPU library loads (`flashrt.ops.csrc_cpu.load`, which builds it on first use). Returns
-    how many run ``kernel`` (0 for "native" without the library)."""
-    if kernel not in ACTIVATION_KERNELS:
-        raise ValueError(f"activation kernel must be one of {ACTIVATION_KERNELS}, got {kernel!r}")
-    acts = [m for m in module.modules() if isinstance(m, Activation1d)]
-    if kernel == "native" and acts and _native_kernel() is None:
-        return 0
-    for m in acts:
-        m.kernel = kernel
-    return len(acts)
+def _torch_form(act: Activation1d, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
+    return act.downsample(act.act(act.upsample(x, valid)), valid)
+
+
+def _native_form(act: Activation1d, x: torch.Tensor, valid=EXACT) -> torch.Tensor:
+    """The C kernel where it takes the call (`Activation1d._native_applies`), the torch form elsewhere."""
+    if act._native_applies(x, valid):
+        return act._native(x)
+    return _torch_form(act, x, valid)
+
+
+# the anti-aliased snake (act, x, valid) -> y: the three modules, or one pass of the C kernel where the CPU
+# library loads (`flashrt.ops.csrc_cpu.load`, which builds it on first use)
+AA_SNAKE = register(Op("aa_snake", _torch_form, reference_name="torch", forms={
+    "native": Form(_native_form, device="cpu", dtypes=(torch.float32,),
+                   available=lambda: _native_kernel() is not None)}))

@@ -33,7 +33,7 @@ from torch import nn
 from flashrt.nn.spectral_conv import MIN_BLOCKS, SpectralPolicy, eligible
 from flashrt.nn.winograd_conv import winograd_eligible
 
-__all__ = ["ConvPolicy", "POLICIES", "apply_conv_policy"]
+__all__ = ["ConvPolicy", "POLICIES", "apply_conv_policy", "conv_forms"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +82,21 @@ def apply_conv_policy(module: nn.Module, policy: ConvPolicy) -> dict[str, list[s
             if on:
                 chosen[key].append(name)
     return chosen
+
+
+def conv_forms(module: nn.Module) -> dict[str, int]:
+    """How many of ``module``'s convs run each form now (what `apply_conv_policy` chose): Conv1d
+    "spectral", "winograd", "phase_split" or "direct"; ConvTranspose1d "polyphase" or "transposed"."""
+    from flashrt.nn.audio import Conv1d, ConvTranspose1d
+
+    counts: dict[str, int] = {}
+    for conv in module.modules():
+        if isinstance(conv, ConvTranspose1d):
+            form = "polyphase" if conv.polyphase else "transposed"
+        elif isinstance(conv, Conv1d):
+            form = ("spectral" if conv.spectral is not None else "winograd" if conv.winograd is not None
+                    else "phase_split" if conv.phase_split else "direct")
+        else:
+            continue
+        counts[form] = counts.get(form, 0) + 1
+    return dict(sorted(counts.items()))

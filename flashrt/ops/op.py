@@ -95,10 +95,7 @@ class Op:
                available: Callable[[Form], bool]) -> str:
         """The form a slot of ``owner`` runs (module docstring)."""
         if forced is not None:
-            self.fn(forced)  # an unknown name is a ConfigError
-            if forced == self.reference_name or self.forms[forced].fits(owner):
-                return forced
-            return self.reference_name
+            return self.forced(owner, forced)
         for name, form in self.forms.items():
             if form.device not in (None, device) or (form.dtypes and dtype is not None
                                                       and dtype not in form.dtypes):
@@ -106,6 +103,11 @@ class Op:
             if available(form) and form.fits(owner):
                 return name
         return self.reference_name
+
+    def forced(self, owner: Any, form: str) -> str:
+        """``form`` where it fits ``owner``, else the reference; ConfigError for a form it does not have."""
+        self.fn(form)
+        return form if form == self.reference_name or self.forms[form].fits(owner) else self.reference_name
 
 
 _REGISTRY: dict[str, Op] = {}
@@ -206,7 +208,7 @@ def using(module: torch.nn.Module, prefer: Mapping[str, str]) -> Iterator[None]:
         for _, owner, slot in slots(module):
             forced = prefer.get(slot.op.name, prefer.get(slot.op.group) if slot.op.group else None)
             if forced is not None:
-                slot.use(slot.op.choose(owner, "cpu", None, forced, lambda _: True))
+                slot.use(slot.op.forced(owner, forced))
         yield
     finally:
         for slot, form in saved:

@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flashrt import ops
+from flashrt.errors import ConfigError
 from flashrt.io import Checkpoint, Rule, WeightMap, load_module
-from flashrt.nn.alias_free import SINES, pick_sine, sin_, use_sine
+from flashrt.nn.alias_free import SINES, pick_sine, sin_
 from flashrt.nn.audio import (
     EXACT,
     Activation1d,
@@ -257,7 +259,7 @@ def test_numpy_sine_leaves_recorded_and_autograd_calls_to_aten():
             return func(*args, **(kwargs or {}))
 
     snake = _ready(SnakeBeta(4))
-    assert use_sine(snake, "numpy") == 1 and snake.sine == "numpy"
+    assert ops.select(snake, "cpu", prefer={"snake_sine": "numpy"}) == {"snake_sine": {"numpy": 1}}
     x = torch.randn(2, 4, 33)
     with torch.no_grad(), Ops() as mode:
         recorded = snake(x)
@@ -269,8 +271,8 @@ def test_numpy_sine_leaves_recorded_and_autograd_calls_to_aten():
     snake(g).sum().backward()                                   # autograd: ATen's, differentiable
     assert g.grad is not None
     assert pick_sine() in SINES
-    with pytest.raises(ValueError, match="sine"):
-        use_sine(snake, "fast")
+    with pytest.raises(ConfigError, match="no form 'fast'"):
+        ops.select(snake, "cpu", prefer={"snake_sine": "fast"})
 
 
 # ------------------------------------------------------------------------------- anti-aliasing
@@ -485,6 +487,14 @@ def _definition64(act: Activation1d, x: torch.Tensor) -> torch.Tensor:
     return to_rows(F.conv1d(z, down.filter.double(), stride=2, groups=c))
 
 
+def use_activation_kernel(act, form: str) -> int:
+    """``act``'s anti-aliased snakes on ``form`` of the op `AA_SNAKE` (its other slots untouched)."""
+    slots = [slot for _, _, slot in ops.slots(act) if slot.op.name == "aa_snake"]
+    for slot in slots:
+        slot.use(form)
+    return len(slots)
+
+
 @pytest.mark.parametrize("channels,steps,batch", [(16, 1, 1), (16, 5, 2), (48, 13, 1), (64, 64, 1),
                                                   (96, 200, 2), (128, 301, 1)])
 @pytest.mark.parametrize("snake", [Snake, SnakeBeta])
@@ -492,8 +502,6 @@ def test_native_activation_matches_the_definition(channels, steps, batch, snake)
     """The C kernel against the float64 definition, as close as the torch form is (it also runs
     replicate padding at both ends, short sequences included); large snake arguments included."""
     _native_or_skip()
-    from flashrt.nn.alias_free import use_activation_kernel
-
     act = _ready(Activation1d(channels, snake(channels)), seed=channels + steps)
     x = to_rows(torch.randn(batch, channels, steps, generator=torch.Generator().manual_seed(1)) * 3)
     ref = _definition64(act, x)
@@ -513,8 +521,6 @@ def test_native_activation_is_position_invariant():
     """A window computes each sample away from its ends exactly as the whole sequence does (the tiles,
     channel blocks and batch rows add in one order): what keeps a stream equal to the one-shot call."""
     _native_or_skip()
-    from flashrt.nn.alias_free import use_activation_kernel
-
     act = _ready(Activation1d(80, SnakeBeta(80)))
     use_activation_kernel(act, "native")
     x = to_rows(torch.randn(1, 80, 700) * 2)
@@ -532,8 +538,6 @@ def test_native_activation_leaves_other_calls_to_torch():
     run the torch form, bit for bit the same as with the kernel off."""
     _native_or_skip()
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    from flashrt.nn.alias_free import use_activation_kernel
 
     class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -560,5 +564,5 @@ def test_native_activation_leaves_other_calls_to_torch():
     use_activation_kernel(act, "torch")
     with torch.no_grad():
         assert torch.equal(recorded, act(x))
-    with pytest.raises(ValueError, match="activation kernel"):
+    with pytest.raises(ConfigError, match="no form 'fast'"):
         use_activation_kernel(act, "fast")

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from flashrt import ops
 from flashrt.errors import ConfigError, InputError
 from flashrt.frontends.groot.checkpoint import Embodiment
 from flashrt.frontends.groot.model import GrootN17Model
@@ -381,6 +382,7 @@ class GrootFrontend:
             "chunk_size": self.chunk_size,
             "action_dim": self.action_dim,
             "buffers_bytes": self.buffers.nbytes(),
+            "ops": ops.choices(self.model),
         }
 
     # ------------------------------------------------------------------------------ hot path

@@ -29,10 +29,21 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
+from flashrt import ops
 from flashrt.frontends.groot.config import GrootN17Config, HeadConfig
 from flashrt.nn.attention import aligned_keys
 from flashrt.nn.dit import DiTBlock, timestep_sinusoid
 from flashrt.nn.qwen3vl import Qwen3Layer, VisionTower, mrope_cos_sin
+
+# GR00T's towers keep the reference forms of the "mlp" ops: their parity with lerobot is pinned on them
+# (oneDNN's fused forms are not measured on these towers)
+OP_PREFER = {"mlp": "aten"}
+
+
+def select_ops(model: nn.Module, device: torch.device | str | None = None) -> ops.Choices:
+    """The one `flashrt.ops.select` pass of a GR00T model for ``device`` (default: its weights')."""
+    weight = next(model.parameters())
+    return ops.select(model, weight.device if device is None else device, weight.dtype, OP_PREFER)
 
 
 class CategoryLinear(nn.Module):
@@ -205,6 +216,11 @@ class GrootN17Model(nn.Module):
             Qwen3Layer(t.width, t.mlp_dim, t.heads, t.kv_heads, t.head_dim, t.eps) for _ in range(t.layers)
         )
         self.head = ActionHead(config.head)
+
+    def reset_derived(self) -> None:
+        """After the submodules' derived tables (`flashrt.io.reset_derived`, at load): the forms of the
+        ops, in the one `flashrt.ops.select` pass (`select_ops`)."""
+        self.op_choices = select_ops(self)
 
     @property
     def dtype(self) -> torch.dtype:

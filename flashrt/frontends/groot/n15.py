@@ -34,7 +34,7 @@ from torch import nn
 from flashrt.errors import CheckpointError
 from flashrt.frontends.groot.checkpoint import read_json
 from flashrt.frontends.groot.config import HeadConfig, head_config
-from flashrt.frontends.groot.model import ActionHead
+from flashrt.frontends.groot.model import ActionHead, select_ops
 from flashrt.frontends.groot.n16 import EagleSizes, check_qwen3, eagle_sizes, mlp1_rules, siglip_layer_rules
 from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
 from flashrt.io import Rule, WeightMap, load_module
@@ -179,6 +179,11 @@ class GrootN15Model(nn.Module):
         self.config = config
         self.backbone = EagleBackbone(config.eagle)
         self.head = ActionHead(config.head)
+
+    def reset_derived(self) -> None:
+        """After the submodules' derived tables (`flashrt.io.reset_derived`, at load): the forms of the
+        ops, in the one `flashrt.ops.select` pass (`select_ops`)."""
+        self.op_choices = select_ops(self)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -45,7 +45,7 @@ from torch import nn
 
 from flashrt.errors import CheckpointError
 from flashrt.frontends.groot.config import QWEN3_2B_TEXT, HeadConfig, head_config
-from flashrt.frontends.groot.model import ActionHead
+from flashrt.frontends.groot.model import ActionHead, select_ops
 from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
 from flashrt.io import Alt, Rule, WeightMap, load_module, transforms
 from flashrt.io.files import read_json
@@ -305,6 +305,11 @@ class GrootN16Model(nn.Module):
         self.config = config
         self.backbone = Eagle3Backbone(config.eagle)
         self.head = ActionHead(config.head)
+
+    def reset_derived(self) -> None:
+        """After the submodules' derived tables (`flashrt.io.reset_derived`, at load): the forms of the
+        ops, in the one `flashrt.ops.select` pass (`select_ops`)."""
+        self.op_choices = select_ops(self)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from flashrt import ops
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.lm.config import LMConfig
 from flashrt.frontends.lm.weights import weight_map
@@ -60,6 +61,7 @@ class CausalLM:
                               "(the checkpoint's max_position_embeddings)")
         self.cfg, self.module = cfg, module
         self.device, self.dtype = torch.device(device), dtype
+        self.op_choices = ops.select(module, self.device, dtype)  # the one pass of `flashrt.ops`
         self.cache_len, self.batch, self.vocab_size = int(cache_len), int(batch), cfg.vocab_size
         shape = (cfg.depth, self.batch, cfg.kv_heads, self.cache_len, cfg.head_dim)
         self.buffers = Buffers([BufferSpec("lm_k", shape, dtype, "state", doc="keys per layer, RoPE'd"),
@@ -111,7 +113,8 @@ class CausalLM:
         return {"family": c.model_type, "width": c.width, "depth": c.depth, "heads": (c.heads, c.kv_heads),
                 "vocab": c.vocab_size, "tied_head": c.tied, "rope": c.rope.rope_type,
                 "dtype": str(self.dtype),
-                "cache_len": self.cache_len, "cache_bytes": self.buffers.nbytes()}
+                "cache_len": self.cache_len, "cache_bytes": self.buffers.nbytes(),
+                "ops": ops.choices(self.module)}
 
     def flops_per_token(self) -> int:
         """Matmul FLOPs of one decode token (2 x parameters touched, attention over a full cache)."""

@@ -168,11 +168,13 @@ class Pi0Model(nn.Module):
             cpu_layouts(self)
         self.select_ops()
 
-    def select_ops(self) -> ops.Choices:
-        """The one `flashrt.ops.select` pass for the model's device and dtype with ``op_prefer``; again
-        after its weights change (quantized GEMM weights take no oneDNN form). -> ``op_choices``."""
+    def select_ops(self, device: torch.device | str | None = None) -> ops.Choices:
+        """The one `flashrt.ops.select` pass for ``device`` (default: the weights') and the model's dtype
+        with ``op_prefer``; again after its weights change (quantized GEMM weights take no oneDNN form).
+        -> ``op_choices``."""
         dtype = self.vlm.layers[0].qkv.weight.dtype
-        self.op_choices = ops.select(self, self.action_in.weight.device, dtype, self.op_prefer)
+        device = self.action_in.weight.device if device is None else device
+        self.op_choices = ops.select(self, device, dtype, self.op_prefer)
         return self.op_choices
 
     @torch.no_grad()

@@ -81,7 +81,13 @@ class Pi0FastNet(nn.Module):
         load; call again after replacing weights."""
         self.decode_layers = tuple(DecodeLayer.of(layer) for layer in self.vlm.layers)
         self.decode_final = (1.0 + self.vlm.norm.weight.float(), self.vlm.norm.eps)
-        self.op_choices = ops.select(self, self.projector.weight.device, self.dtype, PREFER)
+        self.select_ops()
+
+    def select_ops(self, device: torch.device | str | None = None) -> ops.Choices:
+        """The one `flashrt.ops.select` pass for ``device`` (default: the weights') -> ``op_choices``."""
+        device = self.projector.weight.device if device is None else device
+        self.op_choices = ops.select(self, device, self.dtype, PREFER)
+        return self.op_choices
 
     @property
     def dtype(self) -> torch.dtype:
@@ -243,4 +249,5 @@ class Pi0FastDecodeModel:
         return {"family": "pi0_fast", "width": c.vlm.width, "depth": c.vlm.depth, "vocab": c.vlm.vocab_size,
                 "vision": {"width": c.vision.width, "depth": c.vision.depth, "image": c.vision.image_size},
                 "cameras": self.n_cams, "image_slots": self.image_slots, "text_slots": self.cache_len,
-                "dtype": str(self.net.dtype).removeprefix("torch."), "cache_bytes": self.buffers.nbytes()}
+                "dtype": str(self.net.dtype).removeprefix("torch."), "cache_bytes": self.buffers.nbytes(),
+                "ops": ops.choices(self.net)}

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from flashrt import ops
 from flashrt.errors import ConfigError, InputError
 from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.model import VitsPrior, frame_index
@@ -495,6 +496,8 @@ class VitsFrontend:
     # ----------------------------------------------------------------------------------- helpers
 
     def describe(self) -> dict[str, Any]:
+        from flashrt.nn.conv_policy import conv_forms
+
         return {
             "family": "vits",
             "device": str(self.device),
@@ -508,6 +511,8 @@ class VitsFrontend:
             "hop_length": self.cfg.hop_length,
             "sample_rate": self.cfg.sample_rate,
             "buffer_bytes": self.buffers.nbytes(),
+            "ops": {**ops.choices(self.prior), **ops.choices(self.decoder),
+                    "conv1d": conv_forms(self.decoder)},
         }
 
     def report(self) -> dict[str, Any]:

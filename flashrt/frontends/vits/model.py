@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from flashrt import ops
 from flashrt.errors import CheckpointError
 from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.modules import (
@@ -150,4 +151,6 @@ def load_weights(
     )
     prior.pack()
     apply_conv_policy(decoder, CONV_POLICIES[conv])
+    for module in (prior, decoder):
+        ops.select(module, device, dtype)  # the one `flashrt.ops` pass (neither holds an op slot yet)
     return prior, decoder

@@ -37,11 +37,12 @@ The user-facing loader is `flashrt.load_vocoder` (runner/vocoder.py: this packag
   eligible float32 conv spectral. No effect on a GPU.
 * Snake sines (BigVGAN): a float32 CPU module's snakes take the sine measured faster on this CPU at
   load (`flashrt.nn.alias_free.pick_sine`: NumPy's or ATen's; plain eager calls only, a recorded graph
-  holds ATen's); ``flashrt.nn.alias_free.use_sine(voc.module, "aten")`` sets it back.
+  holds ATen's; the op `flashrt.nn.alias_free.SNAKE_SINE`); ``flashrt.ops.select(voc.module, "cpu",
+  prefer={"snake_sine": "aten"})`` sets it back.
 * Anti-aliased activations (BigVGAN): a float32 CPU module runs each one (2x up, snake, 2x down) as
   one pass of a C kernel built with this machine's compiler on first use (`flashrt.ops.csrc_cpu`;
-  several times faster than the torch form per activation); without a compiler, the torch form.
-  ``use_activation_kernel(voc.module, "torch")`` sets it back.
+  several times faster than the torch form per activation; the op `flashrt.nn.alias_free.AA_SNAKE`);
+  without a compiler, the torch form. ``prefer={"aa_snake": "torch"}`` sets it back.
 
 Registering a family (how vocos.py / snac.py plug in; import-time, no other side effects)::
 
@@ -74,12 +75,12 @@ from typing import Any
 
 import torch
 
+from flashrt import ops
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.vocoders.base import CheckpointSource, VocoderFamily
 from flashrt.frontends.vocoders.frontend import VocoderFrontend
 from flashrt.io import Checkpoint, load_module, open_checkpoint
 from flashrt.io.hub import resolve_checkpoint
-from flashrt.nn.alias_free import pick_sine, use_activation_kernel, use_sine
 from flashrt.nn.conv_policy import POLICIES as CONV_POLICIES
 from flashrt.nn.conv_policy import apply_conv_policy
 from flashrt.quant.precision import compute_dtype
@@ -288,13 +289,10 @@ def prepare_module(fam: VocoderFamily, module: torch.nn.Module, device: str | to
     """The load-time choices every vocoder module gets, however its weights came (a checkpoint, or
     `flashrt.testing.synthetic.vocoders.random_module`): the conv policy (``conv``, else the family's
     default) and, for CPU float32, the measured snake sine and the native anti-aliased activation
-    kernel (where the machine builds it: `flashrt.nn.alias_free.use_activation_kernel`). Returns
-    ``module``."""
+    kernel where the machine builds it, both picked by the one `flashrt.ops.select` pass (the ops
+    `flashrt.nn.alias_free.SNAKE_SINE`, `AA_SNAKE`). Returns ``module``."""
     apply_conv_policy(module, CONV_POLICIES[conv or fam.conv])
-    if torch.device(device).type == "cpu" and dtype == torch.float32:
-        if use_sine(module, "aten"):
-            use_sine(module, pick_sine())
-        use_activation_kernel(module, "native")
+    ops.select(module, device, dtype)
     return module
 
 

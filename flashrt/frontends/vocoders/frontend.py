@@ -45,10 +45,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from flashrt import ops
 from flashrt.errors import ConfigError, InputError
 from flashrt.frontends.vocoders.base import VocoderFamily, check_inputs
 from flashrt.nn.alias_free import Activation1d
 from flashrt.nn.audio import EXACT, ValidLength
+from flashrt.nn.conv_policy import conv_forms
 from flashrt.nn.spectral_conv import SpectralPlan, spectral_bytes
 from flashrt.runtime.buckets import GraphSet
 from flashrt.runtime.buffers import Buffers, BufferSpec
@@ -301,7 +303,8 @@ class VocoderFrontend:
                 "buckets": list(self.buckets), "captured": []}
 
     def describe(self) -> dict[str, Any]:
-        """What was chosen at load: sizes, buckets, backend, buffer bytes, conv algorithms; the padding of
+        """What was chosen at load: sizes, buckets, backend, buffer bytes, conv algorithms, the forms of
+        the ops (``ops``: the `flashrt.ops.select` choices, and the conv policy's); the padding of
         the windows replayed so far and a warning for any padded by more than `PADDING_WARN`; the
         kernels one replay of the largest bucket launches on a GPU (`kernels.kernels_per_replay`)."""
         from flashrt.frontends.vocoders.kernels import kernels_per_replay
@@ -311,7 +314,8 @@ class VocoderFrontend:
         sig = self.signature
         spectral = sum(1 for m in self.module.modules() if isinstance(m, SpectralPlan))
         split = sum(1 for m in self.module.modules() if getattr(m, "phase_split", False))
-        native = sum(1 for m in self.module.modules() if isinstance(m, Activation1d) and m.kernel == "native")
+        native = sum(1 for m in self.module.modules()
+                     if isinstance(m, Activation1d) and m.aa_snake.form == "native")
         winograd = sum(1 for m in self.module.modules() if getattr(m, "winograd", None) is not None)
         return {"family": self.family.name, "sample_rate": sig.sample_rate, "hop_length": sig.hop_length,
                 "context": sig.context, "buckets": list(self.buckets), "backend": self.backend_name,
@@ -320,4 +324,5 @@ class VocoderFrontend:
                 "spectral_bytes": spectral_bytes(self.module) if spectral else 0,
                 "phase_split_convs": split, "winograd_convs": winograd, "native_activations": native,
                 "notes": list(self.family.notes(self.config)), "padding": self.padding.as_dict(),
-                "warnings": self.padding.warnings(), "kernels_per_replay": self._kernel_count}
+                "warnings": self.padding.warnings(), "kernels_per_replay": self._kernel_count,
+                "ops": {**ops.choices(self.module), "conv1d": conv_forms(self.module)}}

@@ -9,11 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from flashrt import ops
 from flashrt.errors import CheckpointError, InputError
 from flashrt.frontends.vocoders.base import CheckpointSource
 from flashrt.frontends.vocoders.bigvgan import PRESETS, BigVGAN, BigVGANConfig, detect, receptive_field
 from flashrt.io import open_checkpoint
-from flashrt.nn.alias_free import SINES, pick_sine, use_sine
+from flashrt.nn.alias_free import SINES, pick_sine
 from flashrt.runner.vocoder import load_vocoder
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "vocoders"
@@ -89,8 +90,8 @@ def test_either_sine_streams_bit_for_bit_and_matches_the_package(sine):
     takes the measured one."""
     io = _io("bigvgan_tiny_wn")
     voc = load_vocoder(FIXTURES / "bigvgan_tiny_wn", batch=2, buckets=(37,), stream_chunk=6)
-    assert {m.sine for m in voc.module.modules() if hasattr(m, "sine")} == {pick_sine()}
-    use_sine(voc.module, sine)
+    assert set(ops.choices(voc.module)["snake_sine"]) == {pick_sine()}
+    ops.select(voc.module, "cpu", prefer={"snake_sine": sine})
     mel = io["mel"]
     one_shot = voc(mel)
     assert (one_shot - io["audio"]).abs().max() <= 1e-5
@@ -189,7 +190,6 @@ def test_native_activations_stream_bit_for_bit_and_match_the_torch_form():
     builds it): the stream stays the one-shot output exactly, and the output stays within fp32 noise of
     the torch form's."""
     from flashrt.frontends.vocoders import get_family, prepare_module
-    from flashrt.nn.alias_free import use_activation_kernel
     from flashrt.ops import csrc_cpu
     from flashrt.runner.vocoder import Vocoder
     from flashrt.testing.synthetic.vocoders import random_module
@@ -208,6 +208,6 @@ def test_native_activations_stream_bit_for_bit_and_match_the_torch_form():
     one_shot = voc(mel)
     parts = list(voc.stream(mel[..., i:i + 7] for i in range(0, 60, 7)))
     assert torch.equal(torch.cat(parts, -1), one_shot)
-    use_activation_kernel(module, "torch")
+    ops.select(module, "cpu", prefer={"aa_snake": "torch"})
     torch_form = voc(mel)
     assert 0 < float((one_shot - torch_form).abs().max()) <= 5e-5      # 8e-6 on the dev CPU
