@@ -9,6 +9,8 @@ alternating order, medians; load noise on a shared machine hits both sides alike
   flashrt: ``tts(text)``). Both phonemize with the same espeak-ng and run the voice's default scales
   (noise on), so the audio lengths differ slightly from run to run; RTF normalizes by each run's own
   audio. Speed ratio = median over pairs of piper_rtf / flashrt_rtf.
+* CPU RTF: the same with this process's CPU time (every thread) in place of wall time: what a busy
+  machine's descheduling does not inflate (and, at 2 threads, the cores' total work); ratio alike.
 * TTFA: time from the call to the first audio sample in hand (piper: the first sentence's
   AudioChunk, its only granularity; flashrt: the first chunk of ``tts.stream(text)``).
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -79,24 +82,27 @@ def _gate(tts, piper) -> float:
     return worst
 
 
-def _time_piper(piper, text: str, rate: int) -> tuple[float, float]:
-    start = time.perf_counter()
+def _time_piper(piper, text: str, rate: int) -> tuple[float, float, float]:
+    """(TTFA s, RTF, CPU RTF): the CPU time of the whole text (this process, every thread) / audio."""
+    start, cpu = time.perf_counter(), time.process_time()
     chunks = piper.synthesize(text)
     first = next(iter(chunks))
     ttfa = time.perf_counter() - start
     samples = first.audio_float_array.size + sum(c.audio_float_array.size for c in chunks)
-    return ttfa, (time.perf_counter() - start) / (samples / rate)
+    seconds = samples / rate
+    return ttfa, (time.perf_counter() - start) / seconds, (time.process_time() - cpu) / seconds
 
 
-def _time_flashrt(tts, text: str) -> tuple[float, float]:
+def _time_flashrt(tts, text: str) -> tuple[float, float, float]:
     start = time.perf_counter()
     stream = tts.stream(text)
     next(stream)
     ttfa = time.perf_counter() - start
     stream.close()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     audio = tts(text)
-    return ttfa, (time.perf_counter() - start) / (audio.size / tts.sample_rate)
+    seconds = audio.size / tts.sample_rate
+    return ttfa, (time.perf_counter() - start) / seconds, (time.process_time() - cpu) / seconds
 
 
 @contextlib.contextmanager
@@ -153,16 +159,18 @@ def run(args) -> None:
             "piper_ttfa_ms": 1e3 * statistics.median(x[0] for x in p),
             "flashrt_ttfa_ms": 1e3 * statistics.median(x[0] for x in f),
             "rtf_speedup": statistics.median(a[1] / b[1] for a, b in zip(p, f)),
+            "cpu_rtf_speedup": statistics.median(a[2] / b[2] for a, b in zip(p, f)),
             "ttfa_speedup": statistics.median(a[0] / b[0] for a, b in zip(p, f)),
         }
     print(
-        f"{'text':10} {'piper RTF':>10} {'flashrt RTF':>12} {'x':>6} "
+        f"{'text':10} {'piper RTF':>10} {'flashrt RTF':>12} {'x':>6} {'cpu x':>6} "
         f"{'piper TTFA':>11} {'flashrt TTFA':>13} {'x':>6}",
         file=sys.stderr,
     )
     for name, r in rows.items():
         print(
             f"{name:10} {r['piper_rtf']:10.3f} {r['flashrt_rtf']:12.3f} {r['rtf_speedup']:6.2f} "
+            f"{r['cpu_rtf_speedup']:6.2f} "
             f"{r['piper_ttfa_ms']:9.0f}ms {r['flashrt_ttfa_ms']:11.0f}ms {r['ttfa_speedup']:6.2f}",
             file=sys.stderr,
         )
@@ -173,6 +181,7 @@ def run(args) -> None:
                 "threads": args.threads,
                 "flashrt_threads": tts.threads,
                 "busy": args.busy,
+                "load_1min": os.getloadavg()[0],
                 "pairs": args.pairs,
                 "quality_max_abs": gate,
                 "texts": rows,
