@@ -10,11 +10,13 @@ Same math as `flashrt.frontends.vits.modules.TextEncoder.forward`, rearranged on
   round differently, and this voice's flow amplifies the text encoder's last-bit differences (see
   tests/frontends/vits/test_vits.py, ATOL): one test sentence then landed 1.6e-4 from onnxruntime
   against 4.5e-5 with the direct conv;
-* the relative-position band read as a strided view instead of a gather: with the scores padded by w
-  columns on each side, the (2w + 1) band of row i starts at column i, so the band is one
-  ``as_strided`` view (row stride P + 2w + 1) that the relative logits are added into; the values'
-  band reads the softmax's padded probabilities the same way (the pad columns are the zeros the gather
-  form appended for keys outside the sequence).
+* the relative-position band by skewing instead of gathers: with the scores padded by w columns on each
+  side, the (2w + 1) band of row i starts at column i, i.e. at flat offset i (P + 2w + 1) of rows
+  P + 2w wide. So the relative logits, padded by P zero columns to rows P + 2w + 1 wide and read back
+  as rows P + 2w wide, land on their band with zeros elsewhere (`_to_band`), and one add puts them in;
+  the values' band is read back the other way (`_from_band`) from the padded probabilities (the pad
+  columns are the zeros the gather form appended for keys outside the sequence). Only pads, reshapes
+  and slices: a recorded program (trace, ONNX export) holds them as they are.
 
 Float32 results differ from the conv form by GEMM rounding only (tests/frontends/vits).
 
@@ -47,10 +49,19 @@ class _RowsConv:
         return y[0, :, 0].t()
 
 
-def _band(scores: torch.Tensor, window: int) -> torch.Tensor:
-    """(h, P, P + 2w) padded scores -> the (h, P, 2w + 1) view of each row's band (key i - w .. i + w)."""
-    h, p, width = scores.shape
-    return scores.as_strided((h, p, 2 * window + 1), (p * width, width + 1, 1), scores.storage_offset())
+def _to_band(rel: torch.Tensor) -> torch.Tensor:
+    """(h, P, 2w + 1) band values -> (h, P, P + 2w): row i holds them at columns i .. i + 2w, zeros
+    elsewhere (the band of keys i - w .. i + w in scores padded by w columns on each side)."""
+    h, p, span = rel.shape
+    width = p + span - 1
+    return F.pad(rel, (0, p)).flatten(1)[:, : p * width].view(h, p, width)
+
+
+def _from_band(padded: torch.Tensor) -> torch.Tensor:
+    """(h, P, P + 2w) -> (h, P, 2w + 1): row i's columns i .. i + 2w (the inverse of `_to_band`)."""
+    h, p, width = padded.shape
+    span = width - p + 1
+    return F.pad(padded.flatten(1), (0, p)).view(h, p, width + 1)[..., :span]
 
 
 class _Layer:
@@ -73,11 +84,11 @@ class _Layer:
         p, w = x.shape[0], self.window
         qkv = self.qkv(x).view(p, 3, self.heads, self.head_dim).permute(1, 2, 0, 3)  # (3, h, P, d)
         q, k, v = qkv[0] / math.sqrt(self.head_dim), qkv[1], qkv[2]
-        scores = F.pad(torch.matmul(q, k.transpose(-2, -1)), (w, w))  # (h, P, P + 2w)
-        _band(scores, w).add_(torch.matmul(q, self.rel_k))
-        probs = F.softmax(scores[..., w : w + p].masked_fill(fill, -1e4), dim=-1)
+        rel = _to_band(torch.matmul(q, self.rel_k))[..., w : w + p]  # (h, P, P): the band, zeros off it
+        scores = torch.matmul(q, k.transpose(-2, -1)) + rel
+        probs = F.softmax(scores.masked_fill(fill, -1e4), dim=-1)
         out = torch.matmul(probs, v)
-        out = out + torch.matmul(_band(F.pad(probs, (w, w)), w), self.rel_v)  # (h, P, d)
+        out = out + torch.matmul(_from_band(F.pad(probs, (w, w))), self.rel_v)  # (h, P, d)
         return self.o(out.transpose(0, 1).reshape(p, self.hidden), other=x)
 
     def __call__(self, x: torch.Tensor, mask: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:

@@ -19,15 +19,6 @@ stage 1 and read by stage 2; ``flow_z`` is written by stage 2 and copied window 
 ``dec_z``. Ownership: the frontend; valid until the next `write` (one utterance at a time, not
 thread-safe: a runner serializes calls).
 
-Exact length (the eager backend's default, ``exact_length``): nothing is captured, so the flow and the
-decoder need no static shape: they run at their own length (frames, window frames) over the views
-``[..., :length]`` of the buffers, the decoder with `EXACT` (no padding fix-ups); their buckets then
-only bound the buffers, and a short sentence no longer pays for its padding (69 frames computed as 80:
-16 % more flow and decoder work). Stage 1 keeps its phoneme buckets: at the exact phoneme count its
-GEMMs round differently, and this voice's flow amplifies the encoder's last bits (tests/frontends/vits,
-ATOL): one test sentence then landed 1.1e-4 from onnxruntime (4.5e-5 on its bucket); the text encoder is
-a tenth of the work. Graph backends (trace, cuda) run every stage on its buckets.
-
 Streaming: the decoder's receptive field (`hifigan.receptive_field`) gives the context in frames; a
 window decodes its chunk plus that much context on each side (clipped at the utterance's ends) and
 keeps the chunk's samples, so the concatenated chunks equal the one-shot decode (to float rounding of
@@ -50,7 +41,7 @@ from flashrt.frontends.vits.config import VitsConfig
 from flashrt.frontends.vits.model import VitsPrior, frame_index
 from flashrt.frontends.vits.modules import relative_index
 from flashrt.frontends.vocoders.hifigan import HifiGan, receptive_field
-from flashrt.nn.audio import EXACT, ValidLength
+from flashrt.nn.audio import ValidLength
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 
@@ -202,10 +193,7 @@ class VitsFrontend:
         phoneme_buckets: Sequence[int] = PHONEME_BUCKETS,
         frame_buckets: Sequence[int] = FRAME_BUCKETS,
         window_buckets: Sequence[int] = (),
-        exact_length: bool | None = None,
     ) -> None:
-        """``exact_length``: run the flow and the decoder at their own length (module docstring); None: on
-        for the eager backend only."""
         self.cfg, self.prior, self.decoder = cfg, prior, decoder
         self.device, self.dtype = torch.device(device), dtype
         self.phoneme_buckets = tuple(sorted(set(int(b) for b in phoneme_buckets)))
@@ -221,10 +209,6 @@ class VitsFrontend:
         if cfg.n_speakers > 1:
             self._base_bias = decoder.conv_pre.bias.detach().clone()
         self._backend = backend_for_device(backend, self.device)
-        self.exact_length = self._backend.name == "eager" if exact_length is None else bool(exact_length)
-        if self.exact_length and self._backend.name != "eager":
-            raise ConfigError(f"vits: exact_length runs uncaptured stages; backend {self._backend.name!r} "
-                              "captures buckets")
         self.encode_graphs = GraphSet(
             self._backend,
             self._build_encode,
@@ -315,29 +299,13 @@ class VitsFrontend:
         z, out = b["dec_z"][..., :d], b["dec_audio"][:, : d * hop]
 
         def step() -> None:
-            valid = EXACT if self.exact_length else ValidLength(b["dec_length"], d)
-            out.copy_(self.decoder(z, valid))
+            out.copy_(self.decoder(z, ValidLength(b["dec_length"], d)))
 
         return step
 
-    def _run(self, graphs: GraphSet, build, size: int) -> None:
-        """Run one stage at `size`: its captured bucket, or at the exact length the step built for it."""
-        if not self.exact_length:
-            graphs.replay(size)
-            return
-        with torch.no_grad():
-            build(size)()
-
-    def _bucket(self, graphs: GraphSet, size: int) -> int:
-        """The shape a stage of `size` runs at: `size` itself at the exact length, else its bucket."""
-        return size if self.exact_length else graphs.bucket_for(size)
-
     def capture(self) -> VitsFrontend:
-        """Capture every declared bucket now (load time) instead of on first use (at the exact length, the
-        phoneme buckets only)."""
-        sets = (self.encode_graphs,) if self.exact_length else (
-            self.encode_graphs, self.flow_graphs, self.decode_graphs)
-        for graphs in sets:
+        """Capture every declared bucket now (load time) instead of on first use."""
+        for graphs in (self.encode_graphs, self.flow_graphs, self.decode_graphs):
             graphs.capture_all()
         return self
 
@@ -432,7 +400,7 @@ class VitsFrontend:
                 f"{frames} frames exceed the largest frame bucket {self.frame_buckets[-1]}; "
                 "split the text into shorter sentences or lower length_scale"
             )
-        bucket = self._bucket(self.flow_graphs, frames)
+        bucket = self.flow_graphs.bucket_for(frames)
         b = self.buffers
         b["flow_index"][:bucket].zero_()  # the graph reads [:bucket] only
         b["flow_index"][:frames].copy_(torch.from_numpy(index))
@@ -447,23 +415,23 @@ class VitsFrontend:
         the flow's receptive field (`flow_reach`) past it. Streams run the prefix first so the first
         window decodes before the whole utterance went through the flow. Returns the frames computed."""
         frames = plan.frames if upto is None else min(plan.frames, int(upto) + self.flow_reach)
-        bucket = plan.bucket if frames == plan.frames else self._bucket(self.flow_graphs, frames)
+        bucket = plan.bucket if frames == plan.frames else self.flow_graphs.bucket_for(frames)
         mask = self.buffers["flow_mask"]
         mask.zero_()
         mask[..., :frames] = 1
-        self._run(self.flow_graphs, self._build_flow, bucket)
+        self.flow_graphs.replay(bucket)
         return frames
 
     def decode(self, window: Window, z: torch.Tensor | None = None) -> torch.Tensor:
         """Audio (N,) of the window's kept frames, float32 on the host; the frames come from the flow's
         output, or from `z` (a sentence's `latent`, kept while other sentences used the buffers)."""
         size, hop = window.stop - window.start, self.cfg.hop_length
-        bucket = self._bucket(self.decode_graphs, size)
+        bucket = self.decode_graphs.bucket_for(size)
         b = self.buffers
         source = b["flow_z"] if z is None else z
         b["dec_z"][..., :size].copy_(source[..., window.start : window.stop])
         b["dec_length"].fill_(size)
-        self._run(self.decode_graphs, self._build_decode, bucket)
+        self.decode_graphs.replay(bucket)
         lo, hi = (window.keep_start - window.start) * hop, (window.keep_stop - window.start) * hop
         return b["dec_audio"][0, lo:hi].to("cpu", torch.float32, copy=True)
 
@@ -503,7 +471,6 @@ class VitsFrontend:
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
             "backend": self._backend.name,
-            "exact_length": self.exact_length,
             "phoneme_buckets": list(self.phoneme_buckets),
             "frame_buckets": list(self.frame_buckets),
             "decode_buckets": list(self.decode_buckets),

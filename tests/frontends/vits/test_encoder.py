@@ -46,3 +46,31 @@ def test_packed_encoder_matches_the_conv_form(window):
         assert (g - w)[..., :real].abs().max() <= 1e-5
         assert (a - g)[..., :real].abs().max() <= 1e-5
         assert (s - g[..., :real]).abs().max() <= 1e-5
+
+
+def test_packed_prior_exports_to_onnxruntime():
+    """The packed forms record as plain ops: a tiny voice on the onnxrt backend (every stage exported and
+    run by onnxruntime) gives the eager audio. The band was once an in-place strided write, which the
+    ONNX conversion refused."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from flashrt.frontends.vits.frontend import VitsFrontend
+    from flashrt.frontends.vits.model import load_weights
+    from tests.frontends.vits.test_vits import _tiny_state
+
+    cfg = PRESETS["tiny"]
+    prior, dec = load_weights(_tiny_state(), cfg, conv="direct")
+    kw = {"phoneme_buckets": (16,), "frame_buckets": (64,), "window_buckets": (24,)}
+    ids = [1, 5, 7, 3, 9, 12, 2, 30, 4, 0, 11]
+    out = []
+    with torch.no_grad():
+        for backend in ("eager", "onnxrt"):
+            fe = VitsFrontend(cfg, prior, dec, backend=backend, **kw)
+            bucket, checked = fe.check(ids, 0.0, 1.0, 0.0)
+            fe.write(bucket, checked)
+            fe.replay(bucket)
+            plan = fe.expand(checked)
+            fe.flow(plan)
+            out.append(fe.read(plan))
+    assert out[0].abs().max() > 0.01
+    assert out[1].shape == out[0].shape and (out[1] - out[0]).abs().max() <= 1e-5

@@ -319,13 +319,7 @@ def test_padded_buckets_equal_the_unpadded_run():
     cfg = PRESETS["tiny"]
     prior, dec = load_weights(_tiny_state(), cfg, conv="direct")
     fe = VitsFrontend(
-        cfg,
-        prior,
-        dec,
-        phoneme_buckets=(16, 64),
-        frame_buckets=(64, 256),
-        window_buckets=(24,),
-        exact_length=False,
+        cfg, prior, dec, phoneme_buckets=(16, 64), frame_buckets=(64, 256), window_buckets=(24,)
     )
     ids = [1, 5, 7, 3, 9, 12, 2, 30, 4, 0, 11]
     scales = torch.tensor([0.0, 1.0, 0.0])
@@ -345,45 +339,6 @@ def test_padded_buckets_equal_the_unpadded_run():
     assert (prefix - fe.buffers["flow_z"][..., :5]).abs().max() <= 1e-5
     assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
     assert (torch.cat(chunks) - got).abs().max() <= 1e-5
-
-
-def test_eager_stages_run_at_their_own_length():
-    """On the eager backend the flow and the decoder run at their own length (no bucket padding; the text
-    encoder keeps its phoneme bucket) and give the padded run's audio; graph backends keep buckets."""
-    cfg = PRESETS["tiny"]
-    prior, dec = load_weights(_tiny_state(), cfg, conv="direct")
-    kw = {"phoneme_buckets": (16, 64), "frame_buckets": (64, 256), "window_buckets": (24,)}
-    exact = VitsFrontend(cfg, prior, dec, **kw)
-    padded = VitsFrontend(cfg, prior, dec, **kw, exact_length=False)
-    assert exact.exact_length and exact.describe()["exact_length"]
-    seen: list[tuple[str, int]] = []
-    hooks = [m.register_forward_pre_hook(lambda mod, args, name=name: seen.append((name, args[0].shape[-1])))
-             for name, m in (("encode", prior.enc_p), ("decode", dec))]
-    ids = [1, 5, 7, 3, 9, 12, 2, 30, 4, 0, 11]
-    out = {}
-    try:
-        with torch.no_grad():
-            for name, fe in (("exact", exact), ("padded", padded)):
-                seen.clear()
-                bucket, checked = fe.check(ids, 0.0, 1.0, 0.0)
-                fe.write(bucket, checked)
-                fe.replay(bucket)
-                plan = fe.expand(checked)
-                fe.flow(plan)
-                whole = fe.read(plan)
-                first_two = list(seen)
-                chunks = [fe.decode(w) for w in plan.windows(3, 5, fe.context)]
-                out[name] = (whole, chunks, first_two)
-    finally:
-        for h in hooks:
-            h.remove()
-    assert out["exact"][2] == [("encode", 16), ("decode", plan.frames)]
-    assert out["padded"][2] == [("encode", 16), ("decode", 64)]
-    got, want = out["exact"][0], out["padded"][0]
-    assert got.shape == want.shape and (got - want).abs().max() <= 1e-5
-    assert (torch.cat(out["exact"][1]) - got).abs().max() <= 1e-5
-    with pytest.raises(ConfigError, match="exact_length"):
-        VitsFrontend(cfg, prior, dec, backend="trace", exact_length=True, **kw)
 
 
 def test_training_checkpoint_maps_to_the_same_model(tmp_path):
