@@ -218,7 +218,7 @@ class SlotDecoder:
             for name in KNOBS:
                 io[name].index_copy_(0, row, io[f"join_{name}"])
             if self.penalty:
-                seen = seen.scatter(1, chosen, True)
+                seen = seen.scatter(1, chosen, torch.ones_like(chosen, dtype=torch.bool))  # traceable (jit)
             io.seen.index_copy_(0, row, seen)
             io.position.index_copy_(0, row, io.length)
             io.step.index_copy_(0, row, step + 1)

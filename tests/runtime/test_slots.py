@@ -82,11 +82,12 @@ def test_sampled_requests_reproduce_under_another_mix_of_neighbours():
     assert other != first
 
 
+@pytest.mark.parametrize("backend", ["eager", "jit"])
 @pytest.mark.parametrize("name", ["llama_tiny", "qwen3_tiny", "qwen2_tiny"])
-def test_greedy_rows_are_identical_to_transformers_generate(name, one_thread):
+def test_greedy_rows_are_identical_to_transformers_generate(name, backend, one_thread):
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(FIXTURES / name, dtype=torch.float32).eval()
-    dec = _slots(name, rows=4)
+    dec = _slots(name, rows=4, backend=backend)
     prompts = _prompts(name)
     got = _drive(dec, [(p, 40, PENALIZED) for p in prompts], join_every=1, blocks=7)
     for prompt, ours in zip(prompts, got):
@@ -102,6 +103,19 @@ def test_trace_replays_the_batched_steps_bit_for_bit(one_thread):
     eager, traced = _slots(rows=4), _slots(rows=4, backend="trace")
     assert _drive(traced, requests) == _drive(eager, requests)
     assert torch.equal(traced.model.buffers["lm_k"], eager.model.buffers["lm_k"])
+
+
+@pytest.mark.parametrize("name", ["llama_tiny", "qwen3_tiny", "qwen2_tiny"])
+def test_jit_replays_the_batched_steps_bit_for_bit(name, one_thread):
+    """The decode steps and prefills traced into TorchScript (`flashrt.runtime.jit`): greedy and sampled
+    requests joining and leaving get eager's tokens, the caches end equal, nothing is captured after
+    load."""
+    prompts = _prompts(name)
+    requests = [(prompts[i], 20 + 3 * i, PENALIZED if i % 2 else _sampled(i)) for i in range(5)]
+    eager, jit = _slots(name, rows=4), _slots(name, rows=4, backend="jit")
+    assert _drive(jit, requests) == _drive(eager, requests)
+    assert torch.equal(jit.model.buffers["lm_k"], eager.model.buffers["lm_k"])
+    assert jit.report()["captures"] == 2 + 2 * len(jit.batch_buckets) and jit.backend.name == "jit"
 
 
 def test_a_paused_row_holds_its_place_and_its_tokens_do_not_change(single):
