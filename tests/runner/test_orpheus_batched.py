@@ -116,3 +116,35 @@ def test_a_cancel_and_a_bad_token_end_only_their_own_requests(tts, io, monkeypat
     for i in (0, 1):
         np.testing.assert_allclose(out[f"ref{i}"], io[f"audio.{i}"][0].numpy(), atol=1e-4, rtol=0)
     assert tts.decoder.live == 0
+
+
+def test_each_code_chunk_the_lm_sends_makes_one_snac_window_due(tts):
+    """The lm stage sends a request's frames as its SNAC stream's windows fall due (the first window's
+    chunk + right context, then a chunk each): every chunk gives audio at once, none waits in a queue
+    for the frames after it (one frame a chunk made the snac stage take a new request's first window
+    one frame per call, behind the other requests' items)."""
+    chunk, (_, right) = tts.vocoder.stream_chunk, tts.vocoder.frontend.context
+    assert tts.chunk_plan == (chunk + right, chunk)
+    before = tts.chain.stats()["stages"]
+    audio = list(tts.stream(TEXTS[4], voice="leo", sampling=GREEDY))
+    after = tts.chain.stats()["stages"]
+    sent = after["lm"]["items"] - before["lm"]["items"]
+    frames = tts.report()["frames"]
+    assert frames > chunk + right + chunk and sent == len(audio) == 1 + -(-(frames - chunk - right) // chunk)
+
+
+def test_the_cpu_lm_replays_a_traced_step_with_the_eager_steps_tokens(tts):
+    """On the CPU the LM's decode steps are traced into TorchScript (`flashrt.runtime.jit`) by default;
+    several requests at once, greedy and sampled, get the audio of an eager LM bit for bit."""
+    assert tts.decoder.backend.name == "jit"
+    eager = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=300, cache_len=512, slots=8, lm_graphs="eager")
+    try:
+        assert eager.decoder.backend.name == "eager"
+        sampled = Sampling(temperature=0.7, top_p=0.9, repetition_penalty=1.1, seed=3)
+        jobs = {k: (TEXTS[k], ("tara", "leo")[k % 2], sampled if k % 2 else GREEDY, 0.01 * k)
+                for k in range(4)}
+        jit_audio, eager_audio = _at_once(tts, jobs), _at_once(eager, jobs)
+        for key in jobs:
+            np.testing.assert_array_equal(jit_audio[key], eager_audio[key], err_msg=str(key))
+    finally:
+        eager.close()
