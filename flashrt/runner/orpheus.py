@@ -70,9 +70,11 @@ from flashrt.frontends.tts.orpheus import (
 from flashrt.io.inputs import check_seed
 from flashrt.runtime.decode import Generation, Sampling
 from flashrt.runtime.slots import DEFAULT_BATCH_BUCKETS, Seat, SlotDecoder
+from flashrt.runtime.threads import CpuLoad, check_threads, choose_threads, torch_threads
 
 __all__ = ["OrpheusTTS", "load_orpheus", "load_snac", "snac_folder", "detect", "FAMILY", "ORPHEUS_SAMPLING",
-           "to_pcm16", "frame_constraint", "chunk_plan"]
+           "to_pcm16", "frame_constraint", "chunk_plan",
+           "stage_threads"]
 
 ORPHEUS_SAMPLING = Sampling(temperature=0.6, top_p=0.8, repetition_penalty=1.3)  # the engine's defaults
 FORMATS = ("float32", "pcm16")
@@ -120,7 +122,9 @@ class _LMEngine:
         self.rows: dict[Any, _Row] = {}
 
     def join(self, request: Any, job: _Job) -> None:
-        seat = self.decoder.join(job.prompt, job.max_new_tokens, self.tts.layout.stop_tokens, job.sampling)
+        stops = self.tts.layout.stop_tokens
+        with torch_threads(self.tts.threads):
+            seat = self.decoder.join(job.prompt, job.max_new_tokens, stops, job.sampling)
         job.generation = seat.generation
         self.rows[request] = _Row(seat, FrameDecoder(self.tts.layout), self.tts.chunk_plan[0])
 
@@ -135,7 +139,8 @@ class _LMEngine:
             self.decoder.pause(row.seat, paused)
 
     def step(self) -> list[Emit]:
-        seats = set(self.decoder.step(blocks=FRAME))
+        with torch_threads(self.tts.threads):
+            seats = set(self.decoder.step(blocks=FRAME))
         return [self._frames(request, row) for request, row in list(self.rows.items()) if row.seat in seats]
 
     def _frames(self, request: Any, row: _Row) -> Emit:
@@ -169,11 +174,13 @@ class OrpheusTTS:
 
     def __init__(self, decoder: SlotDecoder, vocoder: Any, layout: OrpheusLayout, tokenizer: Any, *,
                  sample_rate: int, frames_per_chunk: int | None = None, queue_size: int = 8,
-                 sampling: Sampling = ORPHEUS_SAMPLING, stack_windows: bool = True) -> None:
+                 sampling: Sampling = ORPHEUS_SAMPLING, stack_windows: bool = True,
+                 threads: int | None = None) -> None:
         self.decoder, self.vocoder, self.layout, self.tokenizer = decoder, vocoder, layout, tokenizer
         self.sample_rate = int(sample_rate)
         self.frames_per_chunk, self.sampling = frames_per_chunk, sampling
         self.chunk_plan = chunk_plan(frames_per_chunk, vocoder)
+        self.threads = threads  # torch threads per op of each stage (None: torch's setting); `stage_threads`
         self.stack_windows = stack_windows
         self.chain = self._build_chain(queue_size=queue_size)
         self._last: dict[str, Any] = {}
@@ -264,6 +271,10 @@ class OrpheusTTS:
     def _snac(self, items: list[_Codes], requests: list[Any]) -> list[np.ndarray | None]:
         """The snac stage (batched): each request's codes into its own SNAC stream, then the windows due
         in all of them decoded together, windows of one length stacked as rows of one replay."""
+        with torch_threads(self.threads):
+            return self._snac_windows(items, requests)
+
+    def _snac_windows(self, items: list[_Codes], requests: list[Any]) -> list[np.ndarray | None]:
         outs: list[np.ndarray | None] = [None] * len(items)
         streams = []
         for k, (item, request) in enumerate(zip(items, requests)):
@@ -304,7 +315,8 @@ class OrpheusTTS:
 
     def describe(self) -> dict[str, Any]:
         return {"family": self.family, "sample_rate": self.sample_rate, "decoder": self.decoder.describe(),
-                "frames_per_chunk": self.frames_per_chunk, "layout": self.layout.__dict__,
+                "frames_per_chunk": self.frames_per_chunk, "threads": self.threads,
+                "layout": self.layout.__dict__,
                 "vocoder": _describe(self.vocoder)}
 
     def close(self) -> None:
@@ -341,6 +353,18 @@ def lm_backend(lm_graphs: str | None, backend: str | None, device: torch.device)
     if backend is None and torch.device(device).type == "cpu":
         return "jit"
     return backend
+
+
+def stage_threads(threads: int | str | None, device: str | torch.device, stages: int) -> int | None:
+    """torch threads per op of each stage: on the CPU, ``"auto"`` shares the cores free at load between
+    the ``stages`` computing at once (the LM and SNAC stages run on their own threads: with torch's
+    default, two pools of every core on a 2-core machine oversubscribed it; `flashrt.runtime.threads`),
+    an int is used as given, None leaves torch's setting; elsewhere None."""
+    threads = check_threads(threads)
+    if torch.device(device).type != "cpu" or threads is None:
+        return None
+    load = CpuLoad.probe() if threads == "auto" else None
+    return choose_threads(threads, load, ceiling=torch.get_num_threads(), stages=stages)
 
 
 def frame_constraint(layout: OrpheusLayout):
@@ -416,7 +440,7 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                  sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False,
                  snac_noise: str | None = None, slots: int = 8,
                  batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, vocoder: bool = True,
-                 lm_graphs: str | None = None) -> OrpheusTTS:
+                 lm_graphs: str | None = None, threads: int | str | None = "auto") -> OrpheusTTS:
     """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain.
 
     ``precision`` is the LM's; SNAC decodes in float32, as the reference does. ``stream_chunk``: SNAC
@@ -433,8 +457,10 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
     loaded (the chain's items are the SNAC code chunks, `_Codes`; a served chain split at its stage
     boundary, `flashrt.integrations.ray_serve`, decodes them with `load_snac`). ``lm_graphs``: the graph
     backend of the LM's decode steps (None: ``backend``, or "jit" on the CPU when that is None too:
-    `lm_backend`)."""
+    `lm_backend`). ``threads``: torch threads per op of each stage (`stage_threads`: "auto", the
+    default, shares the cores free at load between the LM and SNAC stages)."""
     folder = Path(folder)
+    threads = stage_threads(threads, device, stages=2 if vocoder else 1)
     snac_dir = snac_folder(folder, snac)
     codebook, rate = _snac_codebook(snac_dir)
     layout = _layout(folder, codebook)
@@ -447,7 +473,7 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                                      snac_noise=snac_noise, slots=slots) if vocoder else (None, False))
     return OrpheusTTS(decoder, snac_decoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
                       frames_per_chunk=frames_per_chunk, queue_size=queue_size,
-                      sampling=sampling, stack_windows=stack)
+                      sampling=sampling, stack_windows=stack, threads=threads)
 
 
 def load_snac(snac_dir: str | Path, *, device: str = "cpu", backend: str | None = None,
@@ -468,5 +494,5 @@ FAMILY = TtsFamily(
     name="orpheus", detect=detect, load=load_orpheus,
     options=("snac", "max_new_tokens", "cache_len", "prompt_buckets", "stream_chunk", "frames_per_chunk",
              "queue_size", "sampling", "constrain_frames", "snac_noise", "slots", "batch_buckets",
-             "lm_graphs"),
+             "lm_graphs", "threads"),
     doc="Orpheus-style LM (Llama/Qwen) emitting SNAC 24 kHz codes, streamed through the SNAC decoder")

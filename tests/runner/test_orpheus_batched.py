@@ -148,3 +148,40 @@ def test_the_cpu_lm_replays_a_traced_step_with_the_eager_steps_tokens(tts):
             np.testing.assert_array_equal(jit_audio[key], eager_audio[key], err_msg=str(key))
     finally:
         eager.close()
+
+
+def test_each_stage_runs_its_ops_on_its_share_of_the_free_cores(monkeypatch):
+    """By default a voice's LM and SNAC stages share the cores free at load (two pools of torch's
+    default on a 2-core machine oversubscribed it): the count each stage's ops run on, read inside
+    the stages' own threads."""
+    import torch
+
+    from flashrt.runner import orpheus
+    from flashrt.runtime.threads import CpuLoad
+
+    with monkeypatch.context() as patch:  # a machine of 6 free cores, torch set to 8 threads
+        patch.setattr(orpheus.CpuLoad, "probe", classmethod(lambda cls: CpuLoad(6, 0)))
+        patch.setattr(torch, "get_num_threads", lambda: 8)
+        model = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=40, cache_len=256, slots=2)
+    seen = []
+
+    def spy(fn):
+        def run(*args, **kwargs):
+            seen.append((threading.current_thread().name, torch.get_num_threads()))
+            return fn(*args, **kwargs)
+        return run
+
+    try:
+        assert model.threads == 3 and model.describe()["threads"] == 3
+        monkeypatch.setattr(model.decoder, "step", spy(model.decoder.step))
+        monkeypatch.setattr(model.vocoder, "decode_together", spy(model.vocoder.decode_together))
+        list(model.stream("Hi.", voice="tara", sampling=GREEDY))
+        assert {name for name, _ in seen} == {"flashrt-chain-lm", "flashrt-chain-snac"}
+        assert {n for _, n in seen} == {3}
+    finally:
+        model.close()
+    one = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=40, cache_len=256, slots=2, threads=1)
+    try:
+        assert one.threads == 1
+    finally:
+        one.close()
