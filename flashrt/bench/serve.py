@@ -67,8 +67,8 @@ def bench_serve(
     seed: Annotated[int, typer.Option(help="seed of the arrival schedules")] = 0,
     out: Annotated[Path | None, typer.Option(help="output folder [bench/results/serve-...]")] = None,
     plot: Annotated[bool, typer.Option(help="write serve.png")] = True,
-    threads: Annotated[int, typer.Option(help="in-process server: torch CPU threads per op (0: torch's "
-                                         "default)")] = 0,
+    threads: Annotated[int, typer.Option(help="in-process server: torch CPU threads per op, at most (0: "
+                                         "torch's default); a voice picks its own from the cores free")] = 0,
     restart_at: Annotated[float | None, typer.Option(help="in-process server: restart it this many seconds "
                                                     "into each level (requests in flight are cut)")] = None,
     slots: Annotated[str | None, typer.Option(help="in-process server: requests a voice serves at once, "

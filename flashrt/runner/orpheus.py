@@ -18,7 +18,8 @@ The chain (`flashrt.chain.Chain`, bounded queues between the stages):
                                                 bucket), joining when a row is free and leaving when it
                                                 stops; each step's tokens (a frame, 7 tokens) become
                                                 SNAC frames (`FrameDecoder`: validated), sent on in
-                                                chunks of ``frames_per_chunk`` frames
+                                                chunks that each make one SNAC window due
+                                                (`chunk_plan`; ``frames_per_chunk`` to fix it)
     snac    code chunks -> audio chunks         a batched stage: each request's own SNAC stream
                                                 (`StreamRunner.open`: exact overlap windows, so the
                                                 chunks concatenate to the one-shot decode); the windows
@@ -52,7 +53,7 @@ import torch
 import flashrt
 from flashrt.chain import Chain, Stage
 from flashrt.chain.continuous import Emit
-from flashrt.errors import CheckpointError, InputError
+from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.lm import load_lm
 from flashrt.frontends.lm.frontend import read_config
 from flashrt.frontends.registry import TtsFamily
@@ -69,9 +70,11 @@ from flashrt.frontends.tts.orpheus import (
 from flashrt.io.inputs import check_seed
 from flashrt.runtime.decode import Generation, Sampling
 from flashrt.runtime.slots import DEFAULT_BATCH_BUCKETS, Seat, SlotDecoder
+from flashrt.runtime.threads import CpuLoad, check_threads, choose_threads, torch_threads
 
 __all__ = ["OrpheusTTS", "load_orpheus", "load_snac", "snac_folder", "detect", "FAMILY", "ORPHEUS_SAMPLING",
-           "to_pcm16", "frame_constraint"]
+           "to_pcm16", "frame_constraint", "chunk_plan",
+           "stage_threads"]
 
 ORPHEUS_SAMPLING = Sampling(temperature=0.6, top_p=0.8, repetition_penalty=1.3)  # the engine's defaults
 FORMATS = ("float32", "pcm16")
@@ -105,6 +108,7 @@ class _Codes:
 class _Row:
     seat: Seat
     frames: FrameDecoder
+    due: int  # the frame count at which the held frames are sent on (`chunk_plan`)
     held: list = field(default_factory=list)
 
 
@@ -118,9 +122,11 @@ class _LMEngine:
         self.rows: dict[Any, _Row] = {}
 
     def join(self, request: Any, job: _Job) -> None:
-        seat = self.decoder.join(job.prompt, job.max_new_tokens, self.tts.layout.stop_tokens, job.sampling)
+        stops = self.tts.layout.stop_tokens
+        with torch_threads(self.tts.threads):
+            seat = self.decoder.join(job.prompt, job.max_new_tokens, stops, job.sampling)
         job.generation = seat.generation
-        self.rows[request] = _Row(seat, FrameDecoder(self.tts.layout))
+        self.rows[request] = _Row(seat, FrameDecoder(self.tts.layout), self.tts.chunk_plan[0])
 
     def leave(self, request: Any) -> None:
         row = self.rows.pop(request, None)
@@ -133,7 +139,8 @@ class _LMEngine:
             self.decoder.pause(row.seat, paused)
 
     def step(self) -> list[Emit]:
-        seats = set(self.decoder.step(blocks=FRAME))
+        with torch_threads(self.tts.threads):
+            seats = set(self.decoder.step(blocks=FRAME))
         return [self._frames(request, row) for request, row in list(self.rows.items()) if row.seat in seats]
 
     def _frames(self, request: Any, row: _Row) -> Emit:
@@ -150,9 +157,10 @@ class _LMEngine:
         if seat.done:
             self.rows.pop(request, None)
             job.dropped_tokens = row.frames.pending
-        per_chunk = None if job.oneshot else self.tts.frames_per_chunk
-        if not seat.done and (per_chunk is None or len(row.held) < per_chunk):
+        if not seat.done and (job.oneshot or job.frames < row.due):
             return Emit(request)
+        while row.due <= job.frames:
+            row.due += self.tts.chunk_plan[1]
         codes = stack_frames(row.held) if row.held else None
         row.held = []
         return Emit(request, _Codes(codes, seat.done), done=seat.done)
@@ -165,11 +173,14 @@ class OrpheusTTS:
     speakers = VOICES  # the English fine-tune's voices (any name is put in the prompt as given)
 
     def __init__(self, decoder: SlotDecoder, vocoder: Any, layout: OrpheusLayout, tokenizer: Any, *,
-                 sample_rate: int, frames_per_chunk: int = 1, queue_size: int = 8,
-                 sampling: Sampling = ORPHEUS_SAMPLING, stack_windows: bool = True) -> None:
+                 sample_rate: int, frames_per_chunk: int | None = None, queue_size: int = 8,
+                 sampling: Sampling = ORPHEUS_SAMPLING, stack_windows: bool = True,
+                 threads: int | None = None) -> None:
         self.decoder, self.vocoder, self.layout, self.tokenizer = decoder, vocoder, layout, tokenizer
         self.sample_rate = int(sample_rate)
-        self.frames_per_chunk, self.sampling = int(frames_per_chunk), sampling
+        self.frames_per_chunk, self.sampling = frames_per_chunk, sampling
+        self.chunk_plan = chunk_plan(frames_per_chunk, vocoder)
+        self.threads = threads  # torch threads per op of each stage (None: torch's setting); `stage_threads`
         self.stack_windows = stack_windows
         self.chain = self._build_chain(queue_size=queue_size)
         self._last: dict[str, Any] = {}
@@ -260,6 +271,10 @@ class OrpheusTTS:
     def _snac(self, items: list[_Codes], requests: list[Any]) -> list[np.ndarray | None]:
         """The snac stage (batched): each request's codes into its own SNAC stream, then the windows due
         in all of them decoded together, windows of one length stacked as rows of one replay."""
+        with torch_threads(self.threads):
+            return self._snac_windows(items, requests)
+
+    def _snac_windows(self, items: list[_Codes], requests: list[Any]) -> list[np.ndarray | None]:
         outs: list[np.ndarray | None] = [None] * len(items)
         streams = []
         for k, (item, request) in enumerate(zip(items, requests)):
@@ -300,11 +315,56 @@ class OrpheusTTS:
 
     def describe(self) -> dict[str, Any]:
         return {"family": self.family, "sample_rate": self.sample_rate, "decoder": self.decoder.describe(),
-                "frames_per_chunk": self.frames_per_chunk, "layout": self.layout.__dict__,
+                "frames_per_chunk": self.frames_per_chunk, "threads": self.threads,
+                "layout": self.layout.__dict__,
                 "vocoder": _describe(self.vocoder)}
 
     def close(self) -> None:
         self.chain.close()
+
+
+def chunk_plan(frames_per_chunk: int | None, vocoder: Any) -> tuple[int, int]:
+    """(frames of the first code chunk, frames of each later one) the lm stage sends the snac stage.
+
+    None follows the vocoder's stream windows: its first window needs ``stream_chunk`` frames plus the
+    right context, each later one ``stream_chunk`` more, so each chunk makes exactly one window due and
+    no frame waits in a queue for a window that could already be decoded (sending frames one at a time
+    made the snac stage take a new request's first window one frame per call, behind every other
+    request's items). Without a vocoder (the split chain), one frame a chunk. An int: that many frames
+    a chunk."""
+    if frames_per_chunk is not None:
+        if isinstance(frames_per_chunk, bool) or not isinstance(frames_per_chunk, int) \
+                or frames_per_chunk < 1:
+            raise ConfigError(f"frames_per_chunk must be a positive int or None, got {frames_per_chunk!r}")
+        return frames_per_chunk, frames_per_chunk
+    if vocoder is None:
+        return 1, 1
+    chunk, (_, right) = int(vocoder.stream_chunk), vocoder.frontend.context
+    return chunk + int(right), chunk
+
+
+def lm_backend(lm_graphs: str | None, backend: str | None, device: torch.device) -> str | None:
+    """The graph backend of the LM's slot decoder: ``lm_graphs`` if given, else ``backend``; with
+    neither, "jit" on the CPU (the decode step traced into TorchScript, `flashrt.runtime.jit`: the
+    same tokens bit for bit at half eager's host time, and the GIL free while it runs, so the SNAC
+    stage and the server run beside it) and the device's default elsewhere."""
+    if lm_graphs is not None:
+        return lm_graphs
+    if backend is None and torch.device(device).type == "cpu":
+        return "jit"
+    return backend
+
+
+def stage_threads(threads: int | str | None, device: str | torch.device, stages: int) -> int | None:
+    """torch threads per op of each stage: on the CPU, ``"auto"`` shares the cores free at load between
+    the ``stages`` computing at once (the LM and SNAC stages run on their own threads: with torch's
+    default, two pools of every core on a 2-core machine oversubscribed it; `flashrt.runtime.threads`),
+    an int is used as given, None leaves torch's setting; elsewhere None."""
+    threads = check_threads(threads)
+    if torch.device(device).type != "cpu" or threads is None:
+        return None
+    load = CpuLoad.probe() if threads == "auto" else None
+    return choose_threads(threads, load, ceiling=torch.get_num_threads(), stages=stages)
 
 
 def frame_constraint(layout: OrpheusLayout):
@@ -376,36 +436,44 @@ def _layout(folder: Path, codebook: int) -> OrpheusLayout:
 def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: str = "cpu",
                  precision: str = "fp32", backend: str | None = None, max_new_tokens: int = 1200,
                  cache_len: int = 2048, prompt_buckets: tuple[int, ...] = (32, 64, 128, 256),
-                 stream_chunk: int | None = None, frames_per_chunk: int = 1, queue_size: int = 8,
+                 stream_chunk: int | None = None, frames_per_chunk: int | None = None, queue_size: int = 8,
                  sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False,
                  snac_noise: str | None = None, slots: int = 8,
-                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, vocoder: bool = True) -> OrpheusTTS:
+                 batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, vocoder: bool = True,
+                 lm_graphs: str | None = None, threads: int | str | None = "auto") -> OrpheusTTS:
     """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain.
 
     ``precision`` is the LM's; SNAC decodes in float32, as the reference does. ``stream_chunk``: SNAC
     frames decoded per stream window (each window adds the decoder's context, 3 frames a side at
     24 kHz): fewer means earlier first audio and more decoding; None takes 1 on a GPU (first audio
     after 4 frames, 28 tokens, as Orpheus' own streamer) and 4 on a CPU (the windows cost ~2.5x less
-    there). ``constrain_frames``: see `frame_constraint` (off: the reference samples freely).
+    there). ``frames_per_chunk``: frames per code chunk sent from the LM to SNAC (None: as the stream
+    windows fall due, `chunk_plan`). ``constrain_frames``: see `frame_constraint` (off: the reference
+    samples freely).
     ``snac_noise``: the SNAC decoder's ``noise_mode`` (None: "off", which drops the released decoder's
     noise; "seeded" adds it reproducibly; `flashrt.runner.vocoder`). ``slots``: requests decoded at
     once (rows of the K/V cache; `flashrt.runtime.slots`), with a decode step captured per batch bucket
     in ``batch_buckets`` (and ``slots`` itself). ``vocoder=False``: the LM stage alone, no SNAC decoder
     loaded (the chain's items are the SNAC code chunks, `_Codes`; a served chain split at its stage
-    boundary, `flashrt.integrations.ray_serve`, decodes them with `load_snac`)."""
+    boundary, `flashrt.integrations.ray_serve`, decodes them with `load_snac`). ``lm_graphs``: the graph
+    backend of the LM's decode steps (None: ``backend``, or "jit" on the CPU when that is None too:
+    `lm_backend`). ``threads``: torch threads per op of each stage (`stage_threads`: "auto", the
+    default, shares the cores free at load between the LM and SNAC stages)."""
     folder = Path(folder)
+    threads = stage_threads(threads, device, stages=2 if vocoder else 1)
     snac_dir = snac_folder(folder, snac)
     codebook, rate = _snac_codebook(snac_dir)
     layout = _layout(folder, codebook)
     lm = load_lm(folder, device=device, precision=precision, cache_len=cache_len, batch=slots)
     constraint = frame_constraint(layout) if constrain_frames else None
-    decoder = SlotDecoder(lm, prompt_buckets, batch_buckets, max_new_tokens=max_new_tokens, backend=backend,
+    decoder = SlotDecoder(lm, prompt_buckets, batch_buckets, max_new_tokens=max_new_tokens,
+                          backend=lm_backend(lm_graphs, backend, lm.device),
                           constraint=constraint).capture()
     snac_decoder, stack = (load_snac(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk,
                                      snac_noise=snac_noise, slots=slots) if vocoder else (None, False))
     return OrpheusTTS(decoder, snac_decoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
                       frames_per_chunk=frames_per_chunk, queue_size=queue_size,
-                      sampling=sampling, stack_windows=stack)
+                      sampling=sampling, stack_windows=stack, threads=threads)
 
 
 def load_snac(snac_dir: str | Path, *, device: str = "cpu", backend: str | None = None,
@@ -425,5 +493,6 @@ def load_snac(snac_dir: str | Path, *, device: str = "cpu", backend: str | None 
 FAMILY = TtsFamily(
     name="orpheus", detect=detect, load=load_orpheus,
     options=("snac", "max_new_tokens", "cache_len", "prompt_buckets", "stream_chunk", "frames_per_chunk",
-             "queue_size", "sampling", "constrain_frames", "snac_noise", "slots", "batch_buckets"),
+             "queue_size", "sampling", "constrain_frames", "snac_noise", "slots", "batch_buckets",
+             "lm_graphs", "threads"),
     doc="Orpheus-style LM (Llama/Qwen) emitting SNAC 24 kHz codes, streamed through the SNAC decoder")

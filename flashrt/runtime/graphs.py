@@ -17,6 +17,9 @@ Backends (registry by name, `get_backend(name, **opts)`; add more with `register
            (`flashrt.runtime.trace`)
     cuda   `torch.cuda.CUDAGraph` with side-stream warm-up and one memory pool per backend instance
            (`flashrt.runtime.cuda_graph`)
+    jit    the step traced into a TorchScript graph over its buffers, replayed by TorchScript's
+           interpreter with the GIL released: half eager's host time on small CPU steps
+           (`flashrt.runtime.jit`)
     onnxrt the step exported to ONNX (export cache) and run by onnxruntime, IO-bound to the buffers
            (`flashrt.runtime.onnxrt`)
     tensorrt  the same ONNX export built into one TensorRT engine per capture (engine cached beside the
@@ -264,6 +267,8 @@ register_backend("trace", "flashrt.runtime.trace:TraceBackend", devices=("cpu", 
 register_backend("onnxrt", "flashrt.runtime.onnxrt:OnnxRuntimeBackend", devices=("cpu", "cuda"),
                  doc="the step exported to ONNX (cached), run by onnxruntime with IO binding on the buffers",
                  takes_device=True)
+register_backend("jit", "flashrt.runtime.jit:JitBackend", devices=("cpu",),
+                 doc="the step traced into TorchScript over its buffers, replayed without Python (GIL free)")
 register_backend("tensorrt", "flashrt.runtime.tensorrt:TensorRTBackend", devices=("cuda",),
                  doc="the ONNX export built into a TensorRT engine per capture (cached), run on the buffers' "
                      "addresses on the current stream; CUDA-graph capturable", takes_device=True,

@@ -14,13 +14,17 @@ with one row per slot (``batch`` rows) and three graph bodies over the runner's 
                                              io.row only -> io.join_logits; then that row's sampling
                                              knobs, seen-token mask, position = length, step = 0 and
                                              its first token are written (other rows untouched)
-    decode graph (one per batch bucket and   model.decode_rows(b, io): rows [0, b), each at its own
-    mode "greedy" / "sample")                position -> logits; each active row advances one token
+    decode graph (one per batch bucket,      model.decode_rows(b, io, keys): rows [0, b), each at its own
+    key bucket and mode "greedy" /           position, attending to the first ``keys`` cache slots ->
+    "sample")                                logits; each active row advances one token
 
 Per-row state lives in device tensors (token, position, step, seen, temperature, top_k, top_p,
 penalty, seed, out), so a request joins at a token boundary and leaves when it stops, and the batch
-bucket (1, 2, 4, 8 by default) follows the number of live rows between replays: graphs are captured
-once at load, never after (`report()` counts captures and replays per graph).
+bucket (1, 2, 4, 8 by default) follows the number of live rows between replays, and the key bucket
+(512, 1024, ... up to the cache length by default) the furthest slot a block writes, so a step
+attends to the slots in use rather than the whole cache (the slots past a row's position are masked
+either way: the same values bit for bit): graphs are captured once at load, never after (`report()`
+counts captures and replays per graph).
 
 The rows in use are always [0, live): a request that leaves has the last live row moved into its
 place (`move_row` of the cache, and the state rows), so the smallest bucket holding ``live`` rows
@@ -78,7 +82,7 @@ class SlotModel(Protocol):
 
     def prefill_row(self, bucket: int, io: SlotIO) -> None: ...
 
-    def decode_rows(self, rows: int, io: SlotIO) -> None: ...
+    def decode_rows(self, rows: int, io: SlotIO, keys: int | None = None) -> None: ...
 
     def move_row(self, src: int, dst: int) -> None: ...
 
@@ -155,12 +159,14 @@ class SlotDecoder:
                  batch_buckets: Iterable[int] = DEFAULT_BATCH_BUCKETS, max_new_tokens: int = 256,
                  backend: str | None = None, strict: bool = True,
                  constraint: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 candidates: int = 1024, penalty: bool = True) -> None:
+                 candidates: int = 1024, penalty: bool = True,
+                 key_buckets: Iterable[int] | None = None) -> None:
         self.model, self.constraint, self.candidates = model, constraint, int(candidates)
         self.penalty = bool(penalty)
         fits = sorted({int(b) for b in prompt_buckets if int(b) < model.cache_len})
         self.buckets = tuple(fits) or (model.cache_len - 1,)
         self.batch_buckets = _batch_buckets(batch_buckets, model.batch)
+        self.key_buckets = _key_buckets(key_buckets, model.cache_len)
         self.max_new_tokens = int(max_new_tokens)
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be positive, got {max_new_tokens}")
@@ -169,10 +175,12 @@ class SlotDecoder:
         self.graph_buffers = JoinedBuffers(self.io.buffers, getattr(model, "buffers", None))
         self.prefills = GraphSet(self.backend, self._prefill_body, self.buckets, buffers=self.graph_buffers,
                                  strict=strict)
-        self.steps = {mode: GraphSet(self.backend, partial(self._decode_body, mode), self.batch_buckets,
-                                     buffers=self.graph_buffers, strict=strict) for mode in MODES}
+        self.steps = {(mode, keys): GraphSet(self.backend, partial(self._decode_body, mode, keys),
+                                             self.batch_buckets, buffers=self.graph_buffers, strict=strict)
+                      for mode in MODES for keys in self.key_buckets}
         self.seats: list[Seat] = []          # seats[i] holds row i; rows [0, live) are in use
         self.replays: dict[str, int] = {f"{m}@{b}": 0 for m in MODES for b in self.batch_buckets}
+        self.key_replays: dict[int, int] = {k: 0 for k in self.key_buckets}
         self.moves = 0
         self.last = Generation()  # the generation of the request that finished last
         self._active = torch.zeros(model.batch, dtype=torch.bool)
@@ -218,7 +226,7 @@ class SlotDecoder:
             for name in KNOBS:
                 io[name].index_copy_(0, row, io[f"join_{name}"])
             if self.penalty:
-                seen = seen.scatter(1, chosen, True)
+                seen = seen.scatter(1, chosen, torch.ones_like(chosen, dtype=torch.bool))  # traceable (jit)
             io.seen.index_copy_(0, row, seen)
             io.position.index_copy_(0, row, io.length)
             io.step.index_copy_(0, row, step + 1)
@@ -226,11 +234,11 @@ class SlotDecoder:
             io.out.select(1, 0).index_copy_(0, row, chosen[:, 0])
         return run
 
-    def _decode_body(self, mode: str, rows: int) -> Callable[[], None]:
+    def _decode_body(self, mode: str, keys: int, rows: int) -> Callable[[], None]:
         io, model = self.io, self.model
 
         def run() -> None:
-            model.decode_rows(rows, io)
+            model.decode_rows(rows, io, keys)
             active, step = io.active[:rows], io.step[:rows]
             advance = active.to(torch.int64)
             io.position[:rows].add_(advance)
@@ -321,14 +329,24 @@ class SlotDecoder:
             self.io.buffers.write({"active": active})
             self._active = active
         mode = "sample" if any(s.sampling.mode == "sample" for s in running) else "greedy"
-        bucket = self.steps[mode].select(self.live)
-        graph = self.steps[mode].graph(bucket)
+        keys = self._keys(replays)
+        steps = self.steps[(mode, keys)]
+        bucket = steps.select(self.live)
+        graph = steps.graph(bucket)
         with torch.inference_mode():
             for _ in range(replays):
                 graph.replay()
         self.replays[f"{mode}@{bucket}"] += replays
+        self.key_replays[keys] += replays
         for seat in running:
             seat.produced += replays
+
+    def _keys(self, replays: int) -> int:
+        """The smallest key bucket holding every slot this block writes: a live row's token sits at
+        slot prompt + produced - 1 and the block's replays write the next ones (rows in the batch
+        bucket past the live ones sit at slot 0, `_release`)."""
+        top = max(s.generation.prompt_len + s.produced - 1 for s in self.seats) + replays
+        return next((k for k in self.key_buckets if k >= top), self.key_buckets[-1])
 
     def _read(self) -> list[Seat]:
         due = [s for s in self.seats if s.produced > s.read]
@@ -378,16 +396,16 @@ class SlotDecoder:
         row, last = seat.row, self.live - 1
         self.seats.remove(seat)
         seat.row = -1
-        if row == last:
-            return
-        moved = self.seats[-1]
-        self.seats.remove(moved)
-        self.seats.insert(row, moved)
-        self.model.move_row(last, row)
-        for name in ROW_STATE:
-            self.io[name][row].copy_(self.io[name][last])
-        moved.row = row
-        self.moves += 1
+        if row != last:
+            moved = self.seats[-1]
+            self.seats.remove(moved)
+            self.seats.insert(row, moved)
+            self.model.move_row(last, row)
+            for name in ROW_STATE:
+                self.io[name][row].copy_(self.io[name][last])
+            moved.row = row
+            self.moves += 1
+        self.io.position[last] = 0  # a free row is still computed in its bucket: its writes stay in slot 0
 
     # ------------------------------------------------------------------------------ reporting
     @contextmanager
@@ -403,14 +421,27 @@ class SlotDecoder:
         """Captures per graph (they never grow after `capture`), replays per (mode@batch bucket), rows."""
         return {"prefill": self.prefills.report(),
                 "captures": self.prefills.captures + sum(g.captures for g in self.steps.values()),
-                "decode_captured": {m: self.steps[m].report()["captured"] for m in MODES},
+                "decode_captured": {m: sorted({b for (mode, _), g in self.steps.items() if mode == m
+                                               for b in g.report()["captured"]}) for m in MODES},
                 "decode_replays": {k: v for k, v in self.replays.items() if v},
+                "key_replays": {k: v for k, v in self.key_replays.items() if v},
                 "rows": self.rows, "live": self.live, "row_moves": self.moves, "backend": self.backend.name}
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.model.describe(), "prompt_buckets": list(self.buckets),
-                "batch_buckets": list(self.batch_buckets), "rows": self.rows, "backend": self.backend.name,
+                "batch_buckets": list(self.batch_buckets), "key_buckets": list(self.key_buckets),
+                "rows": self.rows, "backend": self.backend.name,
                 "max_new_tokens": self.max_new_tokens, "step_buffers_bytes": self.io.buffers.nbytes()}
+
+
+def _key_buckets(buckets: Iterable[int] | None, cache_len: int) -> tuple[int, ...]:
+    """The cache lengths a decode step attends to, always ending with the whole cache; None: 512,
+    1024, ... below it (a step's attention costs its key count in every row: at 8 rows over a
+    2048-slot cache it was half of a 64-wide model's step)."""
+    if buckets is None:
+        buckets = [512 << i for i in range(max(0, int(cache_len).bit_length())) if 512 << i < cache_len]
+    sizes = sorted({int(b) for b in buckets if 0 < int(b) < cache_len} | {int(cache_len)})
+    return tuple(sizes)
 
 
 def _batch_buckets(buckets: Iterable[int], rows: int) -> tuple[int, ...]:

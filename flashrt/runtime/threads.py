@@ -16,6 +16,12 @@ which torch's cannot. So a voice picks its thread count from the cores that are 
 current setting; an int = exactly that many (the caller's choice, not capped); ``None`` = torch's setting
 as it is at each call (the old behaviour). Chosen once at load, so a voice's audio does not change
 with the machine's load from call to call (1 and 2 threads differ by float rounding, ~1e-5).
+
+A model whose stages compute at once on their own threads (Orpheus: the LM stage and the SNAC stage
+of its chain) shares the free cores between them (``choose_threads(..., stages=2)``): two pools of
+torch's default size on two cores oversubscribe them (each op's barrier waits for a descheduled
+peer). The count is per thread (torch's intra-op pool is per calling thread once it has started),
+so each stage sets it around its own calls (`torch_threads`).
 """
 
 from __future__ import annotations
@@ -90,15 +96,20 @@ def check_threads(threads: int | str | None) -> int | str | None:
     return threads
 
 
-def choose_threads(threads: int | str | None, load: CpuLoad | None, ceiling: int) -> int | None:
-    """The threads a model runs its ops on: an int as given; ``"auto"``: the free cores of `load`, at
-    most `ceiling` (torch's setting); None: None (torch's setting at each call)."""
+def choose_threads(threads: int | str | None, load: CpuLoad | None, ceiling: int,
+                   stages: int = 1) -> int | None:
+    """The threads a model runs its ops on: an int as given; ``"auto"``: the free cores of `load`
+    shared by the model's ``stages`` that compute at once (each on its own thread, e.g. an LM and a
+    codec: each gets ``free // stages``, at least 1), at most `ceiling` (torch's setting); None: None
+    (torch's setting at each call)."""
     threads = check_threads(threads)
     if threads != AUTO:
         return threads
     if load is None:
         raise ConfigError("threads='auto' needs a CpuLoad")
-    return max(1, min(int(ceiling), free_cores(load)))
+    if int(stages) < 1:
+        raise ConfigError(f"stages must be at least 1, got {stages}")
+    return max(1, min(int(ceiling), free_cores(load) // int(stages)))
 
 
 @contextmanager

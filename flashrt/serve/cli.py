@@ -54,8 +54,8 @@ def serve(
         help="requests a voice serves at once [8]: an Orpheus-style voice decodes them together (its K/V "
         "cache rows), a Piper voice interleaves them chunk by chunk; 1 serves one after another")] = None,
     threads: Annotated[int | None, typer.Option(
-        help="torch CPU threads per op [torch's default: every core]; a voice whose stages run on their own "
-        "threads (Orpheus: LM and SNAC) serves small models best with 1")] = None,
+        help="torch CPU threads per op, at most [torch's default: every core]; each voice picks its own from "
+        "the cores free at load (an Orpheus-style voice shares them between its LM and SNAC stages)")] = None,
     ray: Annotated[bool, typer.Option(
         "--ray", help="deploy on Ray Serve instead: the voice's lm and vocoder stages and the ingress as "
         "deployments (flashrt.integrations.ray_serve; one Orpheus-style voice)")] = False,

@@ -116,3 +116,72 @@ def test_a_cancel_and_a_bad_token_end_only_their_own_requests(tts, io, monkeypat
     for i in (0, 1):
         np.testing.assert_allclose(out[f"ref{i}"], io[f"audio.{i}"][0].numpy(), atol=1e-4, rtol=0)
     assert tts.decoder.live == 0
+
+
+def test_each_code_chunk_the_lm_sends_makes_one_snac_window_due(tts):
+    """The lm stage sends a request's frames as its SNAC stream's windows fall due (the first window's
+    chunk + right context, then a chunk each): every chunk gives audio at once, none waits in a queue
+    for the frames after it (one frame a chunk made the snac stage take a new request's first window
+    one frame per call, behind the other requests' items)."""
+    chunk, (_, right) = tts.vocoder.stream_chunk, tts.vocoder.frontend.context
+    assert tts.chunk_plan == (chunk + right, chunk)
+    before = tts.chain.stats()["stages"]
+    audio = list(tts.stream(TEXTS[4], voice="leo", sampling=GREEDY))
+    after = tts.chain.stats()["stages"]
+    sent = after["lm"]["items"] - before["lm"]["items"]
+    frames = tts.report()["frames"]
+    assert frames > chunk + right + chunk and sent == len(audio) == 1 + -(-(frames - chunk - right) // chunk)
+
+
+def test_the_cpu_lm_replays_a_traced_step_with_the_eager_steps_tokens(tts):
+    """On the CPU the LM's decode steps are traced into TorchScript (`flashrt.runtime.jit`) by default;
+    several requests at once, greedy and sampled, get the audio of an eager LM bit for bit."""
+    assert tts.decoder.backend.name == "jit"
+    eager = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=300, cache_len=512, slots=8, lm_graphs="eager")
+    try:
+        assert eager.decoder.backend.name == "eager"
+        sampled = Sampling(temperature=0.7, top_p=0.9, repetition_penalty=1.1, seed=3)
+        jobs = {k: (TEXTS[k], ("tara", "leo")[k % 2], sampled if k % 2 else GREEDY, 0.01 * k)
+                for k in range(4)}
+        jit_audio, eager_audio = _at_once(tts, jobs), _at_once(eager, jobs)
+        for key in jobs:
+            np.testing.assert_array_equal(jit_audio[key], eager_audio[key], err_msg=str(key))
+    finally:
+        eager.close()
+
+
+def test_each_stage_runs_its_ops_on_its_share_of_the_free_cores(monkeypatch):
+    """By default a voice's LM and SNAC stages share the cores free at load (two pools of torch's
+    default on a 2-core machine oversubscribed it): the count each stage's ops run on, read inside
+    the stages' own threads."""
+    import torch
+
+    from flashrt.runner import orpheus
+    from flashrt.runtime.threads import CpuLoad
+
+    with monkeypatch.context() as patch:  # a machine of 6 free cores, torch set to 8 threads
+        patch.setattr(orpheus.CpuLoad, "probe", classmethod(lambda cls: CpuLoad(6, 0)))
+        patch.setattr(torch, "get_num_threads", lambda: 8)
+        model = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=40, cache_len=256, slots=2)
+    seen = []
+
+    def spy(fn):
+        def run(*args, **kwargs):
+            seen.append((threading.current_thread().name, torch.get_num_threads()))
+            return fn(*args, **kwargs)
+        return run
+
+    try:
+        assert model.threads == 3 and model.describe()["threads"] == 3
+        monkeypatch.setattr(model.decoder, "step", spy(model.decoder.step))
+        monkeypatch.setattr(model.vocoder, "decode_together", spy(model.vocoder.decode_together))
+        list(model.stream("Hi.", voice="tara", sampling=GREEDY))
+        assert {name for name, _ in seen} == {"flashrt-chain-lm", "flashrt-chain-snac"}
+        assert {n for _, n in seen} == {3}
+    finally:
+        model.close()
+    one = load_tts(FIXTURES / "orpheus_tiny", max_new_tokens=40, cache_len=256, slots=2, threads=1)
+    try:
+        assert one.threads == 1
+    finally:
+        one.close()

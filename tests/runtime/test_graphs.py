@@ -25,7 +25,7 @@ CPU_BACKENDS = ["eager", "trace"]
 
 def test_builtin_backends_are_registered():
     assert set(backend_names()) >= {"eager", "trace", "cuda"}
-    assert backends_for("cpu") == ["eager", "trace", "onnxrt"]
+    assert backends_for("cpu") == ["eager", "trace", "onnxrt", "jit"]
     assert backends_for("cuda") == ["cuda", "tensorrt", "eager", "trace", "onnxrt"]
 
 

@@ -65,7 +65,7 @@ def test_requests_joining_and_leaving_get_the_tokens_they_get_alone(single, conc
     alone = [list(single.generate(p, n, sampling=s)) for p, n, s in requests]
     assert _drive(dec, requests, join_every=1) == alone
     report = dec.report()
-    assert report["captures"] == 2 + 2 * len(dec.batch_buckets)  # at load, none since
+    assert report["captures"] == 2 + 2 * len(dec.batch_buckets) * len(dec.key_buckets)  # at load only
     if concurrent == 8:
         assert report["row_moves"] > 0 and {"sample@1", "sample@8"} <= set(report["decode_replays"])
 
@@ -82,11 +82,12 @@ def test_sampled_requests_reproduce_under_another_mix_of_neighbours():
     assert other != first
 
 
+@pytest.mark.parametrize("backend", ["eager", "jit"])
 @pytest.mark.parametrize("name", ["llama_tiny", "qwen3_tiny", "qwen2_tiny"])
-def test_greedy_rows_are_identical_to_transformers_generate(name, one_thread):
+def test_greedy_rows_are_identical_to_transformers_generate(name, backend, one_thread):
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(FIXTURES / name, dtype=torch.float32).eval()
-    dec = _slots(name, rows=4)
+    dec = _slots(name, rows=4, backend=backend)
     prompts = _prompts(name)
     got = _drive(dec, [(p, 40, PENALIZED) for p in prompts], join_every=1, blocks=7)
     for prompt, ours in zip(prompts, got):
@@ -102,6 +103,58 @@ def test_trace_replays_the_batched_steps_bit_for_bit(one_thread):
     eager, traced = _slots(rows=4), _slots(rows=4, backend="trace")
     assert _drive(traced, requests) == _drive(eager, requests)
     assert torch.equal(traced.model.buffers["lm_k"], eager.model.buffers["lm_k"])
+
+
+@pytest.mark.parametrize("name", ["llama_tiny", "qwen3_tiny", "qwen2_tiny"])
+def test_jit_replays_the_batched_steps_bit_for_bit(name, one_thread):
+    """The decode steps and prefills traced into TorchScript (`flashrt.runtime.jit`): greedy and sampled
+    requests joining and leaving get eager's tokens, the caches end equal, nothing is captured after
+    load."""
+    prompts = _prompts(name)
+    requests = [(prompts[i], 20 + 3 * i, PENALIZED if i % 2 else _sampled(i)) for i in range(5)]
+    eager, jit = _slots(name, rows=4), _slots(name, rows=4, backend="jit")
+    assert _drive(jit, requests) == _drive(eager, requests)
+    assert torch.equal(jit.model.buffers["lm_k"], eager.model.buffers["lm_k"])
+    assert jit.report()["captures"] == 2 + 2 * len(jit.batch_buckets) * len(jit.key_buckets)
+    assert jit.backend.name == "jit"
+
+
+@pytest.mark.parametrize("backend", ["eager", "jit"])
+def test_steps_attend_to_the_key_bucket_in_use_with_the_tokens_of_the_whole_cache(single, backend):
+    """Each block attends to the smallest key bucket holding the slots it writes (rows leave and the
+    bucket shrinks, a long row grows it): greedy and sampled requests get the tokens they get alone,
+    where every step attends to the whole cache; a freed row past the live ones never writes past
+    the bucket (its slot is reset)."""
+    dec = _slots(rows=4, backend=backend, key_buckets=(24, 40, 56, 80))
+    assert dec.key_buckets == (24, 40, 56, 80, dec.model.cache_len)
+    prompts = _prompts()
+    requests = [(prompts[i % 5], 10 + 7 * i, PENALIZED if i % 2 == 0 else _sampled(i)) for i in range(6)]
+    alone = [list(single.generate(p, n, sampling=s)) for p, n, s in requests]
+    assert _drive(dec, requests, join_every=2, blocks=4) == alone
+    assert len(dec.report()["key_replays"]) >= 3
+
+
+def test_a_row_freed_past_the_live_ones_is_computed_inside_the_key_bucket(single):
+    """The last row leaves at the furthest slot while three stay, far behind: the batch bucket of four
+    still computes it, and the smaller key bucket the three need must hold its write (its slot is
+    reset when it is freed; it was left where it stopped, past the bucket)."""
+    dec = _slots(rows=4, key_buckets=(8, 16, 24, 32, 48))
+    prompts = _prompts()
+    short = [dec.join(prompts[0], 30), dec.join(prompts[1], 30),
+             dec.join(prompts[0], 30, sampling=_sampled(2))]
+    far = dec.join(prompts[4], 2)  # 40 prompt tokens: slot 41 when it stops
+    got = {seat: [] for seat in short}
+    while not far.done:
+        for seat in dec.step(1):
+            got.setdefault(seat, []).extend(seat.new)
+    assert dec.live == 3 and far.row == -1
+    while dec.live:
+        for seat in dec.step(2):
+            got[seat] += seat.new
+    assert set(dec.report()["key_replays"]) & {8, 16}  # the three alone fit a bucket below slot 41
+    for seat, (prompt, sampling) in zip(short, [(prompts[0], None), (prompts[1], None),
+                                                (prompts[0], _sampled(2))]):
+        assert got[seat] == list(single.generate(prompt, 30, sampling=sampling or Sampling()))
 
 
 def test_a_paused_row_holds_its_place_and_its_tokens_do_not_change(single):

@@ -30,6 +30,22 @@ def test_choose_threads(threads, load, ceiling, want):
     assert choose_threads(threads, load, ceiling) == want
 
 
+@pytest.mark.parametrize(
+    ("load", "ceiling", "want"),
+    [
+        (CpuLoad(2, 0), 2, 1),  # two stages on an idle 2-core CPU: one core each, not two pools of two
+        (CpuLoad(2, 1), 2, 1),  # a busy peer: still at least one each
+        (CpuLoad(8, 0), 16, 4),
+        (CpuLoad(8, 0), 2, 2),  # never above torch's setting
+    ],
+)
+def test_auto_shares_the_free_cores_between_stages_that_compute_at_once(load, ceiling, want):
+    assert choose_threads("auto", load, ceiling, stages=2) == want
+    assert choose_threads(3, load, ceiling, stages=2) == 3  # an int is as given, whatever the stages
+    with pytest.raises(ConfigError, match="stages"):
+        choose_threads("auto", load, ceiling, stages=0)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "two", True])
 def test_bad_thread_counts_are_config_errors(bad):
     with pytest.raises(ConfigError, match="threads"):

@@ -94,12 +94,16 @@ class CausalLM:
         h = self.module.hidden(tokens, rope, kv, 0, causal_bias(bucket, self.dtype, self.device))
         io.join_logits.copy_(self.module.logits(h.index_select(1, io.length - 1))[:, 0])
 
-    def decode_rows(self, rows: int, io: Any) -> None:
-        """Graph body: one decode step of rows [0, rows), each at its own position (module docstring)."""
+    def decode_rows(self, rows: int, io: Any, keys: int | None = None) -> None:
+        """Graph body: one decode step of rows [0, rows), each at its own position (module docstring),
+        attending to the first ``keys`` cache slots only (None: all; every position must be below it):
+        the slots past every row's position are masked, so fewer keys give the same values bit for
+        bit at a fraction of the attention's cost."""
+        keys = self.cache_len if keys is None else int(keys)
         position = io.position[:rows]
         rope = gather_rope(self.rope, position[:, None], self.dtype)
-        bias = decode_bias(position, self.cache_len, self.dtype)
-        kv = StaticKV(self.buffers["lm_k"][:, :rows], self.buffers["lm_v"][:, :rows])
+        bias = decode_bias(position, keys, self.dtype)
+        kv = StaticKV(self.buffers["lm_k"][:, :rows, :, :keys], self.buffers["lm_v"][:, :rows, :, :keys])
         h = self.module.hidden(io.token[:rows], rope, kv, RowPositions(position), bias)
         io.logits[:rows].copy_(self.module.logits(h)[:, 0])
 

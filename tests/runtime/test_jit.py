@@ -1,0 +1,71 @@
+"""The `jit` backend: a step traced over its buffers replays eager's results bit for bit, sees what is
+written into its buffers between replays, and refuses moved buffers and a step without buffers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashrt.errors import CaptureError, ConfigError
+from flashrt.runtime.graphs import Graph, backend_for_device, get_backend
+
+
+def test_a_block_with_a_kv_cache_replays_eager_bit_for_bit(make_block):
+    model, bufs, fn, feed = make_block(seed=1)
+    _, ref, ref_fn, ref_feed = make_block(seed=1)
+    feed(0, torch.Generator().manual_seed(0))  # capture runs fn (the trace, the warm-ups): real inputs
+    with pytest.raises(CaptureError, match="requires_grad_"):
+        get_backend("jit").capture(fn, bufs)
+    model.requires_grad_(False)
+    graph = get_backend("jit").capture(fn, bufs)
+    assert isinstance(graph, Graph) and graph.backend == "jit"
+    for step in range(4):
+        feed(step, torch.Generator().manual_seed(step))
+        ref_feed(step, torch.Generator().manual_seed(step))
+        graph.replay()
+        with torch.no_grad():
+            ref_fn()
+        assert torch.equal(bufs["out"], ref["out"])
+    assert all(torch.equal(bufs[k], ref[k]) for k in ref if k.endswith("cache"))
+
+
+def test_state_written_in_place_through_views_advances_on_every_replay():
+    """In-place writes through slices of a buffer (a decode step's position += 1, token picked) land
+    in the buffer; a trace with its buffers as constants lost these (folded copies)."""
+    bufs = {"step": torch.zeros(4, dtype=torch.int64), "out": torch.zeros(4, 6, dtype=torch.int64),
+            "active": torch.tensor([True, True, False, True])}
+
+    def step():
+        rows, active = bufs["step"][:3], bufs["active"][:3]
+        at = rows[:, None].clamp(max=5)
+        bufs["out"][:3].scatter_(1, at, (rows[:, None] + 10) * active[:, None])
+        rows.add_(active.to(torch.int64))
+
+    graph = get_backend("jit", warmup=0).capture(step, bufs)
+    assert bufs["step"].tolist() == [1, 1, 0, 0]  # the trace ran once
+    for _ in range(3):
+        graph.replay()
+    assert bufs["step"].tolist() == [4, 4, 0, 0]
+    assert bufs["out"][0].tolist() == [10, 11, 12, 13, 0, 0] and bufs["out"][2].tolist() == [0] * 6
+    bufs["active"][2] = True  # a new input written between replays is read by the next one
+    graph.replay()
+    assert bufs["step"].tolist() == [5, 5, 1, 0]
+
+
+def test_moved_buffers_and_steps_without_buffers_are_refused():
+    bufs = {"x": torch.zeros(2)}
+    graph = get_backend("jit").capture(lambda: bufs["x"].add_(1), bufs)
+    bufs["x"] = torch.zeros(2)
+    with pytest.raises(CaptureError, match="'x'"):
+        graph.replay()
+    with pytest.raises(CaptureError, match="named buffers"):
+        get_backend("jit").capture(lambda: None)
+    with pytest.raises(CaptureError, match="callable"):
+        get_backend("jit").capture(torch.zeros(1), bufs)
+
+
+def test_jit_runs_on_the_cpu_only():
+    assert backend_for_device("jit", torch.device("cpu")).name == "jit"
+    with pytest.raises(ConfigError, match="does not run on cuda"):
+        backend_for_device("jit", torch.device("cuda"))
+
