@@ -46,14 +46,14 @@ def test_cpu_arch_and_description():
     assert info["torch"] == torch.__version__ and info["threads"] >= 1
     assert isinstance(info["name"], str) and info["name"]
     assert info["memory_bytes"] is None or info["memory_bytes"] > 0
-    assert info["backends"] == ["eager", "trace", "onnxrt"]
+    assert info["backends"] == ["eager", "trace", "onnxrt", "jit"]
     assert info["isa"] == torch.backends.cpu.get_cpu_capability()
     vnni_or_amx = info["int8"]["vnni"] or info["int8"]["amx"]
     assert info["int8"]["activation_qmax"] == (127 if vnni_or_amx else 63)
 
 
 def test_available_backends_cpu_default_first():
-    assert available_backends("cpu") == ["eager", "trace", "onnxrt"]
+    assert available_backends("cpu") == ["eager", "trace", "onnxrt", "jit"]
 
 
 @pytest.mark.cuda
