@@ -144,18 +144,20 @@ def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200) -> dict[str, Ke
             "pi0-fast decode/token": count_kernels(decoder._decode_body("greedy"))}
 
 
-def lm_count(dtype: Any) -> dict[str, KernelCount]:
+def lm_count(dtype: Any, kernels: str = "fused") -> dict[str, KernelCount]:
     """The Orpheus-3B LM (Llama-3.2-3B, preset "orpheus-3b") built on meta as `flashrt.runner.orpheus`
     loads it (8 slots of 2,048 cache positions, prompt buckets up to 256, sampling): the prefill of the
     largest bucket into one row, and one sampled decode step at 1 and at 8 live rows."""
     from flashrt.frontends.lm.config import preset
     from flashrt.frontends.lm.frontend import CausalLM
     from flashrt.io.loading import meta_twin
+    from flashrt.nn.fused import use_kernels
     from flashrt.nn.llama import Llama
     from flashrt.runtime.slots import SlotDecoder
 
     cfg = preset("orpheus-3b")
     module = meta_twin(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), dtype)
+    use_kernels(module, kernels)
     lm = CausalLM(cfg, module, device="meta", dtype=dtype, cache_len=2048, batch=8)
     decoder = SlotDecoder(lm, (32, 64, 128, 256), max_new_tokens=1200, backend="eager")
     return {"orpheus-lm prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1])),
@@ -178,7 +180,7 @@ FAMILIES: dict[str, Callable[[Any, int, str], dict[str, KernelCount]]] = {
     "pi05": _pi0("pi05-base"),
     "groot": lambda dtype, cams, row: {"groot-n1.7": groot_count(dtype, cams)},
     "pi0-fast": lambda dtype, cams, row: pi0_fast_count(dtype, cams),
-    "lm": lambda dtype, cams, row: lm_count(dtype),
+    "lm": lambda dtype, cams, row: lm_count(dtype, row),
 }
 
 

@@ -3,10 +3,11 @@
 Shapes: x, y (..., D) rows of width D; B batch, L tokens, H query heads, KV key/value heads, D head_dim
 (`rope_qkv`), M mlp width (`gelu_mul`).
 
-    rms_norm(x, scale, shift, eps) -> n
+    rms_norm(x, scale, shift, eps, cast_first=False) -> n
         n = x / rms(x) * scale [+ shift]: statistics and products in float32, n in x's dtype.
         scale, shift: (D,) float32 (Gemma's ``1 + w`` precomputed at load; an adaRMS table row).
-    add_rms_norm(x, y, gate, scale, shift, eps) -> (s, n)
+        ``cast_first``: x / rms(x) rounded to x's dtype before the scale (Llama's form, `RMSNorm`).
+    add_rms_norm(x, y, gate, scale, shift, eps, cast_first=False) -> (s, n)
         s = x + y [* gate] (the residual add of a pre-norm block, in x's dtype), n = rms_norm(s, ...):
         the add fused with the norm that follows it (the next layer's input norm, the final norm).
     rope_qkv(qkv, cos, sin, k_out, v_out, heads) -> q
@@ -14,6 +15,7 @@ Shapes: x, y (..., D) rows of width D; B batch, L tokens, H query heads, KV key/
         k rotated into ``k_out`` and v copied into ``v_out`` ((B, L, KV, D) views of any strides: the
         static K/V slots). ``heads`` 0: a K/V-only pass (q is empty). cos, sin: `flashrt.nn.rope` tables.
     gelu_mul(gate_up) -> gelu_tanh(gate_up[..., :M]) * gate_up[..., M:]          (..., 2M) -> (..., M)
+    silu_mul(gate_up) -> silu(gate_up[..., :M]) * gate_up[..., M:]               (..., 2M) -> (..., M)
 
 Each op has three implementations:
 
@@ -44,7 +46,7 @@ from flashrt.nn.norms import add_rms_norm_ref, rms_norm_ref
 from flashrt.nn.rope import apply_rope
 
 __all__ = ["KERNELS", "KERNEL_CHOICES", "Ops", "NormRow", "resolve_kernels", "use_kernels",
-           "rms_norm_ref", "add_rms_norm_ref", "rope_qkv_ref", "gelu_mul_ref"]
+           "rms_norm_ref", "add_rms_norm_ref", "rope_qkv_ref", "gelu_mul_ref", "silu_mul_ref"]
 
 KERNEL_CHOICES = ("auto", "aten", "fused")
 
@@ -76,25 +78,31 @@ def gelu_mul_ref(gate_up: Tensor) -> Tensor:
     return F.gelu(gate, approximate="tanh").mul_(up)
 
 
+def silu_mul_ref(gate_up: Tensor) -> Tensor:
+    """``silu(gate) * up`` of the two halves of the last dim (the product formed in silu's output)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
+
+
 # ------------------------------------------------------------------------------------------ custom ops
 @torch.library.custom_op("flashrt::rms_norm", mutates_args=())
-def rms_norm(x: Tensor, scale: Tensor, shift: Tensor | None, eps: float) -> Tensor:
-    return rms_norm_ref(x, scale, shift, eps)
+def rms_norm(x: Tensor, scale: Tensor, shift: Tensor | None, eps: float, cast_first: bool = False) -> Tensor:
+    return rms_norm_ref(x, scale, shift, eps, cast_first)
 
 
 @rms_norm.register_fake
-def _(x, scale, shift, eps):
+def _(x, scale, shift, eps, cast_first=False):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("flashrt::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, y: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
-                 eps: float) -> tuple[Tensor, Tensor]:
-    return add_rms_norm_ref(x, y, gate, scale, shift, eps)
+                 eps: float, cast_first: bool = False) -> tuple[Tensor, Tensor]:
+    return add_rms_norm_ref(x, y, gate, scale, shift, eps, cast_first)
 
 
 @add_rms_norm.register_fake
-def _(x, y, gate, scale, shift, eps):
+def _(x, y, gate, scale, shift, eps, cast_first=False):
     out = torch.empty(torch.broadcast_shapes(x.shape, y.shape), dtype=x.dtype, device=x.device)
     return out, torch.empty_like(out)
 
@@ -119,7 +127,18 @@ def _(gate_up):
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
-CUSTOM_OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_qkv": rope_qkv, "gelu_mul": gelu_mul}
+@torch.library.custom_op("flashrt::silu_mul", mutates_args=())
+def silu_mul(gate_up: Tensor) -> Tensor:
+    return silu_mul_ref(gate_up)
+
+
+@silu_mul.register_fake
+def _(gate_up):
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+CUSTOM_OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_qkv": rope_qkv, "gelu_mul": gelu_mul,
+              "silu_mul": silu_mul}
 
 
 # ------------------------------------------------------------------------------------------ kernel table
@@ -131,12 +150,13 @@ class Ops:
     add_rms_norm: Any
     rope_qkv: Any
     gelu_mul: Any
+    silu_mul: Any
 
 
 KERNELS: dict[str, Ops] = {
-    "aten": Ops(rms_norm_ref, add_rms_norm_ref, rope_qkv_ref, gelu_mul_ref),
+    "aten": Ops(rms_norm_ref, add_rms_norm_ref, rope_qkv_ref, gelu_mul_ref, silu_mul_ref),
     "fused": Ops(torch.ops.flashrt.rms_norm, torch.ops.flashrt.add_rms_norm, torch.ops.flashrt.rope_qkv,
-                 torch.ops.flashrt.gelu_mul),
+                 torch.ops.flashrt.gelu_mul, torch.ops.flashrt.silu_mul),
 }
 
 

@@ -16,7 +16,14 @@ Differences from transformers' `LlamaForCausalLM` / `Qwen3ForCausalLM`, all exac
   at that row's own slot (``scatter_``: the rows of a slot-batched decode are different requests at
   different positions). Either way nothing is concatenated per call and no value is read on the host.
 * Qwen3's q/k RMSNorms over head_dim run before RoPE, as in the reference.
-* Norms are the Llama form ``w * normalize(x)`` (statistics in float32, `rms_normalize`).
+* Norms are the one `flashrt.nn.norms.RMSNorm` in the Llama form (``offset`` off, ``cast_first``:
+  ``w * normalize(x).to(dtype)``, statistics in float32); every residual add is fused with the norm
+  after it (``add_rms_norm``: layer i ends with layer i + 1's input norm, the last with the final norm),
+  so `LlamaLayer.block` takes the residual stream and its normed input ``(x, h)``.
+* Norms, RoPE (q rotated, k rotated into its cache slot and v stored, one ``rope_qkv``) and the SwiGLU
+  product run through the kernel table `flashrt.nn.fused.KERNELS` by name (``kernels``, set with
+  `flashrt.nn.fused.use_kernels`): "aten" (the references, default: the same ops as before) or "fused"
+  (the ``flashrt::`` custom ops, one CUDA kernel each where csrc is built), as `flashrt.nn.gemma` does.
 
 Attention is SDPA with an additive bias from `causal_bias` / `decode_bias` (finite `mask_value`, never
 -inf): a prefill with ``enable_gqa`` (its causal mask depends on the query), a decode token through
@@ -38,7 +45,8 @@ from torch import nn
 
 from flashrt.errors import CheckpointError
 from flashrt.nn.attention import StaticKV, attend, mask_value
-from flashrt.nn.norms import rms_normalize
+from flashrt.nn.fused import KERNELS
+from flashrt.nn.norms import RMSNorm
 from flashrt.nn.rope import apply_rope
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin (B, L, 1, D) as in `flashrt.nn.rope`
@@ -139,18 +147,6 @@ def decode_bias(position: torch.Tensor, slots: int, dtype: torch.dtype) -> torch
 
 # ------------------------------------------------------------------------------------------ layers
 
-class LlamaNorm(nn.Module):
-    """Llama RMSNorm: ``weight * normalize(x)`` (statistics in float32, cast back to x's dtype)."""
-
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * rms_normalize(x, self.eps).to(x.dtype)
-
-
 @dataclass(frozen=True)
 class LayerShape:
     """Sizes and switches of one decoder layer (the family differences are flags, not classes)."""
@@ -166,45 +162,68 @@ class LayerShape:
     qk_norm: bool = False      # Qwen3
 
 
+def _norm(dim: int, s: LayerShape) -> RMSNorm:
+    return RMSNorm(dim, s.eps, offset=False, cast_first=True)
+
+
 class LlamaLayer(nn.Module):
     """Pre-norm layer: norm -> attention (RoPE, static K/V) -> residual -> norm -> SwiGLU -> residual."""
 
     def __init__(self, s: LayerShape) -> None:
         super().__init__()
         self.s = s
-        self.input_norm = LlamaNorm(s.width, s.eps)
+        self.input_norm = _norm(s.width, s)
         self.qkv = nn.Linear(s.width, (s.heads + 2 * s.kv_heads) * s.head_dim, bias=s.qkv_bias)
         self.o = nn.Linear(s.heads * s.head_dim, s.width, bias=s.o_bias)
-        self.q_norm = LlamaNorm(s.head_dim, s.eps) if s.qk_norm else None
-        self.k_norm = LlamaNorm(s.head_dim, s.eps) if s.qk_norm else None
-        self.post_norm = LlamaNorm(s.width, s.eps)
+        self.q_norm = _norm(s.head_dim, s) if s.qk_norm else None
+        self.k_norm = _norm(s.head_dim, s) if s.qk_norm else None
+        self.post_norm = _norm(s.width, s)
         self.gate_up = nn.Linear(s.width, 2 * s.mlp, bias=False)
         self.down = nn.Linear(s.mlp, s.width, bias=False)
+        self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
 
-    def _qkv(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, L, W) -> q (B, L, H, D), k (B, L, KV, D) both RoPE'd, v (B, L, KV, D)."""
-        s = self.s
-        qkv = F.linear(self.input_norm(x), self.qkv.weight, self.qkv.bias).unflatten(-1, (-1, s.head_dim))
-        q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+    def _attend(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
+                bias: torch.Tensor) -> torch.Tensor:
+        """Normed h (B, L, W) -> attention output (B, L, H D); this call's K/V stored at ``slot``."""
+        s, ops = self.s, KERNELS[self.kernels]
+        qkv = F.linear(h, self.qkv.weight, self.qkv.bias).unflatten(-1, (-1, s.head_dim))
+        if self.q_norm is not None:  # Qwen3: q/k norms before RoPE
+            q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
+            q = ops.rms_norm(q, self.q_norm.scale, None, s.eps, True)
+            k = ops.rms_norm(k, self.k_norm.scale, None, s.eps, True)
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            keys, values = _store(kv, index, slot, k, v)
+        elif isinstance(slot, int) and kv.slot_views:  # k rotated into its cache slots, v stored, q rotated
+            end = slot + h.shape[1]
+            q = ops.rope_qkv(qkv, *rope, *kv.slots(index, slot, end), s.heads)
+            keys, values = kv.read(index, end)
+        else:  # a decode token (or a cache without slot views): k, v rotated once, then stored
+            shape = (*qkv.shape[:2], s.kv_heads, s.head_dim)
+            k, v = qkv.new_empty(shape), qkv.new_empty(shape)
+            q = ops.rope_qkv(qkv, *rope, k, v, s.heads)
+            keys, values = _store(kv, index, slot, k, v)
+        if isinstance(slot, int):  # a prefill: the causal mask depends on the query
+            att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
+                                                 scale=s.head_dim ** -0.5, enable_gqa=True)
+            return att.transpose(1, 2).flatten(2)
+        return attend(q, keys, values, bias)  # a key-only bias: each group's queries fold into one call
+
+    def block(self, x: torch.Tensor, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
+              bias: torch.Tensor, after: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on the residual stream x and its normed input h (both (B, L, W)) -> (x, ``after``
+        of x): ``after`` is the norm that follows (the next layer's input norm or the final norm)."""
+        s, ops = self.s, KERNELS[self.kernels]
+        y = F.linear(self._attend(h, rope, kv, index, slot, bias), self.o.weight, self.o.bias)
+        x, h = ops.add_rms_norm(x, y, None, self.post_norm.scale, None, s.eps, True)
+        y = F.linear(ops.silu_mul(F.linear(h, self.gate_up.weight)), self.down.weight)
+        return ops.add_rms_norm(x, y, None, after.scale, None, after.eps, after.cast_first)
 
     def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
                 bias: torch.Tensor) -> torch.Tensor:
-        """x (B, L, W) -> (B, L, W); this call's K/V stored at ``slot`` (module docstring)."""
-        q, k, v = self._qkv(x, rope)
-        keys, values = _store(kv, index, slot, k, v)
-        if isinstance(slot, int):  # a prefill: the causal mask depends on the query
-            att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
-                                                 scale=self.s.head_dim ** -0.5, enable_gqa=True)
-            att = att.transpose(1, 2).flatten(2)
-        else:  # one decode token: a key-only bias, so each group's queries fold into one SDPA call
-            att = attend(q, keys, values, bias)
-        x = x + F.linear(att, self.o.weight, self.o.bias)
-        gate, up = F.linear(self.post_norm(x), self.gate_up.weight).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate).mul_(up), self.down.weight)
+        """x (B, L, W) -> (B, L, W), the layer on its own; its K/V stored at ``slot`` (module docstring)."""
+        h = KERNELS[self.kernels].rms_norm(x, self.input_norm.scale, None, self.s.eps, True)
+        return self.block(x, h, rope, kv, index, slot, bias, self.input_norm)[0]
 
 
 def _store(kv: StaticKV, index: int, slot: Slot, k: torch.Tensor,
@@ -232,16 +251,20 @@ class Llama(nn.Module):
         self.s = s
         self.embed = nn.Embedding(vocab_size, s.width)
         self.layers = nn.ModuleList(LlamaLayer(s) for _ in range(depth))
-        self.norm = LlamaNorm(s.width, s.eps)
+        self.norm = _norm(s.width, s)
         self.head = None if tied else nn.Linear(s.width, vocab_size, bias=False)
+        self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
 
     def hidden(self, tokens: torch.Tensor, rope: Rope, kv: StaticKV, slot: Slot,
                bias: torch.Tensor) -> torch.Tensor:
         """tokens (B, L) int64 -> final-normed hidden states (B, L, W)."""
         x = self.embed(tokens)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, kv, i, slot, bias)
-        return self.norm(x)
+        norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
+        first = self.layers[0].input_norm
+        h = KERNELS[self.kernels].rms_norm(x, first.scale, None, first.eps, True)
+        for i, (layer, after) in enumerate(zip(self.layers, norms)):
+            x, h = layer.block(x, h, rope, kv, i, slot, bias, after)
+        return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., W) -> (..., V) float32 logits."""

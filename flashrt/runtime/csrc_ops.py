@@ -15,7 +15,7 @@ import ctypes
 import torch
 from torch import Tensor
 
-from flashrt.nn.fused import gelu_mul_ref, rope_qkv_ref
+from flashrt.nn.fused import gelu_mul_ref, rope_qkv_ref, silu_mul_ref
 from flashrt.nn.norms import add_rms_norm_ref, rms_norm_ref
 
 __all__ = ["CudaOps", "CUDA_FORMS", "gelu_mul_takes", "norm_takes", "rope_qkv_takes"]
@@ -23,10 +23,11 @@ __all__ = ["CudaOps", "CUDA_FORMS", "gelu_mul_takes", "norm_takes", "rope_qkv_ta
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
-    "flashrt_add_rms_norm": (_I, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _F, _P),
+    "flashrt_add_rms_norm": (_I, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _F, _I, _P),
     "flashrt_rope_qkv": (_I, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64,
                          _I64, _I64, _I64, _I64, _I, _I, _I64, _P),
     "flashrt_gelu_mul": (_I, _P, _P, _I64, _I64, _P),
+    "flashrt_silu_mul": (_I, _P, _P, _I64, _I64, _P),
 }
 
 
@@ -58,20 +59,21 @@ def rope_qkv_takes(qkv: Tensor, cos: Tensor, sin: Tensor, k_out: Tensor, v_out: 
 
 
 def gelu_mul_takes(gate_up: Tensor) -> bool:
-    """Whether the GeGLU product kernel takes ``gate_up`` (any device)."""
+    """Whether the gated-MLP product kernels (GeGLU, SwiGLU) take ``gate_up`` (any device)."""
     return gate_up.dtype in DTYPES and gate_up.is_contiguous() and gate_up.shape[-1] % 2 == 0
 
 
 # op name (as the dispatcher names it) -> (whether its CUDA kernel takes the call, its reference): what
 # `flashrt.profile.kernels` counts a custom op by (one kernel, or the reference's ops)
 CUDA_FORMS = {
-    "flashrt.rms_norm.default": (lambda x, scale, shift, _eps: norm_takes(x, None, None, scale, shift),
+    "flashrt.rms_norm.default": (lambda x, scale, shift, *_: norm_takes(x, None, None, scale, shift),
                                  rms_norm_ref),
-    "flashrt.add_rms_norm.default": (lambda x, y, gate, scale, shift, _eps: norm_takes(x, y, gate, scale,
-                                                                                         shift),
+    "flashrt.add_rms_norm.default": (lambda x, y, gate, scale, shift, *_: norm_takes(x, y, gate, scale,
+                                                                                       shift),
                                      add_rms_norm_ref),
     "flashrt.rope_qkv.default": (rope_qkv_takes, rope_qkv_ref),
     "flashrt.gelu_mul.default": (gelu_mul_takes, gelu_mul_ref),
+    "flashrt.silu_mul.default": (gelu_mul_takes, silu_mul_ref),
 }
 
 
@@ -102,24 +104,26 @@ class CudaOps:
         return on_gpu and norm_takes(x, y, gate, scale, shift)
 
     def _norm(self, x: Tensor, y: Tensor | None, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
-              eps: float) -> tuple[Tensor | None, Tensor]:
+              eps: float, cast_first: bool) -> tuple[Tensor | None, Tensor]:
         out = torch.empty_like(x)
         s = None if y is None else torch.empty_like(x)
         d = x.shape[-1]
         self._launch("flashrt_add_rms_norm", x.device, DTYPES[x.dtype], _ptr(x), _ptr(y), _ptr(gate),
-                     _ptr(scale), _ptr(shift), _ptr(s), _ptr(out), x.numel() // d, d, float(eps))
+                     _ptr(scale), _ptr(shift), _ptr(s), _ptr(out), x.numel() // d, d, float(eps),
+                     int(cast_first))
         return s, out
 
-    def rms_norm(self, x: Tensor, scale: Tensor, shift: Tensor | None, eps: float) -> Tensor:
+    def rms_norm(self, x: Tensor, scale: Tensor, shift: Tensor | None, eps: float,
+                 cast_first: bool = False) -> Tensor:
         if not self._norm_ok(x, None, None, scale, shift):
-            return rms_norm_ref(x, scale, shift, eps)
-        return self._norm(x, None, None, scale, shift, eps)[1]
+            return rms_norm_ref(x, scale, shift, eps, cast_first)
+        return self._norm(x, None, None, scale, shift, eps, cast_first)[1]
 
     def add_rms_norm(self, x: Tensor, y: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
-                     eps: float) -> tuple[Tensor, Tensor]:
+                     eps: float, cast_first: bool = False) -> tuple[Tensor, Tensor]:
         if not self._norm_ok(x, y, gate, scale, shift):
-            return add_rms_norm_ref(x, y, gate, scale, shift, eps)
-        return self._norm(x, y, gate, scale, shift, eps)
+            return add_rms_norm_ref(x, y, gate, scale, shift, eps, cast_first)
+        return self._norm(x, y, gate, scale, shift, eps, cast_first)
 
     # ---------------------------------------------------------------------------------- RoPE
     def rope_qkv(self, qkv: Tensor, cos: Tensor, sin: Tensor, k_out: Tensor, v_out: Tensor,
@@ -137,11 +141,20 @@ class CudaOps:
         return q
 
     # ---------------------------------------------------------------------------------- GeGLU
+    def _act_mul(self, name: str, gate_up: Tensor) -> Tensor:
+        m = gate_up.shape[-1] // 2
+        out = gate_up.new_empty((*gate_up.shape[:-1], m))
+        self._launch(name, gate_up.device, DTYPES[gate_up.dtype], _ptr(gate_up), _ptr(out),
+                     gate_up.numel() // (2 * m) if m else 0, m)
+        return out
+
     def gelu_mul(self, gate_up: Tensor) -> Tensor:
         if not gelu_mul_takes(gate_up):
             return gelu_mul_ref(gate_up)
-        m = gate_up.shape[-1] // 2
-        out = gate_up.new_empty((*gate_up.shape[:-1], m))
-        self._launch("flashrt_gelu_mul", gate_up.device, DTYPES[gate_up.dtype], _ptr(gate_up), _ptr(out),
-                     gate_up.numel() // (2 * m) if m else 0, m)
-        return out
+        return self._act_mul("flashrt_gelu_mul", gate_up)
+
+    # ---------------------------------------------------------------------------------- SwiGLU
+    def silu_mul(self, gate_up: Tensor) -> Tensor:
+        if not gelu_mul_takes(gate_up):
+            return silu_mul_ref(gate_up)
+        return self._act_mul("flashrt_silu_mul", gate_up)

@@ -507,7 +507,8 @@ def _portable_ops() -> dict[Any, Callable[..., Any]]:
             table[op] = fn
     from flashrt.nn import fused
     for name, ref in (("rms_norm", fused.rms_norm_ref), ("add_rms_norm", fused.add_rms_norm_ref),
-                      ("rope_qkv", fused.rope_qkv_ref), ("gelu_mul", fused.gelu_mul_ref)):
+                      ("rope_qkv", fused.rope_qkv_ref), ("gelu_mul", fused.gelu_mul_ref),
+                      ("silu_mul", fused.silu_mul_ref)):
         table[getattr(torch.ops.flashrt, name).default] = ref
     return table
 

@@ -75,9 +75,28 @@ def test_rope_qkv_matches_the_reference_into_strided_slots(dtype, heads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gelu_mul_matches_the_reference(dtype):
+@pytest.mark.parametrize("name", ["gelu_mul", "silu_mul"])
+def test_gated_mlp_products_match_the_reference(dtype, name):
     gate_up = (torch.randn(816, 2 * 4096, device="cuda") * 3).to(dtype)
-    _close(KERNELS["fused"].gelu_mul(gate_up), KERNELS["aten"].gelu_mul(gate_up), dtype)
+    _close(getattr(KERNELS["fused"], name)(gate_up), getattr(KERNELS["aten"], name)(gate_up), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_cast_first_norms_match_the_llama_reference(dtype, residual):
+    """The Llama rounding (normalized x rounded to the dtype, then the gain) at the Orpheus LM's width."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = (torch.randn(1, 256, 3072, device="cuda", generator=g) * 4).to(dtype)
+    y = torch.randn(1, 256, 3072, device="cuda", generator=g).to(dtype)
+    w = (1 + 0.3 * torch.randn(3072, device="cuda", generator=g)).to(dtype).float()
+    fused, ref = KERNELS["fused"], KERNELS["aten"]
+    if not residual:
+        _close(fused.rms_norm(x, w, None, 1e-5, True), ref.rms_norm(x, w, None, 1e-5, True), dtype)
+        return
+    (s, n), (s_ref, n_ref) = fused.add_rms_norm(x, y, None, w, None, 1e-5, True), \
+        ref.add_rms_norm(x, y, None, w, None, 1e-5, True)
+    assert torch.equal(s, s_ref)
+    _close(n, n_ref, dtype)
 
 
 def _feed(frontend, seed: int) -> None:
