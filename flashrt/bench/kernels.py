@@ -123,17 +123,20 @@ def groot_count(dtype: Any, cams: int = 2) -> KernelCount:
     return count_kernels(frontend.raw_step(frontend.buckets[-1]), stages=frontend.kernel_stages())
 
 
-def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200) -> dict[str, KernelCount]:
-    """Pi0-FAST (preset "pi0_fast") built on meta as its loader builds it (no fused op selected): the
-    prefill of the largest default bucket and one greedy decode step."""
+def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200,
+                   kernels: str = "fused") -> dict[str, KernelCount]:
+    """Pi0-FAST (preset "pi0_fast") built on meta as its loader builds it, kernel-table row ``kernels``:
+    the prefill of the largest default bucket and one greedy decode step."""
     from flashrt.frontends.pi0.frontend import default_buckets
     from flashrt.frontends.pi0_fast.config import preset
     from flashrt.frontends.pi0_fast.model import Pi0FastDecodeModel, Pi0FastNet
     from flashrt.io.loading import meta_twin
+    from flashrt.nn.fused import use_kernels
     from flashrt.runtime.decode import Decoder
 
     config = preset("pi0_fast")
     net = meta_twin(lambda: Pi0FastNet(config), dtype)
+    use_kernels(net, kernels)
     buckets = default_buckets(prompt + 1)  # the prompt and its bos, as the family's loader sizes them
     slots = max(buckets) + config.max_decoding_steps
     model = Pi0FastDecodeModel(net, cams, slots, net.vlm.embed.weight.device)
@@ -179,7 +182,7 @@ FAMILIES: dict[str, Callable[[Any, int, str], dict[str, KernelCount]]] = {
     "pi0": _pi0("pi0-base"),
     "pi05": _pi0("pi05-base"),
     "groot": lambda dtype, cams, row: {"groot-n1.7": groot_count(dtype, cams)},
-    "pi0-fast": lambda dtype, cams, row: pi0_fast_count(dtype, cams),
+    "pi0-fast": lambda dtype, cams, row: pi0_fast_count(dtype, cams, kernels=row),
     "lm": lambda dtype, cams, row: lm_count(dtype, row),
 }
 
