@@ -5,7 +5,9 @@
 //   n = s / sqrt(mean(s^2) + eps) * scale [+ shift]   in float32, then rounded to T
 //   cast_first: s / sqrt(mean(s^2) + eps) rounded to T before the scale (Llama's form)
 //
-// One block per row of width D; float32 statistics; x, y, sum_out, out (rows, D) contiguous; gate (D,)
+// One block per row of width D; float32 statistics; y, sum_out, out (rows, D) contiguous; x the same, or
+// (without y) rows in groups of `inner` contiguous rows, groups `outer_stride` elements apart (a head
+// split of a fused projection: q (B, L, H, D) of qkv (B, L, H + 2 KV, D)); gate (D,)
 // in T; scale, shift (D,) float32. The products follow the reference's order (normalize, then scale,
 // then shift) with explicit _rn intrinsics so no FMA contraction changes the rounding.
 #include "flashrt_csrc.h"
@@ -31,10 +33,10 @@ template <typename T>
 __global__ void add_rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ gate,
                                     const float* __restrict__ scale, const float* __restrict__ shift,
                                     T* __restrict__ sum_out, T* __restrict__ out, int64_t dim, float eps,
-                                    int cast_first) {
+                                    int cast_first, int64_t inner, int64_t outer_stride) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
-  const T* xr = x + row * dim;
+  const T* xr = x + (row / inner) * outer_stride + (row % inner) * dim;
   const T* yr = y ? y + row * dim : nullptr;
   T* sr = sum_out ? sum_out + row * dim : nullptr;
   float squares = 0.f;
@@ -65,15 +67,17 @@ extern "C" int flashrt_csrc_abi() { return FLASHRT_CSRC_ABI; }
 
 // y == nullptr: a plain rms_norm of x (sum_out unused); else s = x + y [* gate] goes to sum_out and
 // is normalized. gate and shift may be nullptr. cast_first != 0: the Llama rounding (file comment).
+// inner, outer_stride: x's row layout (file comment); contiguous x: 1, dim.
 extern "C" int flashrt_add_rms_norm(int dtype, const void* x, const void* y, const void* gate,
                                     const float* scale, const float* shift, void* sum_out, void* out,
-                                    int64_t rows, int64_t dim, float eps, int cast_first, void* stream) {
+                                    int64_t rows, int64_t dim, float eps, int cast_first, int64_t inner,
+                                    int64_t outer_stride, void* stream) {
   if (rows == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   FLASHRT_DISPATCH(dtype, T, {
     add_rms_norm_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
         static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(gate), scale, shift,
-        static_cast<T*>(sum_out), static_cast<T*>(out), dim, eps, cast_first);
+        static_cast<T*>(sum_out), static_cast<T*>(out), dim, eps, cast_first, inner, outer_stride);
   });
   return static_cast<int>(cudaGetLastError());
 }

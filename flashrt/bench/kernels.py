@@ -55,6 +55,7 @@ from typing import Annotated, Any
 import typer
 
 from flashrt.profile.kernels import KernelCount, count_kernels
+from flashrt.runtime.csrc_ops import CUDA_FORMS
 
 __all__ = ["FAMILIES", "PATHS", "count_card", "count_family", "groot_count", "lm_count", "pi0_fast_count",
            "policy_count", "vocoder_count", "kernels"]
@@ -100,15 +101,17 @@ def count_card(name: str, precision: str = "bf16", cams: int = 2, kernels: str =
     return vocoder_count(card, dtype)
 
 
-def groot_count(dtype: Any, cams: int = 2) -> KernelCount:
-    """GR00T N1.7 at its published sizes (module docstring), built on meta, one step of the largest
-    bucket. No fused op: its loader selects none (both paths count the same)."""
+def groot_count(dtype: Any, cams: int = 2, kernels: str = "fused") -> KernelCount:
+    """GR00T N1.7 at its published sizes (module docstring), built on meta, kernel-table row ``kernels``,
+    one step of the largest bucket."""
     import torch
 
     from flashrt.frontends.groot import synthetic
     from flashrt.frontends.groot.config import GrootN17Config, TokenIds, text_config, vision_config
     from flashrt.frontends.groot.model import GrootN17Model
     from flashrt.frontends.groot.preprocess import PromptTokenizer
+    from flashrt.io.loading import reset_derived
+    from flashrt.nn.fused import use_kernels
 
     with tempfile.TemporaryDirectory() as folder:
         tokenizer = PromptTokenizer(synthetic.write_tokenizer(Path(folder)))
@@ -118,9 +121,11 @@ def groot_count(dtype: Any, cams: int = 2) -> KernelCount:
                             text_config(p.backbone, p.select_layer, "full"), tokens, p.head)
     with torch.device("meta"):
         model = GrootN17Model(config).to(dtype).eval().requires_grad_(False)
-    model.vision.reset_derived()
+    reset_derived(model, "meta")
+    use_kernels(model, kernels)
     frontend = synthetic.frontend(model, tokenizer, "full", cams, backend="eager", capture=False)
-    return count_kernels(frontend.raw_step(frontend.buckets[-1]), stages=frontend.kernel_stages())
+    return count_kernels(frontend.raw_step(frontend.buckets[-1]), stages=frontend.kernel_stages(),
+                         custom=CUDA_FORMS)
 
 
 def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200,
@@ -143,8 +148,9 @@ def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200,
     decoder = Decoder(model, buckets, max_new_tokens=config.max_decoding_steps, backend="eager",
                       candidates=1, penalty=False)
     stages = {"vision": [net.vision, net.projector], "prefix": [net.vlm]}
-    return {"pi0-fast prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1]), stages=stages),
-            "pi0-fast decode/token": count_kernels(decoder._decode_body("greedy"))}
+    return {"pi0-fast prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1]), stages=stages,
+                                              custom=CUDA_FORMS),
+            "pi0-fast decode/token": count_kernels(decoder._decode_body("greedy"), custom=CUDA_FORMS)}
 
 
 def lm_count(dtype: Any, kernels: str = "fused") -> dict[str, KernelCount]:
@@ -163,9 +169,11 @@ def lm_count(dtype: Any, kernels: str = "fused") -> dict[str, KernelCount]:
     use_kernels(module, kernels)
     lm = CausalLM(cfg, module, device="meta", dtype=dtype, cache_len=2048, batch=8)
     decoder = SlotDecoder(lm, (32, 64, 128, 256), max_new_tokens=1200, backend="eager")
-    return {"orpheus-lm prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1])),
-            "orpheus-lm decode/token @1": count_kernels(decoder._decode_body("sample", 1)),
-            "orpheus-lm decode/step @8": count_kernels(decoder._decode_body("sample", 8))}
+    prefill = count_kernels(decoder._prefill_body(decoder.buckets[-1]), custom=CUDA_FORMS)
+    return {"orpheus-lm prefill": prefill,
+            **{f"orpheus-lm decode/{unit} @{rows}": count_kernels(decoder._decode_body("sample", rows),
+                                                                  custom=CUDA_FORMS)
+               for unit, rows in (("token", 1), ("step", 8))}}
 
 
 def _pi0(card: str) -> Callable[[Any, int, str], dict[str, KernelCount]]:
@@ -181,7 +189,7 @@ def _pi0(card: str) -> Callable[[Any, int, str], dict[str, KernelCount]]:
 FAMILIES: dict[str, Callable[[Any, int, str], dict[str, KernelCount]]] = {
     "pi0": _pi0("pi0-base"),
     "pi05": _pi0("pi05-base"),
-    "groot": lambda dtype, cams, row: {"groot-n1.7": groot_count(dtype, cams)},
+    "groot": lambda dtype, cams, row: {"groot-n1.7": groot_count(dtype, cams, row)},
     "pi0-fast": lambda dtype, cams, row: pi0_fast_count(dtype, cams, kernels=row),
     "lm": lambda dtype, cams, row: lm_count(dtype, row),
 }

@@ -160,10 +160,11 @@ class LayerShape:
     qkv_bias: bool = False     # Qwen2 (and Llama with attention_bias)
     o_bias: bool = False       # Llama with attention_bias
     qk_norm: bool = False      # Qwen3
+    cast_first: bool = True    # the norms' rounding (`RMSNorm`); False: GR00T's Qwen3-VL text layers
 
 
 def _norm(dim: int, s: LayerShape) -> RMSNorm:
-    return RMSNorm(dim, s.eps, offset=False, cast_first=True)
+    return RMSNorm(dim, s.eps, offset=False, cast_first=s.cast_first)
 
 
 class LlamaLayer(nn.Module):
@@ -189,8 +190,8 @@ class LlamaLayer(nn.Module):
         qkv = F.linear(h, self.qkv.weight, self.qkv.bias).unflatten(-1, (-1, s.head_dim))
         if self.q_norm is not None:  # Qwen3: q/k norms before RoPE
             q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
-            q = ops.rms_norm(q, self.q_norm.scale, None, s.eps, True)
-            k = ops.rms_norm(k, self.k_norm.scale, None, s.eps, True)
+            q = ops.rms_norm(q, self.q_norm.scale, None, s.eps, s.cast_first)
+            k = ops.rms_norm(k, self.k_norm.scale, None, s.eps, s.cast_first)
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             keys, values = _store(kv, index, slot, k, v)
@@ -215,15 +216,35 @@ class LlamaLayer(nn.Module):
         of x): ``after`` is the norm that follows (the next layer's input norm or the final norm)."""
         s, ops = self.s, KERNELS[self.kernels]
         y = F.linear(self._attend(h, rope, kv, index, slot, bias), self.o.weight, self.o.bias)
-        x, h = ops.add_rms_norm(x, y, None, self.post_norm.scale, None, s.eps, True)
+        x, h = ops.add_rms_norm(x, y, None, self.post_norm.scale, None, s.eps, s.cast_first)
         y = F.linear(ops.silu_mul(F.linear(h, self.gate_up.weight)), self.down.weight)
         return ops.add_rms_norm(x, y, None, after.scale, None, after.eps, after.cast_first)
 
     def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
                 bias: torch.Tensor) -> torch.Tensor:
         """x (B, L, W) -> (B, L, W), the layer on its own; its K/V stored at ``slot`` (module docstring)."""
-        h = KERNELS[self.kernels].rms_norm(x, self.input_norm.scale, None, self.s.eps, True)
+        h = KERNELS[self.kernels].rms_norm(x, self.input_norm.scale, None, self.s.eps, self.s.cast_first)
         return self.block(x, h, rope, kv, index, slot, bias, self.input_norm)[0]
+
+    def causal(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        """x (B, L, W) -> (B, L, W) without a cache: causal attention over this call's own tokens (the
+        prefill-only form of GR00T's backbone, nothing kept); ``rope`` (B or 1, L, 1, D) tables."""
+        s, ops = self.s, KERNELS[self.kernels]
+        b, n, _ = x.shape
+        h = ops.rms_norm(x, self.input_norm.scale, None, s.eps, s.cast_first)
+        qkv = F.linear(h, self.qkv.weight, self.qkv.bias).unflatten(-1, (-1, s.head_dim))
+        if self.q_norm is not None:
+            q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
+            q = apply_rope(ops.rms_norm(q, self.q_norm.scale, None, s.eps, s.cast_first), *rope)
+            k = apply_rope(ops.rms_norm(k, self.k_norm.scale, None, s.eps, s.cast_first), *rope)
+        else:
+            k, v = (qkv.new_empty((b, n, s.kv_heads, s.head_dim)) for _ in range(2))
+            q = ops.rope_qkv(qkv, *rope, k, v, s.heads)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=True, enable_gqa=s.kv_heads != s.heads)
+        y = F.linear(att.transpose(1, 2).reshape(b, n, -1), self.o.weight, self.o.bias)
+        x, h = ops.add_rms_norm(x, y, None, self.post_norm.scale, None, s.eps, s.cast_first)
+        return x + F.linear(ops.silu_mul(F.linear(h, self.gate_up.weight)), self.down.weight)
 
 
 def _store(kv: StaticKV, index: int, slot: Slot, k: torch.Tensor,

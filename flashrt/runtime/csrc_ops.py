@@ -18,12 +18,12 @@ from torch import Tensor
 from flashrt.nn.fused import gelu_mul_ref, rope_qkv_ref, silu_mul_ref
 from flashrt.nn.norms import add_rms_norm_ref, rms_norm_ref
 
-__all__ = ["CudaOps", "CUDA_FORMS", "gelu_mul_takes", "norm_takes", "rope_qkv_takes"]
+__all__ = ["CudaOps", "CUDA_FORMS", "gelu_mul_takes", "norm_takes", "rope_qkv_takes", "row_layout"]
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _P, _I64, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {
-    "flashrt_add_rms_norm": (_I, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _F, _I, _P),
+    "flashrt_add_rms_norm": (_I, _P, _P, _P, _P, _P, _P, _P, _I64, _I64, _F, _I, _I64, _I64, _P),
     "flashrt_rope_qkv": (_I, _P, _I64, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64,
                          _I64, _I64, _I64, _I64, _I, _I, _I64, _P),
     "flashrt_gelu_mul": (_I, _P, _P, _I64, _I64, _P),
@@ -35,11 +35,28 @@ def _shaped_vector(v: Tensor | None, dim: int, dtype: torch.dtype) -> bool:
     return v is None or (v.shape == (dim,) and v.dtype == dtype and v.is_contiguous())
 
 
+def row_layout(x: Tensor) -> tuple[int, int] | None:
+    """(inner, outer_stride) of x's rows for the norm kernel: contiguous (1, D), or groups of the
+    second-to-last dim's contiguous rows a fixed stride apart (q of a fused qkv split); None: neither."""
+    d = x.shape[-1]
+    if x.is_contiguous():
+        return 1, d
+    if x.dim() < 2 or x.stride(-1) != 1 or x.stride(-2) != d:
+        return None
+    try:
+        groups = x.view(-1, *x.shape[-2:])
+    except RuntimeError:
+        return None
+    return x.shape[-2], groups.stride(0)
+
+
 def norm_takes(x: Tensor, y: Tensor | None, gate: Tensor | None, scale: Tensor, shift: Tensor | None) -> bool:
-    """Whether the norm kernel takes these arguments' shapes, dtypes and layouts (any device)."""
+    """Whether the norm kernel takes these arguments' shapes, dtypes and layouts (any device): x with
+    contiguous rows (`row_layout`; contiguous when a residual y comes with it)."""
     d = x.shape[-1] if x.dim() else 0
     same = y is None or (y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous())
-    return (x.dtype in DTYPES and x.is_contiguous() and d > 0 and same and _shaped_vector(gate, d, x.dtype)
+    rows_ok = x.is_contiguous() if y is not None else (d > 0 and row_layout(x) is not None)
+    return (x.dtype in DTYPES and rows_ok and d > 0 and same and _shaped_vector(gate, d, x.dtype)
             and _shaped_vector(scale, d, torch.float32) and _shaped_vector(shift, d, torch.float32))
 
 
@@ -105,12 +122,13 @@ class CudaOps:
 
     def _norm(self, x: Tensor, y: Tensor | None, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
               eps: float, cast_first: bool) -> tuple[Tensor | None, Tensor]:
-        out = torch.empty_like(x)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         s = None if y is None else torch.empty_like(x)
         d = x.shape[-1]
+        inner, outer = row_layout(x)
         self._launch("flashrt_add_rms_norm", x.device, DTYPES[x.dtype], _ptr(x), _ptr(y), _ptr(gate),
                      _ptr(scale), _ptr(shift), _ptr(s), _ptr(out), x.numel() // d, d, float(eps),
-                     int(cast_first))
+                     int(cast_first), inner, outer)
         return s, out
 
     def rms_norm(self, x: Tensor, scale: Tensor, shift: Tensor | None, eps: float,

@@ -253,3 +253,19 @@ def test_fused_llama_launches_nine_kernels_per_layer():
     assert count.total == 2 + 9 * DEPTH < aten.total
     assert count.by_op["flashrt.add_rms_norm.default"] == 2 * DEPTH
     assert count.by_op["flashrt.silu_mul.default"] == count.by_op["flashrt.rope_qkv.default"] == DEPTH
+
+
+def test_qwen3_q_k_norms_of_the_fused_projection_are_one_kernel_each_on_the_cuda_path():
+    """q and k are head splits of the qkv GEMM's output (rows in groups, not contiguous): the norm kernel
+    takes them (`row_layout`), so on the CUDA path each is one kernel, not its reference op by op."""
+    from flashrt.runtime.csrc_ops import CUDA_FORMS
+
+    model = _llama(True, torch.bfloat16)
+    use_kernels(model, "fused")
+    layer, x = model.layers[0], torch.randn(2, 5, W).bfloat16()
+    rope = rope_cos_sin(torch.arange(5)[None], D, dtype=torch.bfloat16)
+    count = count_kernels(lambda: layer.causal(x, rope), custom=CUDA_FORMS)
+    assert count.by_op["flashrt.rms_norm.default"] == 3 and "aten.mean.dim" not in count.by_op
+    with torch.no_grad():
+        want = _llama(True, torch.bfloat16).layers[0].causal(x, rope)
+        assert torch.equal(layer.causal(x, rope), want)  # the references on the CPU: the aten row's result

@@ -82,6 +82,19 @@ def test_gated_mlp_products_match_the_reference(dtype, name):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cast_first", [False, True])
+def test_norm_of_a_head_split_matches_the_reference(dtype, cast_first):
+    """Qwen3's q / k norms: rows of a split of the fused qkv projection (groups of contiguous rows)."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    qkv = (torch.randn(1, 300, 16 + 2 * 8, 128, device="cuda", generator=g) * 3).to(dtype)
+    w = (1 + 0.3 * torch.randn(128, device="cuda", generator=g)).to(dtype).float()
+    for part in qkv.split((16, 8, 8), dim=2)[:2]:
+        got = KERNELS["fused"].rms_norm(part, w, None, 1e-6, cast_first)
+        assert got.is_contiguous()
+        _close(got, KERNELS["aten"].rms_norm(part, w, None, 1e-6, cast_first), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("residual", [False, True])
 def test_cast_first_norms_match_the_llama_reference(dtype, residual):
     """The Llama rounding (normalized x rounded to the dtype, then the gain) at the Orpheus LM's width."""

@@ -38,6 +38,7 @@ from flashrt.frontends.groot.preprocess import (
     transform_image,
 )
 from flashrt.io import open_checkpoint
+from flashrt.nn.fused import resolve_kernels, use_kernels
 from flashrt.quant.precision import QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
 from flashrt.runtime.buffers import Buffers, BufferSpec, check_value
 from flashrt.runtime.device import resolve_device
@@ -83,18 +84,23 @@ class LoadOptions:
     tokenizer: str | Path | None = None
     frame_size: Sequence[int] | None = None
     calibration: Any = None  # int8 / fp8: `flashrt.quant.flow.Calibration` (or a recipe name, dict)
+    kernels: str = "auto"  # the row of `flashrt.nn.fused.KERNELS` (`resolve_kernels`)
 
 
 def load_model(
     loader: Callable[..., Any], config: Any, weights: Path, options: LoadOptions
 ) -> tuple[Any, torch.device]:
     """``loader(config, checkpoint, device, dtype)`` over the checkpoint at ``weights``, on the options'
-    device and precision (int8 / fp8: float32, quantized later by `finish`); returns the model and that
-    device."""
+    device and precision (int8 / fp8: float32, quantized later by `finish`), its text layers' norms,
+    RoPE and SwiGLU products on the options' kernel row ("auto": the fused csrc kernels on a CUDA device
+    where they build, as for Pi0); returns the model and that device."""
     dev = resolve_device(options.device)
     dtype = compute_dtype(options.precision, quantized=QUANTIZED_PRECISIONS)
+    row = resolve_kernels(options.kernels, dev)
     with open_checkpoint(weights) as checkpoint:
-        return loader(config, checkpoint, dev, dtype), dev
+        model = loader(config, checkpoint, dev, dtype)
+    use_kernels(model, row)
+    return model, dev
 
 
 def finish(frontend: GrootFrontend, options: LoadOptions, folder: str | Path) -> GrootFrontend:
@@ -377,6 +383,7 @@ class GrootFrontend:
             "cannot_batch": self.cannot_batch,
             "backend": getattr(self.backend, "name", type(self.backend).__name__),
             "dtype": str(self.model.dtype),
+            "kernels": next((m.kernels for m in self.model.modules() if hasattr(m, "kernels")), "aten"),
             "num_steps": self.config.head.num_steps,
             "chunk_size": self.chunk_size,
             "action_dim": self.action_dim,

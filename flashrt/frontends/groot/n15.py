@@ -39,7 +39,7 @@ from flashrt.frontends.groot.n16 import EagleSizes, check_qwen3, eagle_sizes, ml
 from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
 from flashrt.io import Rule, WeightMap, load_module
 from flashrt.nn.norms import rms_normalize
-from flashrt.nn.qwen3vl import Qwen3Layer
+from flashrt.nn.qwen3vl import qwen3_layer
 from flashrt.nn.rope import rope_cos_sin
 from flashrt.nn.siglip import Siglip
 
@@ -140,7 +140,7 @@ class EagleBackbone(nn.Module):
             self.mlp_fc1 = nn.Linear(merged, c.text_width)
         self.embed = nn.Embedding(c.vocab, c.text_width)
         self.layers = nn.ModuleList(
-            Qwen3Layer(c.text_width, c.text_mlp, c.heads, c.kv_heads, c.head_dim, c.eps)
+            qwen3_layer(c.text_width, c.text_mlp, c.heads, c.kv_heads, c.head_dim, c.eps)
             for _ in range(c.layers)
         )
         self.norm = nn.Parameter(torch.ones(c.text_width))
@@ -169,7 +169,7 @@ class EagleBackbone(nn.Module):
         vis = self.vision_tokens(pixels)
         h = self.embed.weight[tokens].index_copy_(1, image_slots, vis.reshape(1, -1, vis.shape[-1]))
         for layer in self.layers:
-            h = layer.forward(h, cos, sin)
+            h = layer.causal(h, (cos, sin))
         return rms_normalize(h, self.config.eps, self.norm).to(h.dtype)
 
 

@@ -50,7 +50,7 @@ from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_lay
 from flashrt.io import Alt, Rule, WeightMap, load_module, transforms
 from flashrt.io.files import read_json
 from flashrt.nn.norms import rms_normalize
-from flashrt.nn.qwen3vl import Qwen3Layer
+from flashrt.nn.qwen3vl import qwen3_layer
 from flashrt.nn.rope import rope_cos_sin
 from flashrt.nn.siglip2 import Siglip2Vision
 
@@ -254,7 +254,7 @@ class Eagle3Backbone(nn.Module):
         self.mlp_fc1, self.mlp_fc2 = nn.Linear(merged, c.text_width), nn.Linear(c.text_width, c.text_width)
         self.embed = nn.Embedding(c.vocab, c.text_width)
         self.layers = nn.ModuleList(
-            Qwen3Layer(c.text_width, c.text_mlp, c.heads, c.kv_heads, c.head_dim, c.eps)
+            qwen3_layer(c.text_width, c.text_mlp, c.heads, c.kv_heads, c.head_dim, c.eps)
             for _ in range(c.layers)
         )
         self.norm = nn.Parameter(torch.ones(c.text_width))
@@ -281,7 +281,7 @@ class Eagle3Backbone(nn.Module):
         k = (is_image.cumsum(-1) - 1).clamp_(min=0)
         h = torch.where(is_image[..., None], vision[:, k[0]], self.embed.weight[tokens])
         for layer in self.layers:
-            h = layer.forward(h, cos, sin)
+            h = layer.causal(h, (cos, sin))
         return rms_normalize(h, self.config.eps, self.norm).to(h.dtype)
 
 
