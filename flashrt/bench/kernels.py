@@ -6,17 +6,16 @@ code path": every device-type check takes its CUDA branch -- the model built as 
 What counts as one launch (the rule, with its reasons, is `flashrt.profile.kernels`):
 
 * an aten op that writes memory is one kernel; views, metadata ops and bare allocations are none;
-* a ``flashrt::`` custom op (rms_norm, add_rms_norm, rope_qkv, gelu_mul) is one kernel where its csrc
-  CUDA kernel takes the call (`flashrt.runtime.csrc_ops.CUDA_FORMS`), else its reference op by op;
+* a ``flashrt::`` custom op (rms_norm, add_rms_norm, rope_qkv, gelu_mul, silu_mul) is one kernel where
+  its csrc CUDA kernel takes the call (`flashrt.runtime.csrc_ops.CUDA_FORMS`), else its reference op by op;
 * scaled_dot_product_attention: the backend torch's CUDA build picks from the priority -- flash: one
   kernel (+2 per q/k/v head dim not a multiple of 8, which torch pads per call); memory-efficient: one
   kernel, +2 to convert a boolean mask, +2 when the bias is unaligned (a stride before the last dim
   not a multiple of 8: torch pads it on every call); math: its decomposition, op by op;
 * ``rms_norm``: one kernel (torch's fused CUDA RMSNorm) where torch takes it.
 
-``--path``: ``cuda`` (a CUDA install with the csrc library built: each family's fused ops, which only
-the Pi0 / Pi0.5 loader selects today) or ``cuda-aten`` (without it: the ATen references of the same
-ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 2):
+``--path``: ``cuda`` (a CUDA install with the csrc library built: each family's fused ops, which every
+family's loader selects there) or ``cuda-aten`` (without it: the ATen references of the same ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 2):
 
     pi0, pi05     the model cards (models/pi0-base.toml, pi05-base.toml: SigLIP So400m/14, Gemma 2B +
                   300M expert), the card's 10 Euler steps and 50-action chunk, its longest prompt bucket;

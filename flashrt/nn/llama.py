@@ -1,4 +1,5 @@
-"""Llama / Qwen2 / Qwen3 decoder stack over a static K/V cache (the causal LMs of TTS and Pi0-FAST).
+"""Llama / Qwen2 / Qwen3 decoder stack over a static K/V cache (the causal LMs of TTS) and the same layer
+without a cache (GR00T's Qwen3 / Qwen3-VL text layers, `flashrt.nn.qwen3vl.qwen3_layer`).
 
 Shapes: B batch, L tokens of this call, W width, H query heads, KV key/value heads (H % KV == 0),
 D head_dim, M mlp width, T static K/V length (cache slots), N depth.
@@ -17,13 +18,17 @@ Differences from transformers' `LlamaForCausalLM` / `Qwen3ForCausalLM`, all exac
   different positions). Either way nothing is concatenated per call and no value is read on the host.
 * Qwen3's q/k RMSNorms over head_dim run before RoPE, as in the reference.
 * Norms are the one `flashrt.nn.norms.RMSNorm` in the Llama form (``offset`` off, ``cast_first``:
-  ``w * normalize(x).to(dtype)``, statistics in float32); every residual add is fused with the norm
+  ``w * normalize(x).to(dtype)``, statistics in float32; ``LayerShape.cast_first`` False: the float32
+  product GR00T computes for its Qwen3-VL text layers); every residual add is fused with the norm
   after it (``add_rms_norm``: layer i ends with layer i + 1's input norm, the last with the final norm),
   so `LlamaLayer.block` takes the residual stream and its normed input ``(x, h)``.
 * Norms, RoPE (q rotated, k rotated into its cache slot and v stored, one ``rope_qkv``) and the SwiGLU
   product run through the kernel table `flashrt.nn.fused.KERNELS` by name (``kernels``, set with
   `flashrt.nn.fused.use_kernels`): "aten" (the references, default: the same ops as before) or "fused"
   (the ``flashrt::`` custom ops, one CUDA kernel each where csrc is built), as `flashrt.nn.gemma` does.
+
+`LlamaLayer.causal` (``forward`` without a cache): one pass over the call's own tokens, causal SDPA
+(``is_causal``), nothing stored.
 
 Attention is SDPA with an additive bias from `causal_bias` / `decode_bias` (finite `mask_value`, never
 -inf): a prefill with ``enable_gqa`` (its causal mask depends on the query), a decode token through
@@ -220,9 +225,12 @@ class LlamaLayer(nn.Module):
         y = F.linear(ops.silu_mul(F.linear(h, self.gate_up.weight)), self.down.weight)
         return ops.add_rms_norm(x, y, None, after.scale, None, after.eps, after.cast_first)
 
-    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
-                bias: torch.Tensor) -> torch.Tensor:
-        """x (B, L, W) -> (B, L, W), the layer on its own; its K/V stored at ``slot`` (module docstring)."""
+    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV | None = None, index: int = 0, slot: Slot = 0,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, W) -> (B, L, W), the layer on its own; its K/V stored at ``slot`` (module docstring).
+        Without ``kv``: `causal` (no cache)."""
+        if kv is None:
+            return self.causal(x, rope)
         h = KERNELS[self.kernels].rms_norm(x, self.input_norm.scale, None, self.s.eps, self.s.cast_first)
         return self.block(x, h, rope, kv, index, slot, bias, self.input_norm)[0]
 

@@ -17,7 +17,7 @@ Differences from transformers' Qwen3-VL, all exact re-arrangements for the fixed
 * Text: M-RoPE tables for a fixed token layout come from `mrope_cos_sin(positions (3, L))`; the
   interleaved frequency assignment (T H W T H W ... T) is applied to positions, not to frequencies.
   The text layers are the one decoder layer (`qwen3_layer`: `flashrt.nn.llama.LlamaLayer` with q/k
-  norms, run without a cache by `LlamaLayer.causal`).
+  norms, run without a cache: `LlamaLayer.causal`).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def qwen3_layer(width: int, mlp_dim: int, num_heads: int, num_kv_heads: int, hea
     """The Qwen3 text layer (RMSNorm → GQA attention with per-head q/k RMSNorm and M-RoPE → RMSNorm →
     SwiGLU) as the one decoder layer, `flashrt.nn.llama.LlamaLayer`: fused ``qkv`` and ``gate_up``
     projections (the weight map concatenates), norms with the float32 product (``cast_first`` off, as
-    GR00T computes them); run with `LlamaLayer.causal` (x, (cos, sin))."""
+    GR00T computes them); run with ``forward(x, (cos, sin))`` (`LlamaLayer.causal`)."""
     return LlamaLayer(LayerShape(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, qk_norm=True,
                                  cast_first=False))
 

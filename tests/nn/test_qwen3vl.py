@@ -55,7 +55,7 @@ def test_text_layers_match_transformers_under_mrope(one_thread):
     h = FIX["text.embeds"]
     with torch.inference_mode():
         for layer in model.layers:
-            h = layer.causal(h, (cos, sin))
+            h = layer.forward(h, (cos, sin))
     assert (h - FIX["text.hidden"]).abs().max().item() <= 1e-5
 
 

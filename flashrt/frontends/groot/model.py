@@ -252,7 +252,7 @@ class GrootN17Model(nn.Module):
         h = self.embed.weight[tokens].index_copy_(1, plan.image_slots, slots(merged))
         last = len(self.layers) - 1
         for j, layer in enumerate(self.layers):
-            h = layer.causal(h, (plan.cos, plan.sin))
+            h = layer.forward(h, (plan.cos, plan.sin))
             if j < last and j < len(deep):
                 h.index_add_(1, plan.image_slots, slots(deep[j]))
         return h
