@@ -205,9 +205,7 @@ class LlamaLayer(nn.Module):
             q = ops.rope_qkv(qkv, *rope, *kv.slots(index, slot, end), s.heads)
             keys, values = kv.read(index, end)
         else:  # a decode token (or a cache without slot views): k, v rotated once, then stored
-            shape = (*qkv.shape[:2], s.kv_heads, s.head_dim)
-            k, v = qkv.new_empty(shape), qkv.new_empty(shape)
-            q = ops.rope_qkv(qkv, *rope, k, v, s.heads)
+            q, k, v = TOKEN_ROPE[self.kernels](ops, qkv, rope, s)
             keys, values = _store(kv, index, slot, k, v)
         if isinstance(slot, int):  # a prefill: the causal mask depends on the query
             att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
@@ -255,6 +253,22 @@ class LlamaLayer(nn.Module):
         return x + F.linear(ops.silu_mul(F.linear(h, self.gate_up.weight)), self.down.weight)
 
 
+def _rope_split(ops: Any, qkv: torch.Tensor, rope: Rope, s: LayerShape) -> tuple[torch.Tensor, ...]:
+    """q, k rotated (new tensors), v a view: the fewest ops where each runs on its own (the CPU)."""
+    q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
+    return apply_rope(q, *rope), apply_rope(k, *rope), v
+
+
+def _rope_fused(ops: Any, qkv: torch.Tensor, rope: Rope, s: LayerShape) -> tuple[torch.Tensor, ...]:
+    """q, k rotated and v copied by one ``rope_qkv`` (one kernel on a GPU), into new tensors."""
+    shape = (*qkv.shape[:2], s.kv_heads, s.head_dim)
+    k, v = qkv.new_empty(shape), qkv.new_empty(shape)
+    return ops.rope_qkv(qkv, *rope, k, v, s.heads), k, v
+
+
+TOKEN_ROPE = {"aten": _rope_split, "fused": _rope_fused}  # kernel row -> RoPE of a token not stored in place
+
+
 def _store(kv: StaticKV, index: int, slot: Slot, k: torch.Tensor,
            v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Write k, v (B, L, KV, D) at ``slot``; return the keys/values to attend to, (B, KV, S, D) each."""
@@ -283,15 +297,17 @@ class Llama(nn.Module):
         self.norm = _norm(s.width, s)
         self.head = None if tied else nn.Linear(s.width, vocab_size, bias=False)
         self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
+        # every norm in order, a plain tuple (no ModuleList slicing per call): layer i's input norm at i,
+        # the final norm last; layer i ends with norm i + 1 (the residual add fused with it)
+        self._after = (*(layer.input_norm for layer in self.layers), self.norm)
 
     def hidden(self, tokens: torch.Tensor, rope: Rope, kv: StaticKV, slot: Slot,
                bias: torch.Tensor) -> torch.Tensor:
         """tokens (B, L) int64 -> final-normed hidden states (B, L, W)."""
         x = self.embed(tokens)
-        norms = [layer.input_norm for layer in self.layers[1:]] + [self.norm]
-        first = self.layers[0].input_norm
-        h = KERNELS[self.kernels].rms_norm(x, first.scale, None, first.eps, True)
-        for i, (layer, after) in enumerate(zip(self.layers, norms)):
+        first = self._after[0]
+        h = KERNELS[self.kernels].rms_norm(x, first.scale, None, first.eps, first.cast_first)
+        for i, (layer, after) in enumerate(zip(self.layers, self._after[1:])):
             x, h = layer.block(x, h, rope, kv, i, slot, bias, after)
         return h
 
