@@ -21,8 +21,8 @@ PINNED = {
     ("pi0-fast", "cuda-aten"): {"pi0-fast prefill": 974, "pi0-fast decode/token": 417},
     ("lm", "cuda"): {"orpheus-lm prefill": 792, "orpheus-lm decode/token @1": 445,
                      "orpheus-lm decode/step @8": 445},
-    ("lm", "cuda-aten"): {"orpheus-lm prefill": 1443, "orpheus-lm decode/token @1": 1096,
-                          "orpheus-lm decode/step @8": 1096},
+    ("lm", "cuda-aten"): {"orpheus-lm prefill": 1415, "orpheus-lm decode/token @1": 1068,
+                          "orpheus-lm decode/step @8": 1068},
 }
 
 
