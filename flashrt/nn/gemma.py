@@ -26,11 +26,19 @@ Differences from a textbook Gemma, all exact re-arrangements of the same math:
   ``mods`` (2N + 1, 3, W) float32 (rows: layer i input norm at 2i, post-attention norm at 2i + 1,
   final norm last), typically precomputed once per denoise schedule (`Gemma.modulation`), and may pass
   its gate rows ``gates`` (2N + 1, W) already in the activation dtype (else cast once per call).
+* The token form (`TokenLayer`, the op `DECODE_TOKENS`): the same layer for one decode token (batch 1)
+  whose cache slot is a device tensor (Pi0-FAST's decode step): K/V stored with ``index_copy_``,
+  attention of the single query row as ``baddbmm`` + ``bmm`` over every slot under a bias. Its
+  reference "aten" is written for the CPU's per-op dispatch (plain-tensor weights, torch's one-op
+  RMSNorm, ATen GeGLU); its form "fused" (group "decoder", chosen with the other decoder ops by
+  `flashrt.ops.select`) runs the ``flashrt::`` ops (norm + residual, RoPE, GeGLU product) as the
+  stack does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -38,8 +46,9 @@ from torch import nn
 
 from flashrt.nn.attention import StaticKV, attend
 from flashrt.nn.norms import AdaRMSNorm, RMSNorm, gated_residual
+from flashrt.nn.rope import apply_rope
 from flashrt.ops import Form, Op, OpSlot, register
-from flashrt.ops.decoder import ADD_RMS_NORM, GELU_MUL, RMS_NORM, ROPE_QKV, NormRow
+from flashrt.ops.decoder import ADD_RMS_NORM, GELU_MUL, RMS_NORM, ROPE_QKV, NormRow, csrc_loads
 from flashrt.ops.platform import onednn_available, plain_f32
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin tables (B, L, 1, D) of `rope_cos_sin`
@@ -201,3 +210,99 @@ class Gemma(nn.Module):
                 return None
             x, h = layer.block(x, h, rope, kv, i, start, bias, rows[2 * i: 2 * i + 3])
         return h
+
+
+# ------------------------------------------------------------------------------------------ token form
+@dataclass(frozen=True)
+class TokenLayer:
+    """One `GemmaLayer`'s weights as plain tensors for the token form (the same storage), with the norm
+    gains ``1 + w`` in float32. Valid while the module's weights keep their storage."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    qkv: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    gain_in: torch.Tensor
+    gain_post: torch.Tensor
+    eps: float
+
+    @classmethod
+    def of(cls, layer: GemmaLayer) -> TokenLayer:
+        return cls(*layer.shape, layer.qkv.weight, layer.o.weight, layer.gate_up.weight, layer.down.weight,
+                   1.0 + layer.input_norm.weight.float(), 1.0 + layer.post_norm.weight.float(),
+                   layer.input_norm.eps)
+
+
+TokenCache = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys (KV, T, D), values, keys (KV, D, T)
+
+
+def _token_stack_aten(layers: Sequence[TokenLayer], final: tuple[torch.Tensor, float], x: torch.Tensor,
+                      rope: Rope, caches: Sequence[TokenCache], slot: torch.Tensor,
+                      bias: torch.Tensor) -> torch.Tensor:
+    """One token x (1, 1, W) at cache slot ``slot`` (1,) int64 through ``layers`` -> final-normed
+    (1, 1, W); ``final``: the final norm's (gain, eps); ``rope`` rows (1, D); ``caches`` per layer: views
+    of batch row 0 of the static K/V; ``bias`` (1, 1, T). The reference of `DECODE_TOKENS`."""
+    for layer, cache in zip(layers, caches):
+        x = _token_layer_aten(layer, x, rope, cache, slot, bias)
+    return _norm_one(x, *final)
+
+
+def _token_layer_aten(p: TokenLayer, x: torch.Tensor, rope: Rope, cache: TokenCache, slot: torch.Tensor,
+                      bias: torch.Tensor) -> torch.Tensor:
+    """`GemmaLayer.forward` for one token (SDPA's CPU kernel costs several times more for one query row
+    than the two small batched matmuls; the same math as `attend`)."""
+    heads, kv, d = p.heads, p.kv_heads, p.head_dim
+    keys, values, keys_t = cache
+    qkv = F.linear(_norm_one(x, p.gain_in, p.eps), p.qkv).view(-1, d)  # (H + 2KV, D)
+    qk = apply_rope(qkv[:heads + kv], *rope)  # q and k rotated together; rope rows (1, D)
+    keys.index_copy_(1, slot, qk[heads:, None])
+    values.index_copy_(1, slot, qkv[heads + kv:, None])
+    scores = torch.baddbmm(bias, qk[:heads].view(kv, heads // kv, d), keys_t, alpha=d**-0.5)
+    att = torch.bmm(scores.softmax(-1), values).view(1, 1, heads * d)  # head i uses kv head i // (H/KV)
+    x = x + F.linear(att, p.o)
+    gate, up = F.linear(_norm_one(x, p.gain_post, p.eps), p.gate_up).chunk(2, dim=-1)
+    # plain ATen GeGLU: oneDNN's fused kernel (the prefill's choice) is far slower for one row
+    return x + F.linear(F.gelu(gate, approximate="tanh").mul_(up), p.down)
+
+
+def _norm_one(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma RMSNorm of one token as one fused op, ``gain`` = 1 + weight (float32, precomputed)."""
+    y = F.rms_norm(_as(x, torch.float32), gain.shape, gain, eps)
+    return _as(y, x.dtype)
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` without the dispatch when it already is (the decode step counts its ops)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _token_stack_fused(layers: Sequence[TokenLayer], final: tuple[torch.Tensor, float], x: torch.Tensor,
+                       rope: Rope, caches: Sequence[TokenCache], slot: torch.Tensor,
+                       bias: torch.Tensor) -> torch.Tensor:
+    """The token form on the ``flashrt::`` ops: each residual add fused with the norm after it."""
+    ops = torch.ops.flashrt
+    cos, sin = (t.view(1, 1, 1, -1) for t in rope)
+    gains = [p.gain_in for p in layers[1:]] + [final[0]]
+    h = ops.rms_norm(x, layers[0].gain_in, None, layers[0].eps)
+    for p, cache, after in zip(layers, caches, gains):
+        heads, kv, d = p.heads, p.kv_heads, p.head_dim
+        keys, values, keys_t = cache
+        qkv = F.linear(h, p.qkv).view(1, 1, -1, d)  # (1, 1, H + 2KV, D)
+        k, v = qkv.new_empty((1, 1, kv, d)), qkv.new_empty((1, 1, kv, d))
+        q = ops.rope_qkv(qkv, cos, sin, k, v, heads)
+        keys.index_copy_(1, slot, k[0].transpose(0, 1))
+        values.index_copy_(1, slot, v[0].transpose(0, 1))
+        scores = torch.baddbmm(bias, q.view(kv, heads // kv, d), keys_t, alpha=d**-0.5)
+        att = torch.bmm(scores.softmax(-1), values).view(1, 1, heads * d)
+        x, h = ops.add_rms_norm(x, F.linear(att, p.o), None, p.gain_post, None, p.eps)
+        x, h = ops.add_rms_norm(x, F.linear(ops.gelu_mul(F.linear(h, p.gate_up)), p.down), None, after, None,
+                                p.eps)
+    return h
+
+
+# (layers, final, x, rope, caches, slot, bias) -> the final-normed token (`_token_stack_aten`)
+DECODE_TOKENS = register(Op("decode_tokens", _token_stack_aten, group="decoder", forms={
+    "fused": Form(_token_stack_fused, device="cuda", available=csrc_loads)}))

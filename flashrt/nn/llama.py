@@ -1,4 +1,5 @@
-"""Llama / Qwen2 / Qwen3 decoder stack over a static K/V cache (the causal LMs of TTS and Pi0-FAST).
+"""Llama / Qwen2 / Qwen3 decoder stack over a static K/V cache (the causal LMs of TTS) and the same layer
+without a cache (GR00T's Qwen3 / Qwen3-VL text layers, `flashrt.nn.qwen3vl.qwen3_layer`).
 
 Shapes: B batch, L tokens of this call, W width, H query heads, KV key/value heads (H % KV == 0),
 D head_dim, M mlp width, T static K/V length (cache slots), N depth.
@@ -16,7 +17,20 @@ Differences from transformers' `LlamaForCausalLM` / `Qwen3ForCausalLM`, all exac
   at that row's own slot (``scatter_``: the rows of a slot-batched decode are different requests at
   different positions). Either way nothing is concatenated per call and no value is read on the host.
 * Qwen3's q/k RMSNorms over head_dim run before RoPE, as in the reference.
-* Norms are the Llama form ``w * normalize(x)`` (statistics in float32, `rms_normalize`).
+* Norms are the one `flashrt.nn.norms.RMSNorm` in the Llama form (``offset`` off, ``cast_first``:
+  ``w * normalize(x).to(dtype)``, statistics in float32; ``LayerShape.cast_first`` False: the float32
+  product GR00T computes for its Qwen3-VL text layers); every residual add is fused with the norm
+  after it (``add_rms_norm``: layer i ends with layer i + 1's input norm, the last with the final norm),
+  so `LlamaLayer.block` takes the residual stream and its normed input ``(x, h)``.
+* Norms, RoPE (q rotated, k rotated into its cache slot and v stored, one ``rope_qkv``) and the SwiGLU
+  product run through op slots (`flashrt.ops.OpSlot`: ``rms_norm``, ``add_rms_norm``, ``rope_qkv``,
+  ``silu_mul`` of `flashrt.ops.decoder`, and ``token_rope``, `TOKEN_ROPE`: the RoPE of a decode token
+  not stored in place): "aten" (the references, default: the same ops as before) or "fused" (the
+  ``flashrt::`` custom ops, one CUDA kernel each where csrc is built), as `flashrt.nn.gemma` does;
+  `flashrt.ops.select` picks at load.
+
+`LlamaLayer.causal` (``forward`` without a cache): one pass over the call's own tokens, causal SDPA
+(``is_causal``), nothing stored.
 
 Attention is SDPA with an additive bias from `causal_bias` / `decode_bias` (finite `mask_value`, never
 -inf): a prefill with ``enable_gqa`` (its causal mask depends on the query), a decode token through
@@ -38,8 +52,10 @@ from torch import nn
 
 from flashrt.errors import CheckpointError
 from flashrt.nn.attention import StaticKV, attend, mask_value
-from flashrt.nn.norms import rms_normalize
+from flashrt.nn.norms import RMSNorm
 from flashrt.nn.rope import apply_rope
+from flashrt.ops import Form, Op, OpSlot, register
+from flashrt.ops.decoder import ADD_RMS_NORM, RMS_NORM, ROPE_QKV, SILU_MUL, csrc_loads
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin (B, L, 1, D) as in `flashrt.nn.rope`
 
@@ -139,18 +155,6 @@ def decode_bias(position: torch.Tensor, slots: int, dtype: torch.dtype) -> torch
 
 # ------------------------------------------------------------------------------------------ layers
 
-class LlamaNorm(nn.Module):
-    """Llama RMSNorm: ``weight * normalize(x)`` (statistics in float32, cast back to x's dtype)."""
-
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * rms_normalize(x, self.eps).to(x.dtype)
-
-
 @dataclass(frozen=True)
 class LayerShape:
     """Sizes and switches of one decoder layer (the family differences are flags, not classes)."""
@@ -164,6 +168,11 @@ class LayerShape:
     qkv_bias: bool = False     # Qwen2 (and Llama with attention_bias)
     o_bias: bool = False       # Llama with attention_bias
     qk_norm: bool = False      # Qwen3
+    cast_first: bool = True    # the norms' rounding (`RMSNorm`); False: GR00T's Qwen3-VL text layers
+
+
+def _norm(dim: int, s: LayerShape) -> RMSNorm:
+    return RMSNorm(dim, s.eps, offset=False, cast_first=s.cast_first)
 
 
 class LlamaLayer(nn.Module):
@@ -172,39 +181,99 @@ class LlamaLayer(nn.Module):
     def __init__(self, s: LayerShape) -> None:
         super().__init__()
         self.s = s
-        self.input_norm = LlamaNorm(s.width, s.eps)
+        self.input_norm = _norm(s.width, s)
         self.qkv = nn.Linear(s.width, (s.heads + 2 * s.kv_heads) * s.head_dim, bias=s.qkv_bias)
         self.o = nn.Linear(s.heads * s.head_dim, s.width, bias=s.o_bias)
-        self.q_norm = LlamaNorm(s.head_dim, s.eps) if s.qk_norm else None
-        self.k_norm = LlamaNorm(s.head_dim, s.eps) if s.qk_norm else None
-        self.post_norm = LlamaNorm(s.width, s.eps)
+        self.q_norm = _norm(s.head_dim, s) if s.qk_norm else None
+        self.k_norm = _norm(s.head_dim, s) if s.qk_norm else None
+        self.post_norm = _norm(s.width, s)
         self.gate_up = nn.Linear(s.width, 2 * s.mlp, bias=False)
         self.down = nn.Linear(s.mlp, s.width, bias=False)
+        self.rms_norm, self.add_rms_norm = OpSlot(RMS_NORM), OpSlot(ADD_RMS_NORM)  # the references until
+        self.rope_qkv, self.silu_mul = OpSlot(ROPE_QKV), OpSlot(SILU_MUL)         # `flashrt.ops.select`
+        self.token_rope = OpSlot(TOKEN_ROPE)
 
-    def _qkv(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, L, W) -> q (B, L, H, D), k (B, L, KV, D) both RoPE'd, v (B, L, KV, D)."""
-        s = self.s
-        qkv = F.linear(self.input_norm(x), self.qkv.weight, self.qkv.bias).unflatten(-1, (-1, s.head_dim))
-        q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
+    def _attend(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
                 bias: torch.Tensor) -> torch.Tensor:
-        """x (B, L, W) -> (B, L, W); this call's K/V stored at ``slot`` (module docstring)."""
-        q, k, v = self._qkv(x, rope)
-        keys, values = _store(kv, index, slot, k, v)
+        """Normed h (B, L, W) -> attention output (B, L, H D); this call's K/V stored at ``slot``."""
+        s = self.s
+        qkv = F.linear(h, self.qkv.weight, self.qkv.bias).unflatten(-1, (-1, s.head_dim))
+        if self.q_norm is not None:  # Qwen3: q/k norms before RoPE
+            q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
+            q = self.rms_norm.run(q, self.q_norm.scale, None, s.eps, s.cast_first)
+            k = self.rms_norm.run(k, self.k_norm.scale, None, s.eps, s.cast_first)
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            keys, values = _store(kv, index, slot, k, v)
+        elif isinstance(slot, int) and kv.slot_views:  # k rotated into its cache slots, v stored, q rotated
+            end = slot + h.shape[1]
+            q = self.rope_qkv.run(qkv, *rope, *kv.slots(index, slot, end), s.heads)
+            keys, values = kv.read(index, end)
+        else:  # a decode token (or a cache without slot views): k, v rotated once, then stored
+            q, k, v = self.token_rope.run(qkv, rope, s)
+            keys, values = _store(kv, index, slot, k, v)
         if isinstance(slot, int):  # a prefill: the causal mask depends on the query
             att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
-                                                 scale=self.s.head_dim ** -0.5, enable_gqa=True)
-            att = att.transpose(1, 2).flatten(2)
-        else:  # one decode token: a key-only bias, so each group's queries fold into one SDPA call
-            att = attend(q, keys, values, bias)
-        x = x + F.linear(att, self.o.weight, self.o.bias)
-        gate, up = F.linear(self.post_norm(x), self.gate_up.weight).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate).mul_(up), self.down.weight)
+                                                 scale=s.head_dim ** -0.5, enable_gqa=True)
+            return att.transpose(1, 2).flatten(2)
+        return attend(q, keys, values, bias)  # a key-only bias: each group's queries fold into one call
+
+    def block(self, x: torch.Tensor, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
+              bias: torch.Tensor, after: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on the residual stream x and its normed input h (both (B, L, W)) -> (x, ``after``
+        of x): ``after`` is the norm that follows (the next layer's input norm or the final norm)."""
+        s = self.s
+        y = F.linear(self._attend(h, rope, kv, index, slot, bias), self.o.weight, self.o.bias)
+        x, h = self.add_rms_norm.run(x, y, None, self.post_norm.scale, None, s.eps, s.cast_first)
+        y = F.linear(self.silu_mul.run(F.linear(h, self.gate_up.weight)), self.down.weight)
+        return self.add_rms_norm.run(x, y, None, after.scale, None, after.eps, after.cast_first)
+
+    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV | None = None, index: int = 0, slot: Slot = 0,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, L, W) -> (B, L, W), the layer on its own; its K/V stored at ``slot`` (module docstring).
+        Without ``kv``: `causal` (no cache)."""
+        if kv is None:
+            return self.causal(x, rope)
+        h = self.rms_norm.run(x, self.input_norm.scale, None, self.s.eps, self.s.cast_first)
+        return self.block(x, h, rope, kv, index, slot, bias, self.input_norm)[0]
+
+    def causal(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+        """x (B, L, W) -> (B, L, W) without a cache: causal attention over this call's own tokens (the
+        prefill-only form of GR00T's backbone, nothing kept); ``rope`` (B or 1, L, 1, D) tables."""
+        s, norm = self.s, self.rms_norm.run
+        b, n, _ = x.shape
+        h = norm(x, self.input_norm.scale, None, s.eps, s.cast_first)
+        qkv = F.linear(h, self.qkv.weight, self.qkv.bias).unflatten(-1, (-1, s.head_dim))
+        if self.q_norm is not None:
+            q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
+            q = apply_rope(norm(q, self.q_norm.scale, None, s.eps, s.cast_first), *rope)
+            k = apply_rope(norm(k, self.k_norm.scale, None, s.eps, s.cast_first), *rope)
+        else:
+            k, v = (qkv.new_empty((b, n, s.kv_heads, s.head_dim)) for _ in range(2))
+            q = self.rope_qkv.run(qkv, *rope, k, v, s.heads)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             is_causal=True, enable_gqa=s.kv_heads != s.heads)
+        y = F.linear(att.transpose(1, 2).reshape(b, n, -1), self.o.weight, self.o.bias)
+        x, h = self.add_rms_norm.run(x, y, None, self.post_norm.scale, None, s.eps, s.cast_first)
+        return x + F.linear(self.silu_mul.run(F.linear(h, self.gate_up.weight)), self.down.weight)
+
+
+def _rope_split(qkv: torch.Tensor, rope: Rope, s: LayerShape) -> tuple[torch.Tensor, ...]:
+    """q, k rotated (new tensors), v a view: the fewest ops where each runs on its own (the CPU)."""
+    q, k, v = qkv.split((s.heads, s.kv_heads, s.kv_heads), dim=2)
+    return apply_rope(q, *rope), apply_rope(k, *rope), v
+
+
+def _rope_fused(qkv: torch.Tensor, rope: Rope, s: LayerShape) -> tuple[torch.Tensor, ...]:
+    """q, k rotated and v copied by one ``flashrt::rope_qkv`` (one kernel on a GPU), into new tensors."""
+    shape = (*qkv.shape[:2], s.kv_heads, s.head_dim)
+    k, v = qkv.new_empty(shape), qkv.new_empty(shape)
+    return torch.ops.flashrt.rope_qkv(qkv, *rope, k, v, s.heads), k, v
+
+
+# the RoPE of a token not stored in place: (qkv (B, L, H + 2 KV, D), rope, shape) -> q, k, v
+TOKEN_ROPE = register(Op("token_rope", _rope_split, group="decoder", forms={
+    "fused": Form(_rope_fused, device="cuda", available=csrc_loads)}))
 
 
 def _store(kv: StaticKV, index: int, slot: Slot, k: torch.Tensor,
@@ -232,16 +301,22 @@ class Llama(nn.Module):
         self.s = s
         self.embed = nn.Embedding(vocab_size, s.width)
         self.layers = nn.ModuleList(LlamaLayer(s) for _ in range(depth))
-        self.norm = LlamaNorm(s.width, s.eps)
+        self.norm = _norm(s.width, s)
         self.head = None if tied else nn.Linear(s.width, vocab_size, bias=False)
+        self.rms_norm = OpSlot(RMS_NORM)  # the first layer's input norm
+        # every norm in order, a plain tuple (no ModuleList slicing per call): layer i's input norm at i,
+        # the final norm last; layer i ends with norm i + 1 (the residual add fused with it)
+        self._after = (*(layer.input_norm for layer in self.layers), self.norm)
 
     def hidden(self, tokens: torch.Tensor, rope: Rope, kv: StaticKV, slot: Slot,
                bias: torch.Tensor) -> torch.Tensor:
         """tokens (B, L) int64 -> final-normed hidden states (B, L, W)."""
         x = self.embed(tokens)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, kv, i, slot, bias)
-        return self.norm(x)
+        first = self._after[0]
+        h = self.rms_norm.run(x, first.scale, None, first.eps, first.cast_first)
+        for i, (layer, after) in enumerate(zip(self.layers, self._after[1:])):
+            x, h = layer.block(x, h, rope, kv, i, slot, bias, after)
+        return h
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """(..., W) -> (..., V) float32 logits."""

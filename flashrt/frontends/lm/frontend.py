@@ -38,12 +38,14 @@ from typing import Any
 
 import torch
 
+from flashrt import ops
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.lm.config import LMConfig
 from flashrt.frontends.lm.weights import weight_map
 from flashrt.io import load_module, open_checkpoint
 from flashrt.nn.attention import RowKV, StaticKV
 from flashrt.nn.llama import Llama, RowPositions, causal_bias, decode_bias, gather_rope, rope_table
+from flashrt.ops.decoder import decoder_prefer
 from flashrt.quant.precision import compute_dtype
 from flashrt.runtime.buffers import Buffers, BufferSpec
 
@@ -110,7 +112,8 @@ class CausalLM:
         c = self.cfg
         return {"family": c.model_type, "width": c.width, "depth": c.depth, "heads": (c.heads, c.kv_heads),
                 "vocab": c.vocab_size, "tied_head": c.tied, "rope": c.rope.rope_type,
-                "dtype": str(self.dtype),
+                "dtype": str(self.dtype), "kernels": self.module.rms_norm.form,
+                "ops": ops.choices(self.module),
                 "cache_len": self.cache_len, "cache_bytes": self.buffers.nbytes()}
 
     def flops_per_token(self) -> int:
@@ -132,12 +135,19 @@ def read_config(folder: str | Path) -> LMConfig:
 
 
 def load_lm(folder: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "fp32",
-            cache_len: int = 1024, batch: int = 1, config: LMConfig | None = None) -> CausalLM:
-    """Build on meta, map the safetensors strictly, allocate the cache (no capture: the runner does)."""
+            cache_len: int = 1024, batch: int = 1, config: LMConfig | None = None,
+            kernels: str = "auto") -> CausalLM:
+    """Build on meta, map the safetensors strictly, allocate the cache (no capture: the runner does).
+
+    ``kernels``: the form of the "decoder" ops (`flashrt.ops.decoder.decoder_prefer`) the norms, RoPE and
+    SwiGLU run; "auto" (default) is "fused" on a CUDA device where the csrc library loads, else "aten":
+    the one `flashrt.ops.select` pass at load (``describe()["ops"]``)."""
     cfg = config or read_config(folder)
     dtype = compute_dtype(precision)
+    prefer = decoder_prefer(kernels)
     ckpt = open_checkpoint(folder)
     module = load_module(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), ckpt,
                          weight_map(cfg), device=device, dtype=dtype)
+    ops.select(module, device, dtype, prefer)
     return CausalLM(cfg, module, device=device, dtype=dtype, cache_len=min(cache_len, cfg.max_positions),
                     batch=batch)
