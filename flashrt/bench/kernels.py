@@ -15,7 +15,8 @@ What counts as one launch (the rule, with its reasons, is `flashrt.profile.kerne
 * ``rms_norm``: one kernel (torch's fused CUDA RMSNorm) where torch takes it.
 
 ``--path``: ``cuda`` (a CUDA install with the csrc library built: each family's fused ops, which every
-family's loader selects there) or ``cuda-aten`` (without it: the ATen references of the same ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 2):
+family's loader selects there) or ``cuda-aten`` (without it: the ATen references of the same ops).
+Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 2):
 
     pi0, pi05     the model cards (models/pi0-base.toml, pi05-base.toml: SigLIP So400m/14, Gemma 2B +
                   300M expert), the card's 10 Euler steps and 50-action chunk, its longest prompt bucket;

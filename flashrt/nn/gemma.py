@@ -18,9 +18,9 @@ Differences from a textbook Gemma, all exact re-arrangements of the same math:
   norm of layer i + 1 (the last layer with the final norm), so a layer takes the residual stream and
   its own normed input, ``(x, h)``. The norms' ``1 + w`` are load-time tables (`RMSNorm.scale`).
 * Norm, RoPE and GeGLU products run through the kernel table `flashrt.nn.fused.KERNELS` by name
-  (``kernels`` of `Gemma` and `GemmaLayer`, set with `flashrt.nn.fused.use_kernels`): "aten" (the
+  (``kernels`` of `Gemma` and its layers, set with `flashrt.nn.fused.use_kernels`): "aten" (the
   references, default) or "fused" (the ``flashrt::`` custom ops: one CUDA kernel each where csrc is
-  built). The GeGLU's GEMMs run through `MLP_KERNELS` by name (``GemmaLayer.mlp_kernel``): "aten"
+  built). The GeGLU's GEMMs run through `MLP_KERNELS` by name (``DecoderLayer.mlp_kernel``): "aten"
   (default) or "onednn" (CPU, float32: GELU and product fused into oneDNN GEMMs), picked by the
   model's loader.
 * With ``cond_dim`` (Pi0.5 expert) the norms are adaptive; the caller passes a modulation table
@@ -43,129 +43,33 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from flashrt.nn.attention import StaticKV, attend
-from flashrt.nn.fused import KERNELS, NormRow
-from flashrt.nn.norms import AdaRMSNorm, RMSNorm, gated_residual
+from flashrt.nn.attention import StaticKV
+from flashrt.nn.fused import KERNELS
+from flashrt.nn.llama import (  # noqa: F401  (MLP_KERNELS, norm_rows, onednn_available: re-exported)
+    MLP_KERNELS,
+    DecoderLayer,
+    LayerShape,
+    norm_rows,
+    onednn_available,
+)
+from flashrt.nn.norms import AdaRMSNorm, RMSNorm
 from flashrt.nn.rope import apply_rope
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin tables (B, L, 1, D) of `rope_cos_sin`
 
 
-def _norm(width: int, eps: float, cond_dim: int | None) -> nn.Module:
-    return RMSNorm(width, eps) if cond_dim is None else AdaRMSNorm(width, cond_dim, eps)
-
-
-def norm_rows(norms: list[nn.Module], mods: torch.Tensor | None, gates: torch.Tensor | None,
-              dtype: torch.dtype) -> list[NormRow]:
-    """One `NormRow` per norm: plain RMSNorms their ``scale`` table; adaptive ones the rows of ``mods``
-    (len(norms), 3, W), gates from ``gates`` or ``mods`` cast to ``dtype`` (one cast for all)."""
-    if mods is None:
-        return [NormRow(n.scale) for n in norms]
-    scale, shift, gate = mods.unbind(-2)
-    gate = gate if gates is None else gates
-    gate = gate if gate.dtype == dtype else gate.to(dtype)
-    return list(map(NormRow, scale.unbind(0), shift.unbind(0), gate.unbind(0)))
-
-
-def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """``layer(x)`` without the module call (hooks are not used here; less host time per call)."""
-    return F.linear(x, layer.weight, layer.bias)
-
-
-def onednn_available() -> bool:
-    """Whether torch ships oneDNN's fused linear + pointwise CPU op (``mkldnn::_linear_pointwise``)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        return torch.ops.mkldnn._linear_pointwise.default is not None
-    except (AttributeError, RuntimeError):
-        return False
-
-
-class GemmaLayer(nn.Module):
-    """Pre-norm decoder layer: norm → attention (RoPE, static K/V) → residual → norm → GeGLU → residual."""
-
-    def __init__(self, width: int, mlp_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 eps: float = 1e-6, cond_dim: int | None = None) -> None:
-        super().__init__()
-        self.shape = (num_heads, num_kv_heads, head_dim)
-        self.eps = eps
-        self.input_norm = _norm(width, eps, cond_dim)
-        self.qkv = nn.Linear(width, (num_heads + 2 * num_kv_heads) * head_dim, bias=False)
-        self.o = nn.Linear(num_heads * head_dim, width, bias=False)
-        self.post_norm = _norm(width, eps, cond_dim)
-        self.gate_up = nn.Linear(width, 2 * mlp_dim, bias=False)
-        self.down = nn.Linear(mlp_dim, width, bias=False)
-        self.mlp_kernel = "aten"  # a key of MLP_KERNELS; loaders may pick another for their device
-        self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
-
-    def project(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
-                with_q: bool = True) -> torch.Tensor | None:
-        """Normed h -> q (B, L, H, D) with RoPE (None unless ``with_q``); k (RoPE'd) and v are written
-        straight into slots [start, start + L) of layer ``index`` of ``kv``."""
-        heads, _, d = self.shape
-        first = 0 if with_q else heads  # a K/V-only pass skips the query rows of the projection
-        qkv = F.linear(h, self.qkv.weight[first * d:]).unflatten(-1, (-1, d))  # (B, L, [H +] 2 KV, D)
-        k_slot, v_slot = kv.slots(index, start, start + h.shape[1])
-        q = KERNELS[self.kernels].rope_qkv(qkv, *rope, k_slot, v_slot, heads - first)
-        return q if with_q else None
-
-    def block(self, x: torch.Tensor, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
-              bias: torch.Tensor, rows: Sequence[NormRow | None]):
-        """The layer on the residual stream x and its normed input h (both (B, L, W)); ``rows``: this
-        layer's input and post-attention norms and the norm after it (None: none, a plain residual).
-        -> (x, that norm of x) (the norm None without one)."""
-        ops, (first, post, after) = KERNELS[self.kernels], rows
-        q = self.project(h, rope, kv, index, start)
-        end = start + x.shape[1]
-        keys, values = kv.read(index, end)
-        bias = bias if bias.shape[-1] == end else bias[..., :end]
-        y = _linear(attend(q, keys, values, bias), self.o)
-        x, h = ops.add_rms_norm(x, y, first.gate, post.scale, post.shift, self.eps)
-        if after is None:
-            return gated_residual(x, self.mlp(h), post.gate), None
-        return ops.add_rms_norm(x, self.mlp(h), post.gate, after.scale, after.shift, self.eps)
-
-    def forward(self, x: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
-                bias: torch.Tensor, mods: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, L, W) -> (B, L, W), the whole layer on its own; K/V of x go to slots [start, start + L)
-        of layer ``index``. ``mods`` (2, 3, W): the adaRMS rows of its two norms.
-
-        ``bias`` covers at least slots [0, start + L) (longer is sliced)."""
-        first, post = norm_rows([self.input_norm, self.post_norm], mods, None, x.dtype)
-        h = KERNELS[self.kernels].rms_norm(x, first.scale, first.shift, self.eps)
-        return self.block(x, h, rope, kv, index, start, bias, (first, post, None))[0]
-
-    def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        """GeGLU ``down(gelu_tanh(gate) * up)`` with the kernel named by ``mlp_kernel`` (`MLP_KERNELS`)."""
-        return MLP_KERNELS[self.mlp_kernel](self, h)
-
-    def write_kv(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int) -> None:
-        """Only the K/V projection of the normed h, stored at [start, start + L) (the last layer of a
-        prefill)."""
-        self.project(h, rope, kv, index, start, with_q=False)
-
-
-def _geglu_aten(layer: GemmaLayer, h: torch.Tensor) -> torch.Tensor:
-    """One gate|up GEMM, tanh-GELU times up (`flashrt.nn.fused.gelu_mul_ref`: the product formed in
-    gelu's output), the down GEMM."""
-    return _linear(KERNELS[layer.kernels].gelu_mul(_linear(h, layer.gate_up)), layer.down)
-
-
-def _geglu_onednn(layer: GemmaLayer, h: torch.Tensor) -> torch.Tensor:
-    """CPU, float32, row-major ``gate_up``: oneDNN GEMMs with the tanh-GELU fused into the gate GEMM and
-    the product into the up GEMM (equal to `_geglu_aten` within float32 rounding, |Δ|/|y| ~1e-7; its GELU
-    pass is ~4x cheaper than ATen's at the prefix's hundreds of rows, no gain at tens)."""
-    m, w = layer.down.in_features, layer.gate_up.weight
-    gate = torch.ops.mkldnn._linear_pointwise(h, w[:m], None, "gelu", [], "tanh")
-    return _linear(torch.ops.mkldnn._linear_pointwise.binary(h, gate, w[m:], None, "mul"), layer.down)
-
-
-MLP_KERNELS = {"aten": _geglu_aten, "onednn": _geglu_onednn}
+def gemma_layer(width: int, mlp_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                eps: float = 1e-6, cond_dim: int | None = None) -> DecoderLayer:
+    """A Gemma layer: the one decoder layer (`flashrt.nn.llama.DecoderLayer`) with Gemma's flags
+    (``1 + w`` norms, the float32 norm product, GeGLU, a key-only prefill bias; ``cond_dim``: adaptive
+    norms)."""
+    return DecoderLayer(LayerShape(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, cast_first=False,
+                                   offset=True, act="gelu_tanh", causal=False, cond_dim=cond_dim))
 
 
 class Gemma(nn.Module):
-    """N `GemmaLayer`s and a final norm; optional token embedding (scaled by sqrt(W), Gemma style)."""
+    """N Gemma layers (`gemma_layer`) and a final norm; optional token embedding (scaled by sqrt(W),
+    Gemma style)."""
 
     def __init__(self, width: int, depth: int, mlp_dim: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, vocab_size: int = 0, eps: float = 1e-6, cond_dim: int | None = None) -> None:
@@ -173,9 +77,9 @@ class Gemma(nn.Module):
         self.width, self.eps = width, eps
         self.embed = nn.Embedding(vocab_size, width) if vocab_size else None
         self.layers = nn.ModuleList(
-            GemmaLayer(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, cond_dim)
+            gemma_layer(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, cond_dim)
             for _ in range(depth))
-        self.norm = _norm(width, eps, cond_dim)
+        self.norm = RMSNorm(width, eps) if cond_dim is None else AdaRMSNorm(width, cond_dim, eps)
         self.register_buffer("embed_scale", torch.tensor(width**0.5), persistent=False)
         self.kernels = "aten"  # a key of flashrt.nn.fused.KERNELS (`use_kernels`)
 
@@ -219,7 +123,7 @@ class Gemma(nn.Module):
 # ------------------------------------------------------------------------------------------ token form
 @dataclass(frozen=True)
 class TokenLayer:
-    """One `GemmaLayer`'s weights as plain tensors for the token form (the same storage), with the norm
+    """One Gemma layer's weights as plain tensors for the token form (the same storage), with the norm
     gains ``1 + w`` in float32. Valid while the module's weights keep their storage."""
 
     heads: int
@@ -234,7 +138,7 @@ class TokenLayer:
     eps: float
 
     @classmethod
-    def of(cls, layer: GemmaLayer) -> TokenLayer:
+    def of(cls, layer: DecoderLayer) -> TokenLayer:
         return cls(*layer.shape, layer.qkv.weight, layer.o.weight, layer.gate_up.weight, layer.down.weight,
                    1.0 + layer.input_norm.weight.float(), 1.0 + layer.post_norm.weight.float(),
                    layer.input_norm.eps)
@@ -260,8 +164,8 @@ def _token_stack_aten(layers, final, x, rope, caches, slot, bias):
 
 def _token_layer_aten(p: TokenLayer, x: torch.Tensor, rope: Rope, cache: TokenCache, slot: torch.Tensor,
                       bias: torch.Tensor) -> torch.Tensor:
-    """`GemmaLayer.forward` for one token (SDPA's CPU kernel costs several times more for one query row
-    than the two small batched matmuls; the same math as `attend`)."""
+    """The Gemma layer's ``forward`` for one token (SDPA's CPU kernel costs several times more for one
+    query row than the two small batched matmuls; the same math as `attend`)."""
     heads, kv, d = p.heads, p.kv_heads, p.head_dim
     keys, values, keys_t = cache
     qkv = F.linear(_norm_one(x, p.gain_in, p.eps), p.qkv).view(-1, d)  # (H + 2KV, D)
