@@ -16,8 +16,8 @@ Differences from transformers' Qwen3-VL, all exact re-arrangements for the fixed
 * Images attend only to themselves (the reference's ``cu_seqlens``): one batched SDPA over I.
 * Text: M-RoPE tables for a fixed token layout come from `mrope_cos_sin(positions (3, L))`; the
   interleaved frequency assignment (T H W T H W ... T) is applied to positions, not to frequencies.
-  The text layers are the one decoder layer (`qwen3_layer`: `flashrt.nn.llama.LlamaLayer` with q/k
-  norms, run without a cache: `LlamaLayer.causal`).
+  The text layers are the one decoder layer (`qwen3_layer`: `flashrt.nn.llama.DecoderLayer` with q/k
+  norms, run without a cache: `DecoderLayer.causal`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from flashrt.nn.llama import LayerShape, LlamaLayer
+from flashrt.nn.llama import DecoderLayer, LayerShape
 from flashrt.nn.rope import apply_rope
 
 
@@ -172,12 +172,12 @@ class VisionTower(nn.Module):
 
 
 def qwen3_layer(width: int, mlp_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                eps: float = 1e-6) -> LlamaLayer:
+                eps: float = 1e-6) -> DecoderLayer:
     """The Qwen3 text layer (RMSNorm → GQA attention with per-head q/k RMSNorm and M-RoPE → RMSNorm →
-    SwiGLU) as the one decoder layer, `flashrt.nn.llama.LlamaLayer`: fused ``qkv`` and ``gate_up``
+    SwiGLU) as the one decoder layer, `flashrt.nn.llama.DecoderLayer`: fused ``qkv`` and ``gate_up``
     projections (the weight map concatenates), norms with the float32 product (``cast_first`` off, as
-    GR00T computes them); run with ``forward(x, (cos, sin))`` (`LlamaLayer.causal`)."""
-    return LlamaLayer(LayerShape(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, qk_norm=True,
+    GR00T computes them); run with ``forward(x, (cos, sin))`` (`DecoderLayer.causal`)."""
+    return DecoderLayer(LayerShape(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, qk_norm=True,
                                  cast_first=False))
 
 

@@ -211,7 +211,7 @@ def test_decoder_prefer_and_the_auto_choice_on_the_cpu():
     model = _stack(False)
     assert ops.choices(model) == {"add_rms_norm": {"aten": DEPTH}, "geglu": {"aten": DEPTH},
                                   "gelu_mul": {"aten": DEPTH}, "rms_norm": {"aten": DEPTH + 1},
-                                  "rope_qkv": {"aten": DEPTH}}  # every slot starts on its reference
+                                  "rope_qkv": {"aten": DEPTH}, "token_rope": {"aten": DEPTH}}  # references
     ops.select(model, "cpu")  # "auto" on the CPU: the references (the fused form is a CUDA form)
     assert all(set(c) == {"aten"} for n, c in ops.choices(model).items() if n != "geglu")
     with pytest.raises(ConfigError, match="no form 'triton'"):

@@ -55,7 +55,7 @@ def vision_rules() -> list[Rule]:
 
 def qwen3_layer_rules(src: str, dst: str) -> list[Rule]:
     """A transformers Qwen3 decoder layer at ``src`` (e.g. ``...layers.{i}.``) -> `qwen3_layer` (the
-    one decoder layer, `flashrt.nn.llama.LlamaLayer`) at ``dst``: q|k|v and gate|up concatenated."""
+    one decoder layer, `flashrt.nn.llama.DecoderLayer`) at ``dst``: q|k|v and gate|up concatenated."""
     att, cat = src + "self_attn.", transforms.concat(0)
     return [
         Rule(tuple(att + f"{n}_proj.weight" for n in "qkv"), dst + "qkv.weight", cat),
