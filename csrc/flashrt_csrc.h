@@ -8,7 +8,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#define FLASHRT_CSRC_ABI 1
+#define FLASHRT_CSRC_ABI 3
 
 // Activation dtypes (the `dtype` argument of every entry point).
 enum FlashrtDtype : int { FLASHRT_F32 = 0, FLASHRT_BF16 = 1, FLASHRT_F16 = 2 };

@@ -6,17 +6,18 @@ code path": every device-type check takes its CUDA branch -- the model built as 
 What counts as one launch (the rule, with its reasons, is `flashrt.profile.kernels`):
 
 * an aten op that writes memory is one kernel; views, metadata ops and bare allocations are none;
-* a ``flashrt::`` custom op (rms_norm, add_rms_norm, rope_qkv, gelu_mul) is one kernel where its csrc
-  CUDA kernel takes the call (`flashrt.ops.csrc_ops.CUDA_FORMS`), else its reference op by op;
+* a ``flashrt::`` custom op (rms_norm, add_rms_norm, rope_qkv, gelu_mul, silu_mul) is one kernel where
+  its csrc CUDA kernel takes the call (`flashrt.ops.csrc_ops.CUDA_FORMS`), else its reference op by op;
 * scaled_dot_product_attention: the backend torch's CUDA build picks from the priority -- flash: one
   kernel (+2 per q/k/v head dim not a multiple of 8, which torch pads per call); memory-efficient: one
   kernel, +2 to convert a boolean mask, +2 when the bias is unaligned (a stride before the last dim
   not a multiple of 8: torch pads it on every call); math: its decomposition, op by op;
 * ``rms_norm``: one kernel (torch's fused CUDA RMSNorm) where torch takes it.
 
-``--path``: ``cuda`` (a CUDA install with the csrc library built: each family's fused ops, which only
-the Pi0 / Pi0.5 loader selects today) or ``cuda-aten`` (without it: the ATen references of the same
-ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras (default 2):
+``--path``: ``cuda`` (a CUDA install with the csrc library built: each family's fused ops, which every
+family's loader selects there with its one `flashrt.ops.select` pass) or ``cuda-aten`` (without it:
+the ATen references of the same ops). Regime: batch 1, bf16 unless ``--precision``, ``--cams`` cameras
+(default 2):
 
     pi0, pi05     the model cards (models/pi0-base.toml, pi05-base.toml: SigLIP So400m/14, Gemma 2B +
                   300M expert), the card's 10 Euler steps and 50-action chunk, its longest prompt bucket;
@@ -54,6 +55,7 @@ from typing import Annotated, Any
 
 import typer
 
+from flashrt.ops.csrc_ops import CUDA_FORMS
 from flashrt.profile.kernels import KernelCount, count_kernels
 
 __all__ = ["FAMILIES", "PATHS", "count_card", "count_family", "groot_count", "lm_count", "pi0_fast_count",
@@ -98,14 +100,17 @@ def count_card(name: str, precision: str = "bf16", cams: int = 2, kernels: str =
     return vocoder_count(card, dtype)
 
 
-def groot_count(dtype: Any, cams: int = 2) -> KernelCount:
-    """GR00T N1.7 at its published sizes (module docstring), built on meta, one step of the largest
-    bucket. No fused op: its loader selects none (both paths count the same)."""
+def groot_count(dtype: Any, cams: int = 2, kernels: str = "fused") -> KernelCount:
+    """GR00T N1.7 at its published sizes (module docstring), built on meta, the "decoder" ops' form
+    ``kernels``, one step of the largest bucket."""
     import torch
 
+    from flashrt import ops
     from flashrt.frontends.groot.config import GrootN17Config, TokenIds, text_config, vision_config
+    from flashrt.frontends.groot.frontend import select_prefer
     from flashrt.frontends.groot.model import GrootN17Model
     from flashrt.frontends.groot.preprocess import PromptTokenizer
+    from flashrt.io.loading import reset_derived
     from flashrt.testing.synthetic import groot as synthetic
 
     with tempfile.TemporaryDirectory() as folder:
@@ -116,14 +121,17 @@ def groot_count(dtype: Any, cams: int = 2) -> KernelCount:
                             text_config(p.backbone, p.select_layer, "full"), tokens, p.head)
     with torch.device("meta"):
         model = GrootN17Model(config).to(dtype).eval().requires_grad_(False)
-    model.vision.reset_derived()
+    reset_derived(model, "meta")
+    ops.select(model, "meta", dtype, select_prefer(kernels))  # as the loader's one pass (`load_model`)
     frontend = synthetic.frontend(model, tokenizer, "full", cams, backend="eager", capture=False)
-    return count_kernels(frontend.raw_step(frontend.buckets[-1]), stages=frontend.kernel_stages())
+    return count_kernels(frontend.raw_step(frontend.buckets[-1]), stages=frontend.kernel_stages(),
+                         custom=CUDA_FORMS)
 
 
-def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200) -> dict[str, KernelCount]:
-    """Pi0-FAST (preset "pi0_fast") built on meta as its loader builds it (no fused op selected): the
-    prefill of the largest default bucket and one greedy decode step."""
+def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200,
+                   kernels: str = "fused") -> dict[str, KernelCount]:
+    """Pi0-FAST (preset "pi0_fast") built on meta as its loader builds it, the "decoder" ops' form
+    ``kernels``: the prefill of the largest default bucket and one greedy decode step."""
     from flashrt.frontends.pi0.frontend import default_buckets
     from flashrt.frontends.pi0_fast.config import preset
     from flashrt.frontends.pi0_fast.model import Pi0FastDecodeModel, Pi0FastNet
@@ -131,21 +139,23 @@ def pi0_fast_count(dtype: Any, cams: int = 2, prompt: int = 200) -> dict[str, Ke
     from flashrt.runtime.decode import Decoder
 
     config = preset("pi0_fast")
-    net = meta_twin(lambda: Pi0FastNet(config), dtype)
+    net = meta_twin(lambda: Pi0FastNet(config, kernels), dtype)  # its `reset_derived` selects the forms
     buckets = default_buckets(prompt + 1)  # the prompt and its bos, as the family's loader sizes them
     slots = max(buckets) + config.max_decoding_steps
     model = Pi0FastDecodeModel(net, cams, slots, net.vlm.embed.weight.device)
     decoder = Decoder(model, buckets, max_new_tokens=config.max_decoding_steps, backend="eager",
                       candidates=1, penalty=False)
     stages = {"vision": [net.vision, net.projector], "prefix": [net.vlm]}
-    return {"pi0-fast prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1]), stages=stages),
-            "pi0-fast decode/token": count_kernels(decoder._decode_body("greedy"))}
+    return {"pi0-fast prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1]), stages=stages,
+                                              custom=CUDA_FORMS),
+            "pi0-fast decode/token": count_kernels(decoder._decode_body("greedy"), custom=CUDA_FORMS)}
 
 
-def lm_count(dtype: Any) -> dict[str, KernelCount]:
+def lm_count(dtype: Any, kernels: str = "fused") -> dict[str, KernelCount]:
     """The Orpheus-3B LM (Llama-3.2-3B, preset "orpheus-3b") built on meta as `flashrt.runner.orpheus`
     loads it (8 slots of 2,048 cache positions, prompt buckets up to 256, sampling): the prefill of the
-    largest bucket into one row, and one sampled decode step at 1 and at 8 live rows."""
+    largest bucket into one row, and one sampled decode step at 1 and at 8 live rows over the whole cache
+(the largest key bucket: the kernels are the same for every key bucket, only their sizes differ)."""
     from flashrt.frontends.lm.config import preset
     from flashrt.frontends.lm.frontend import CausalLM
     from flashrt.io.loading import meta_twin
@@ -154,11 +164,13 @@ def lm_count(dtype: Any) -> dict[str, KernelCount]:
 
     cfg = preset("orpheus-3b")
     module = meta_twin(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), dtype)
-    lm = CausalLM(cfg, module, device="meta", dtype=dtype, cache_len=2048, batch=8)
+    lm = CausalLM(cfg, module, device="meta", dtype=dtype, cache_len=2048, batch=8, kernels=kernels)
     decoder = SlotDecoder(lm, (32, 64, 128, 256), max_new_tokens=1200, backend="eager")
-    return {"orpheus-lm prefill": count_kernels(decoder._prefill_body(decoder.buckets[-1])),
-            "orpheus-lm decode/token @1": count_kernels(decoder._decode_body("sample", 1)),
-            "orpheus-lm decode/step @8": count_kernels(decoder._decode_body("sample", 8))}
+    prefill = count_kernels(decoder._prefill_body(decoder.buckets[-1]), custom=CUDA_FORMS)
+    return {"orpheus-lm prefill": prefill,
+            **{f"orpheus-lm decode/{unit} @{rows}": count_kernels(
+                decoder._decode_body("sample", decoder.key_buckets[-1], rows), custom=CUDA_FORMS)
+               for unit, rows in (("token", 1), ("step", 8))}}
 
 
 def _pi0(card: str) -> Callable[[Any, int, str], dict[str, KernelCount]]:
@@ -174,9 +186,9 @@ def _pi0(card: str) -> Callable[[Any, int, str], dict[str, KernelCount]]:
 FAMILIES: dict[str, Callable[[Any, int, str], dict[str, KernelCount]]] = {
     "pi0": _pi0("pi0-base"),
     "pi05": _pi0("pi05-base"),
-    "groot": lambda dtype, cams, row: {"groot-n1.7": groot_count(dtype, cams)},
-    "pi0-fast": lambda dtype, cams, row: pi0_fast_count(dtype, cams),
-    "lm": lambda dtype, cams, row: lm_count(dtype),
+    "groot": lambda dtype, cams, row: {"groot-n1.7": groot_count(dtype, cams, row)},
+    "pi0-fast": lambda dtype, cams, row: pi0_fast_count(dtype, cams, kernels=row),
+    "lm": lambda dtype, cams, row: lm_count(dtype, row),
 }
 
 

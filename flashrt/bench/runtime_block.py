@@ -1,7 +1,7 @@
 """`runtime-block`: one real transformer block benchmarked as captured replay over static buffers.
 
-The block is `flashrt.nn.gemma.GemmaLayer` (RMSNorm -> fused qkv -> RoPE -> attention over a static
-K/V cache holding a prefix -> output projection -> RMSNorm -> GeGLU MLP, residuals), the layer Pi0
+The block is a Gemma layer (`flashrt.nn.gemma.gemma_layer`: RMSNorm -> fused qkv -> RoPE -> attention over
+a static K/V cache holding a prefix -> output projection -> RMSNorm -> GeGLU MLP, residuals), the layer Pi0
 runs in its VLM prefix and action expert. Per call the L new tokens write their K/V behind a prefix of
 P cached tokens and attend to all P + L, as a Pi0 expert step does.
 
@@ -29,7 +29,7 @@ from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
 from flashrt.io.loading import reset_derived
 from flashrt.nn.attention import StaticKV
-from flashrt.nn.gemma import GemmaLayer
+from flashrt.nn.gemma import gemma_layer
 from flashrt.nn.rope import rope_cos_sin
 from flashrt.profile.timers import StageTimer
 from flashrt.runtime.buffers import Buffers, BufferSpec
@@ -93,7 +93,7 @@ class _Model:
 
     def __init__(self, cfg: BlockConfig, device: str, dtype: torch.dtype):
         gen = torch.Generator().manual_seed(cfg.seed)
-        layer = GemmaLayer(cfg.width, cfg.mlp_dim, cfg.heads, cfg.kv_heads, cfg.head_dim)
+        layer = gemma_layer(cfg.width, cfg.mlp_dim, cfg.heads, cfg.kv_heads, cfg.head_dim)
         with torch.no_grad():
             for p in layer.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)

@@ -81,6 +81,8 @@ class StaticKV:
       only for shapes, never for values, to stay sync-free).
     """
 
+    slot_views = True  # `slots` gives writable views (a writer may rotate keys straight into them)
+
     def __init__(self, k: torch.Tensor, v: torch.Tensor) -> None:
         if k.shape != v.shape or k.dim() != 5:
             raise ValueError(f"StaticKV needs k, v of one shape (N, B, KV, T, D), got {tuple(k.shape)} "
@@ -101,6 +103,8 @@ class StaticKV:
 
     def slots(self, layer: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Writable (B, L, KV, D) views of slots [start, end) of ``layer`` (k, v), for ``out=`` writers."""
+        if not self.slot_views:
+            raise TypeError(f"{type(self).__name__} has no slot views; store with write()")
         if end > self.length:
             raise ValueError(f"StaticKV.slots: [{start}, {end}) exceed the buffer length {self.length}")
         return self.k[layer, :, :, start:end].transpose(1, 2), self.v[layer, :, :, start:end].transpose(1, 2)
@@ -114,7 +118,10 @@ class RowKV(StaticKV):
     """One row of a static K/V (N, B, KV, T, D), chosen by a device tensor ``row`` (1,) int64: the
     prefill of one request into its slot of a slot-batched cache (`flashrt.runtime.slots`), while the
     other rows keep their keys. ``write`` stores (1, L, KV, D) into that row; ``read`` returns that
-    row's slots [0, end) as (1, KV, end, D) copies. Owns nothing; the row is read at each call."""
+    row's slots [0, end) as (1, KV, end, D) copies. Owns nothing; the row is read at each call. No
+    slot views (the row is a device value): writers go through `write`."""
+
+    slot_views = False
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, row: torch.Tensor) -> None:
         super().__init__(k, v)

@@ -1,12 +1,15 @@
-"""Normalization layers of the Gemma / PaliGemma family.
+"""RMSNorm of every decoder family (Gemma, Llama, Qwen2/3, Qwen3-VL text) and Pi0.5's adaptive form.
 
 Shapes: ``x`` (..., D); ``cond`` (..., C); modulation tables (..., 3, D) ordered scale | shift | gate.
 
-* `RMSNorm`: Gemma's ``x / rms(x) * (1 + w)``. Statistics and the scale run in float32; the result is
-  cast back to ``x``'s dtype (Gemma multiplies before the downcast, unlike Llama). ``1 + w`` is a
+* `RMSNorm`: ``x / rms(x) * g``, statistics in float32, the result in ``x``'s dtype; two flags name
+  the family forms. ``offset``: ``g = 1 + w`` (Gemma; ``w`` zero at init) or ``g = w`` (Llama, Qwen;
+  ones at init). ``cast_first``: the normalized x is rounded to x's dtype before ``g`` multiplies it
+  (transformers' Llama / Qwen3 ``w * normalize(x).to(dtype)``), else the product runs in float32 and is
+  rounded once (Gemma; GR00T's Qwen3-VL text layers); in float32 the two are the same. ``g`` is a
   derived float32 table (``scale``), computed from the loaded weight by `RMSNorm.reset_derived` (which
   `flashrt.io.load_module` calls; call it again after changing ``weight`` or the module's dtype),
-  never per call.
+  never per call; the layers pass it to the decoder ops (`flashrt.ops.decoder`), one kernel on a GPU.
 * `AdaRMSNorm`: Pi0.5's adaptive RMSNorm. A linear map of the conditioning vector gives
   ``scale | shift | gate`` (each D wide); the norm is ``x / rms(x) * (1 + scale) + shift`` and the gate
   multiplies the branch output before the residual add (`gated_residual`). The conditioning of Pi0.5 is
@@ -36,24 +39,27 @@ def _cast(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """Gemma RMSNorm with the (1 + weight) parametrization; ``weight`` is zero at init, ``scale`` the
-    derived float32 ``1 + weight`` (`reset_derived`)."""
+    """The one RMSNorm (module docstring): ``offset`` True is Gemma's ``1 + weight`` (zero at init),
+    False a plain ``weight`` (ones at init); ``cast_first`` the Llama rounding. ``scale``: the derived
+    float32 gain (`reset_derived`)."""
 
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6, offset: bool = True, cast_first: bool = False) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps, self.offset, self.cast_first = eps, offset, cast_first
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
         self.register_buffer("scale", torch.ones(dim), persistent=False)
 
     def reset_derived(self) -> None:
-        """``scale = 1 + weight`` in float32, as the reference computes it on every call."""
-        self.scale = 1.0 + _f32(self.weight.detach())
+        """``scale = [1 +] weight`` in float32, as the reference computes it on every call."""
+        w = _f32(self.weight.detach())
+        self.scale = 1.0 + w if self.offset else w.clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_ref(x, self.scale, None, self.eps)
+        return rms_norm_ref(x, self.scale, None, self.eps, self.cast_first)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        flags = "".join(f", {k}" for k in ("offset", "cast_first") if getattr(self, k))
+        return f"{self.weight.shape[0]}, eps={self.eps}{flags}"
 
 
 class AdaRMSNorm(nn.Module):

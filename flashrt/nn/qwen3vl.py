@@ -16,6 +16,8 @@ Differences from transformers' Qwen3-VL, all exact re-arrangements for the fixed
 * Images attend only to themselves (the reference's ``cu_seqlens``): one batched SDPA over I.
 * Text: M-RoPE tables for a fixed token layout come from `mrope_cos_sin(positions (3, L))`; the
   interleaved frequency assignment (T H W T H W ... T) is applied to positions, not to frequencies.
+  The text layers are the one decoder layer (`qwen3_layer`: `flashrt.nn.llama.DecoderLayer` with q/k
+  norms, run without a cache: `DecoderLayer.causal`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from flashrt.nn.norms import rms_normalize
+from flashrt.nn.llama import DecoderLayer, LayerShape
 from flashrt.nn.rope import apply_rope
 
 
@@ -169,51 +171,14 @@ class VisionTower(nn.Module):
         return self.merger.forward(x), deep
 
 
-class Qwen3Layer(nn.Module):
-    """Qwen3 decoder layer: RMSNorm → GQA attention (per-head q/k RMSNorm, M-RoPE) → RMSNorm → SwiGLU."""
-
-    def __init__(
-        self, width: int, mlp_dim: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float = 1e-6
-    ) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv, self.head_dim, self.eps = num_heads, num_kv_heads, head_dim, eps
-        self.input_norm = nn.Parameter(torch.ones(width))
-        self.q = nn.Linear(width, num_heads * head_dim, bias=False)
-        self.k = nn.Linear(width, num_kv_heads * head_dim, bias=False)
-        self.v = nn.Linear(width, num_kv_heads * head_dim, bias=False)
-        self.o = nn.Linear(num_heads * head_dim, width, bias=False)
-        self.q_norm = nn.Parameter(torch.ones(head_dim))
-        self.k_norm = nn.Parameter(torch.ones(head_dim))
-        self.post_norm = nn.Parameter(torch.ones(width))
-        self.gate = nn.Linear(width, mlp_dim, bias=False)
-        self.up = nn.Linear(width, mlp_dim, bias=False)
-        self.down = nn.Linear(mlp_dim, width, bias=False)
-
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return rms_normalize(x, self.eps, w).to(x.dtype)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x (B, L, W); cos/sin (1, L, 1, D); causal attention -> (B, L, W)."""
-        b, n, _ = x.shape
-        h = self._norm(x, self.input_norm)
-        q = apply_rope(
-            self._norm(F.linear(h, self.q.weight).view(b, n, self.num_heads, -1), self.q_norm), cos, sin
-        )
-        k = apply_rope(
-            self._norm(F.linear(h, self.k.weight).view(b, n, self.num_kv, -1), self.k_norm), cos, sin
-        )
-        v = F.linear(h, self.v.weight).view(b, n, self.num_kv, -1)
-        a = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            is_causal=True,
-            enable_gqa=self.num_kv != self.num_heads,
-        )
-        x = F.linear(a.transpose(1, 2).reshape(b, n, -1), self.o.weight).add_(x)
-        h = self._norm(x, self.post_norm)
-        h = F.silu(F.linear(h, self.gate.weight)).mul_(F.linear(h, self.up.weight))
-        return F.linear(h, self.down.weight).add_(x)
+def qwen3_layer(width: int, mlp_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                eps: float = 1e-6) -> DecoderLayer:
+    """The Qwen3 text layer (RMSNorm → GQA attention with per-head q/k RMSNorm and M-RoPE → RMSNorm →
+    SwiGLU) as the one decoder layer, `flashrt.nn.llama.DecoderLayer`: fused ``qkv`` and ``gate_up``
+    projections (the weight map concatenates), norms with the float32 product (``cast_first`` off, as
+    GR00T computes them); run with ``forward(x, (cos, sin))`` (`DecoderLayer.causal`)."""
+    return DecoderLayer(LayerShape(width, mlp_dim, num_heads, num_kv_heads, head_dim, eps, qk_norm=True,
+                                 cast_first=False))
 
 
 def mrope_cos_sin(

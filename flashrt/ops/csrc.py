@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ABI", "OUT", "Library", "build", "cache_folder", "csrc_dir", "key_fields", "load", "nvcc_path",
            "open_library", "sources"]
 
-ABI = 1  # FLASHRT_CSRC_ABI of csrc/flashrt_csrc.h
+ABI = 3  # FLASHRT_CSRC_ABI of csrc/flashrt_csrc.h
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 NVCC_FLAGS = ("-O3", "-std=c++17", "--shared", "-Xcompiler", "-fPIC")
 TIMEOUT_S = 600.0  # any one nvcc process (a build takes seconds to a minute)

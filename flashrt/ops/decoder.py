@@ -4,10 +4,11 @@ everywhere else.
 Shapes: x, y (..., D) rows of width D; B batch, L tokens, H query heads, KV key/value heads, D head_dim
 (`rope_qkv`), M mlp width (`gelu_mul`).
 
-    rms_norm(x, scale, shift, eps) -> n
+    rms_norm(x, scale, shift, eps, cast_first=False) -> n
         n = x / rms(x) * scale [+ shift]: statistics and products in float32, n in x's dtype.
         scale, shift: (D,) float32 (Gemma's ``1 + w`` precomputed at load; an adaRMS table row).
-    add_rms_norm(x, y, gate, scale, shift, eps) -> (s, n)
+        ``cast_first``: x / rms(x) rounded to x's dtype before the scale (Llama's form, `RMSNorm`).
+    add_rms_norm(x, y, gate, scale, shift, eps, cast_first=False) -> (s, n)
         s = x + y [* gate] (the residual add of a pre-norm block, in x's dtype), n = rms_norm(s, ...):
         the add fused with the norm that follows it (the next layer's input norm, the final norm).
     rope_qkv(qkv, cos, sin, k_out, v_out, heads) -> q
@@ -15,8 +16,9 @@ Shapes: x, y (..., D) rows of width D; B batch, L tokens, H query heads, KV key/
         k rotated into ``k_out`` and v copied into ``v_out`` ((B, L, KV, D) views of any strides: the
         static K/V slots). ``heads`` 0: a K/V-only pass (q is empty). cos, sin: `flashrt.nn.rope` tables.
     gelu_mul(gate_up) -> gelu_tanh(gate_up[..., :M]) * gate_up[..., M:]          (..., 2M) -> (..., M)
+    silu_mul(gate_up) -> silu(gate_up[..., :M]) * gate_up[..., M:]               (..., 2M) -> (..., M)
 
-Each op (`RMS_NORM`, `ADD_RMS_NORM`, `ROPE_QKV`, `GELU_MUL`, group "decoder") has two forms:
+Each op (`RMS_NORM`, `ADD_RMS_NORM`, `ROPE_QKV`, `GELU_MUL`, `SILU_MUL`, group "decoder") has two forms:
 
 * "aten", the reference (``*_ref``): the exact composition of ATen ops the unfused model ran, so every
   result on the CPU is unchanged (tests compare it with the unfused modules bit for bit); also what an
@@ -42,9 +44,9 @@ from torch import Tensor
 from flashrt.errors import ConfigError
 from flashrt.ops.op import Form, Op, register
 
-__all__ = ["ADD_RMS_NORM", "GELU_MUL", "KERNEL_CHOICES", "NormRow", "RMS_NORM", "ROPE_QKV",
+__all__ = ["ADD_RMS_NORM", "GELU_MUL", "KERNEL_CHOICES", "NormRow", "RMS_NORM", "ROPE_QKV", "SILU_MUL",
            "add_rms_norm_ref", "apply_rope", "decoder_prefer", "gated_residual", "gelu_mul_ref",
-           "rms_norm_ref", "rms_normalize", "rope_qkv_ref", "swap_halves"]
+           "rms_norm_ref", "rms_normalize", "rope_qkv_ref", "silu_mul_ref", "swap_halves"]
 
 KERNEL_CHOICES = ("auto", "aten", "fused")  # a loader's ``kernels`` option
 
@@ -77,9 +79,14 @@ def rms_normalize(x: Tensor, eps: float, weight: Tensor | None = None) -> Tensor
     return y if weight is None else y.mul_(_f32(weight))
 
 
-def rms_norm_ref(x: Tensor, scale: Tensor, shift: Tensor | None, eps: float) -> Tensor:
-    """``x / rms(x) * scale [+ shift]`` in float32 (scale, shift float32), returned in x's dtype."""
+def rms_norm_ref(x: Tensor, scale: Tensor, shift: Tensor | None, eps: float,
+                 cast_first: bool = False) -> Tensor:
+    """``x / rms(x) * scale [+ shift]`` in float32 (scale, shift float32), returned in x's dtype;
+    ``cast_first``: the normalized x rounded to x's dtype before the scale (Llama's form; the product
+    of two values of a half dtype is exact in float32, so this rounds as a product in that dtype)."""
     n = rms_normalize(x, eps)
+    if cast_first:
+        n = _cast(n, x.dtype)
     n = n.mul_(scale) if shift is None else torch.addcmul(shift, n, scale)
     return _cast(n, x.dtype)
 
@@ -90,10 +97,10 @@ def gated_residual(x: Tensor, y: Tensor, gate: Tensor | None) -> Tensor:
 
 
 def add_rms_norm_ref(x: Tensor, y: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
-                     eps: float) -> tuple[Tensor, Tensor]:
-    """(``s = gated_residual(x, y, gate)``, ``rms_norm_ref(s, scale, shift, eps)``)."""
+                     eps: float, cast_first: bool = False) -> tuple[Tensor, Tensor]:
+    """(``s = gated_residual(x, y, gate)``, ``rms_norm_ref(s, scale, shift, eps, cast_first)``)."""
     s = gated_residual(x, y, gate)
-    return s, rms_norm_ref(s, scale, shift, eps)
+    return s, rms_norm_ref(s, scale, shift, eps, cast_first)
 
 
 def swap_halves(x: Tensor) -> Tensor:
@@ -129,25 +136,31 @@ def gelu_mul_ref(gate_up: Tensor) -> Tensor:
     return F.gelu(gate, approximate="tanh").mul_(up)
 
 
+def silu_mul_ref(gate_up: Tensor) -> Tensor:
+    """``silu(gate) * up`` of the two halves of the last dim (the product formed in silu's output)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
+
+
 # ------------------------------------------------------------------------------------------ custom ops
 @torch.library.custom_op("flashrt::rms_norm", mutates_args=())
-def rms_norm(x: Tensor, scale: Tensor, shift: Tensor | None, eps: float) -> Tensor:
-    return rms_norm_ref(x, scale, shift, eps)
+def rms_norm(x: Tensor, scale: Tensor, shift: Tensor | None, eps: float, cast_first: bool = False) -> Tensor:
+    return rms_norm_ref(x, scale, shift, eps, cast_first)
 
 
 @rms_norm.register_fake
-def _(x, scale, shift, eps):
+def _(x, scale, shift, eps, cast_first=False):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("flashrt::add_rms_norm", mutates_args=())
 def add_rms_norm(x: Tensor, y: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor | None,
-                 eps: float) -> tuple[Tensor, Tensor]:
-    return add_rms_norm_ref(x, y, gate, scale, shift, eps)
+                 eps: float, cast_first: bool = False) -> tuple[Tensor, Tensor]:
+    return add_rms_norm_ref(x, y, gate, scale, shift, eps, cast_first)
 
 
 @add_rms_norm.register_fake
-def _(x, y, gate, scale, shift, eps):
+def _(x, y, gate, scale, shift, eps, cast_first=False):
     out = torch.empty(torch.broadcast_shapes(x.shape, y.shape), dtype=x.dtype, device=x.device)
     return out, torch.empty_like(out)
 
@@ -172,9 +185,20 @@ def _(gate_up):
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
 
 
-CUSTOM_OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_qkv": rope_qkv, "gelu_mul": gelu_mul}
+@torch.library.custom_op("flashrt::silu_mul", mutates_args=())
+def silu_mul(gate_up: Tensor) -> Tensor:
+    return silu_mul_ref(gate_up)
+
+
+@silu_mul.register_fake
+def _(gate_up):
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+CUSTOM_OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rope_qkv": rope_qkv, "gelu_mul": gelu_mul,
+              "silu_mul": silu_mul}
 REFERENCES = {"rms_norm": rms_norm_ref, "add_rms_norm": add_rms_norm_ref, "rope_qkv": rope_qkv_ref,
-              "gelu_mul": gelu_mul_ref}
+              "gelu_mul": gelu_mul_ref, "silu_mul": silu_mul_ref}
 
 
 # ------------------------------------------------------------------------------------------ the ops
@@ -192,8 +216,8 @@ def _op(name: str) -> Op:
                        export_ops=lambda: {overload.default: REFERENCES[name]}))
 
 
-RMS_NORM, ADD_RMS_NORM, ROPE_QKV, GELU_MUL = (_op(n) for n in ("rms_norm", "add_rms_norm", "rope_qkv",
-                                                              "gelu_mul"))
+RMS_NORM, ADD_RMS_NORM, ROPE_QKV, GELU_MUL, SILU_MUL = (_op(n) for n in ("rms_norm", "add_rms_norm",
+                                                                        "rope_qkv", "gelu_mul", "silu_mul"))
 
 
 def decoder_prefer(kernels: str) -> dict[str, str]:

@@ -15,10 +15,14 @@ PINNED = {
     ("pi05", "cuda"): {"pi05-base": 2203},
     ("pi0", "cuda-aten"): {"pi0-base": 7403},
     ("pi05", "cuda-aten"): {"pi05-base": 6814},
-    ("groot", "cuda"): {"groot-n1.7": 2973},
-    ("pi0-fast", "cuda"): {"pi0-fast prefill": 974, "pi0-fast decode/token": 417},
-    ("lm", "cuda"): {"orpheus-lm prefill": 1415, "orpheus-lm decode/token @1": 1068,
-                     "orpheus-lm decode/step @8": 1068},
+    ("groot", "cuda"): {"groot-n1.7": 2381},
+    ("groot", "cuda-aten"): {"groot-n1.7": 2861},
+    ("pi0-fast", "cuda"): {"pi0-fast prefill": 553, "pi0-fast decode/token": 253},
+    ("pi0-fast", "cuda-aten"): {"pi0-fast prefill": 974, "pi0-fast decode/token": 417},
+    ("lm", "cuda"): {"orpheus-lm prefill": 793, "orpheus-lm decode/token @1": 445,
+                     "orpheus-lm decode/step @8": 445},
+    ("lm", "cuda-aten"): {"orpheus-lm prefill": 1416, "orpheus-lm decode/token @1": 1068,
+                          "orpheus-lm decode/step @8": 1068},
 }
 
 

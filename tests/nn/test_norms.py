@@ -107,3 +107,20 @@ def test_loaded_rmsnorm_tables_are_derived_strictly():
 
     norm = load_module(lambda: RMSNorm(4), {"w": torch.full((4,), -0.25)}, WeightMap([Rule("w", "weight")]))
     assert "scale" not in norm.state_dict() and torch.equal(norm.scale, torch.full((4,), 0.75))
+
+
+def test_one_rmsnorm_has_the_gemma_llama_and_qwen3vl_forms():
+    """offset: Gemma's 1 + w (zero at init) or a plain w (ones); cast_first: transformers' Llama
+    ``w * normalize(x).to(dtype)``, else the float32 product rounded once (Gemma, Qwen3-VL in GR00T)."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(3, 5, 32, generator=g) * 7).bfloat16()
+    w = (1 + 0.3 * torch.randn(32, generator=g)).bfloat16()
+    llama, qwen3vl = RMSNorm(32, 1e-5, offset=False, cast_first=True), RMSNorm(32, 1e-5, offset=False)
+    assert torch.equal(llama.weight, torch.ones(32)) and torch.equal(RMSNorm(32).weight, torch.zeros(32))
+    for norm in (llama, qwen3vl):
+        norm.to(torch.bfloat16).weight.data.copy_(w)
+        norm.reset_derived()
+    assert torch.equal(llama(x), w * rms_normalize(x, 1e-5).to(torch.bfloat16))
+    assert torch.equal(qwen3vl(x), rms_normalize(x, 1e-5, w).to(torch.bfloat16))
+    assert not torch.equal(llama(x), qwen3vl(x))  # the two roundings differ in a half dtype
+    assert "cast_first" in repr(llama) and "offset" not in repr(llama) and "offset" in repr(RMSNorm(4))

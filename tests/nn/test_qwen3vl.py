@@ -13,7 +13,7 @@ from torch import nn
 
 from flashrt.frontends.groot.weights import LM, VIS, text_rules, vision_rules
 from flashrt.io import Checkpoint, WeightMap, load_module
-from flashrt.nn.qwen3vl import Qwen3Layer, VisionTower, mrope_cos_sin
+from flashrt.nn.qwen3vl import VisionTower, mrope_cos_sin, qwen3_layer
 
 FIX = load_file(
     str(Path(__file__).resolve().parents[1] / "fixtures" / "groot" / "qwen3vl_blocks.safetensors")
@@ -36,7 +36,7 @@ class _Text(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(64, 48)
-        self.layers = nn.ModuleList(Qwen3Layer(48, 96, 4, 2, 12) for _ in range(2))
+        self.layers = nn.ModuleList(qwen3_layer(48, 96, 4, 2, 12) for _ in range(2))
 
 
 def test_vision_tower_matches_transformers(one_thread):
@@ -55,7 +55,7 @@ def test_text_layers_match_transformers_under_mrope(one_thread):
     h = FIX["text.embeds"]
     with torch.inference_mode():
         for layer in model.layers:
-            h = layer(h, cos, sin)
+            h = layer.forward(h, (cos, sin))
     assert (h - FIX["text.hidden"]).abs().max().item() <= 1e-5
 
 

@@ -26,7 +26,9 @@ def test_kernels_compile_and_export_the_abi(tmp_path):
     path = csrc.build(tmp_path, arch="sm_90")
     lib = ctypes.CDLL(str(path))
     assert lib.flashrt_csrc_abi() == csrc.ABI
-    for symbol in ("flashrt_add_rms_norm", "flashrt_rope_qkv", "flashrt_gelu_mul"):
+    from flashrt.ops.csrc_ops import SIGNATURES
+
+    for symbol in SIGNATURES:  # every entry point the Python side binds (flashrt_silu_mul among them)
         assert hasattr(lib, symbol)
     assert csrc.build(tmp_path, arch="sm_90") == path  # cached by content: no second compile
     # written atomically with its sha256 sidecar, no temp left
@@ -95,3 +97,17 @@ def test_the_key_is_stable_when_nothing_changes(tmp_path):
     nvcc = _fake_nvcc(tmp_path / "bin", "nvcc 13.0")
     first = csrc.library_name(csrc.key_fields("sm_90", nvcc))
     assert csrc.library_name(csrc.key_fields("sm_90", nvcc)) == first
+
+
+def test_the_norm_kernel_takes_contiguous_rows_and_head_splits_of_a_fused_projection():
+    import torch
+
+    from flashrt.ops.csrc_ops import norm_takes, row_layout
+
+    qkv = torch.zeros(2, 5, 4 + 2 * 2, 16, dtype=torch.bfloat16)
+    q, k, v = qkv.split((4, 2, 2), dim=2)
+    assert row_layout(qkv) == (1, 16) and row_layout(q) == (4, 8 * 16) and row_layout(k) == (2, 8 * 16)
+    scale = torch.ones(16)
+    assert norm_takes(q, None, None, scale, None) and norm_takes(k, None, None, scale, None)
+    assert not norm_takes(q, q, None, scale, None)  # with a residual: contiguous rows only
+    assert row_layout(qkv.transpose(1, 2)) is None and not norm_takes(qkv[..., ::2], None, None, scale, None)

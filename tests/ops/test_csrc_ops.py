@@ -77,9 +77,41 @@ def test_rope_qkv_matches_the_reference_into_strided_slots(dtype, heads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gelu_mul_matches_the_reference(dtype):
+@pytest.mark.parametrize("name", ["gelu_mul", "silu_mul"])
+def test_gated_mlp_products_match_the_reference(dtype, name):
     gate_up = (torch.randn(816, 2 * 4096, device="cuda") * 3).to(dtype)
-    _close(FORMS["fused"]["gelu_mul"](gate_up), FORMS["aten"]["gelu_mul"](gate_up), dtype)
+    _close(FORMS["fused"][name](gate_up), FORMS["aten"][name](gate_up), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cast_first", [False, True])
+def test_norm_of_a_head_split_matches_the_reference(dtype, cast_first):
+    """Qwen3's q / k norms: rows of a split of the fused qkv projection (groups of contiguous rows)."""
+    g = torch.Generator(device="cuda").manual_seed(12)
+    qkv = (torch.randn(1, 300, 16 + 2 * 8, 128, device="cuda", generator=g) * 3).to(dtype)
+    w = (1 + 0.3 * torch.randn(128, device="cuda", generator=g)).to(dtype).float()
+    for part in qkv.split((16, 8, 8), dim=2)[:2]:
+        got = FORMS["fused"]["rms_norm"](part, w, None, 1e-6, cast_first)
+        assert got.is_contiguous()
+        _close(got, FORMS["aten"]["rms_norm"](part, w, None, 1e-6, cast_first), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_cast_first_norms_match_the_llama_reference(dtype, residual):
+    """The Llama rounding (normalized x rounded to the dtype, then the gain) at the Orpheus LM's width."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = (torch.randn(1, 256, 3072, device="cuda", generator=g) * 4).to(dtype)
+    y = torch.randn(1, 256, 3072, device="cuda", generator=g).to(dtype)
+    w = (1 + 0.3 * torch.randn(3072, device="cuda", generator=g)).to(dtype).float()
+    fused, ref = FORMS["fused"], FORMS["aten"]
+    if not residual:
+        _close(fused["rms_norm"](x, w, None, 1e-5, True), ref["rms_norm"](x, w, None, 1e-5, True), dtype)
+        return
+    (s, n), (s_ref, n_ref) = fused["add_rms_norm"](x, y, None, w, None, 1e-5, True), \
+        ref["add_rms_norm"](x, y, None, w, None, 1e-5, True)
+    assert torch.equal(s, s_ref)
+    _close(n, n_ref, dtype)
 
 
 def _feed(frontend, seed: int) -> None:

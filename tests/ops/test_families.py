@@ -10,6 +10,7 @@ import torch
 
 from flashrt import ops
 from flashrt.io.loading import build_on_meta, expected_slots, meta_twin, reset_derived
+from flashrt.ops.decoder import decoder_prefer
 from flashrt.ops.platform import onednn_available
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -70,41 +71,56 @@ def test_pi0_on_the_cpu_and_on_the_cuda_path(csrc_builds):
     assert {name: set(forced[name]) for name in DECODER} == {name: {"aten"} for name in DECODER}
 
 
-def test_pi0_fast_keeps_the_decoder_references_and_takes_onednn_on_the_cpu(csrc_builds):
+LLAMA = ("add_rms_norm", "rms_norm", "rope_qkv", "silu_mul", "token_rope")
+
+
+def _only(choices, names, form):
+    return {name: set(choices[name]) for name in names} == {name: {form} for name in names}
+
+
+def test_pi0_fast_fuses_its_decoder_on_the_cuda_path_and_takes_onednn_on_the_cpu(csrc_builds):
     from flashrt.frontends.pi0_fast.config import preset
     from flashrt.frontends.pi0_fast.model import Pi0FastNet
 
     config = preset("pi0_fast-tiny")
+    decoder = (*DECODER, "decode_tokens", "token_rope")
     net = _on_cpu(lambda: Pi0FastNet(config))
     assert _forms(net.op_choices, ("geglu", "fc1_gelu")) == {"geglu": {CPU_MLP: config.vlm.depth},
                                                             "fc1_gelu": {CPU_MLP: config.vision.depth}}
+    assert _only(net.op_choices, decoder, "aten")
     cuda = meta_twin(lambda: Pi0FastNet(config), torch.bfloat16).select_ops("cuda")
-    assert all(set(forms) == {"aten"} for forms in cuda.values()) and set(DECODER) <= set(cuda)
+    assert _only(cuda, decoder, "fused") and cuda["decode_tokens"] == {"fused": 1}
+    assert _only(cuda, ("geglu", "fc1_gelu"), "aten")
+    forced = meta_twin(lambda: Pi0FastNet(config, "aten"), torch.bfloat16).select_ops("cuda")
+    assert all(set(forms) == {"aten"} for forms in forced.values())
 
 
-def test_groot_keeps_the_reference_forms_on_both_paths(csrc_builds):
+def test_groot_fuses_its_text_layers_on_the_cuda_path_and_keeps_its_vision_reference(csrc_builds):
     from flashrt.frontends.groot.model import select_ops
     from flashrt.frontends.groot.n15 import GrootN15Model, n15_config
 
     config = n15_config(FIXTURES / "groot" / "n15_tiny")
     model = _on_cpu(lambda: GrootN15Model(config))
     layers = len(model.backbone.vision.layers)
-    assert model.op_choices == {"fc1_gelu": {"aten": layers}}  # its SigLIP tower, pinned to the reference
-    assert select_ops(meta_twin(lambda: GrootN15Model(config), torch.bfloat16), "cuda") == \
-        {"fc1_gelu": {"aten": layers}}
+    assert model.op_choices["fc1_gelu"] == {"aten": layers}  # its SigLIP tower, pinned to the reference
+    assert _only(model.op_choices, LLAMA, "aten")
+    cuda = select_ops(meta_twin(lambda: GrootN15Model(config), torch.bfloat16), "cuda")
+    assert cuda["fc1_gelu"] == {"aten": layers} and _only(cuda, LLAMA, "fused")
 
 
-def test_lm_has_no_op_slot_yet(csrc_builds):
+def test_lm_fuses_its_decoder_on_the_cuda_path_only(csrc_builds):
     from flashrt.frontends.lm.config import preset
     from flashrt.frontends.lm.frontend import CausalLM
     from flashrt.nn.llama import Llama
 
     cfg = preset("tiny")
-    for device in ("cpu", "meta"):
-        module = (_on_cpu if device == "cpu" else lambda b: meta_twin(b, torch.bfloat16))(
-            lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied))
-        lm = CausalLM(cfg, module, device=device, cache_len=16)
-        assert lm.op_choices == {} and lm.describe()["ops"] == {}
+    lm = CausalLM(cfg, _on_cpu(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied)), cache_len=16)
+    assert _only(lm.op_choices, LLAMA, "aten") and lm.describe()["ops"] == lm.op_choices
+    twin = meta_twin(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), torch.bfloat16)
+    cuda = ops.select(twin, "cuda", torch.bfloat16, decoder_prefer("auto"))
+    assert _only(cuda, LLAMA, "fused")
+    twin = meta_twin(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), torch.bfloat16)
+    assert _only(ops.select(twin, "cuda", torch.bfloat16, decoder_prefer("aten")), LLAMA, "aten")
 
 
 def test_bigvgan_takes_the_native_activation_and_the_measured_sine_on_the_cpu_only():

@@ -52,6 +52,7 @@ from flashrt.frontends.lm import CausalLM, LMConfig
 from flashrt.frontends.lm.config import PRESETS as LM_PRESETS
 from flashrt.frontends.tts.orpheus import ByteTokenizer, OrpheusLayout
 from flashrt.frontends.vocoders import get_family
+from flashrt.io.loading import reset_derived
 from flashrt.nn.llama import Llama
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import compute_dtype
@@ -94,6 +95,7 @@ def random_lm(cfg: LMConfig, seed: int, device: str, dtype: torch.dtype, cache_l
             scale = 1.0 if name.startswith("embed") else p.shape[1] ** -0.5
             tensors[name] = (torch.randn(p.shape, generator=g, device=device) * scale).to(dtype)
     module.load_state_dict(tensors, assign=True)
+    reset_derived(module, device)  # the norms' float32 gains
     return CausalLM(cfg, module.eval().requires_grad_(False), device=device, dtype=dtype, cache_len=cache_len,
                     batch=batch)
 

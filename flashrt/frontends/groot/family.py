@@ -89,6 +89,7 @@ def load(
     tokenizer: str | Path | None = None,
     frame_size: Sequence[int] | None = None,
     calibration: Any = None,
+    kernels: str = "auto",
 ) -> GrootFrontend:
     """A captured GR00T N1.7 frontend for ``folder`` (see `flashrt.frontends.groot.checkpoint`).
 
@@ -97,14 +98,18 @@ def load(
 
     ``precision="int8"`` / ``"fp8"`` (N1.7, N1.6, N1.5): the recipe's GEMMs quantized with scales from
     the calibration cache, calibrated and gated on a miss (``calibration``: a recipe name, path, dict or
-    `flashrt.quant.flow.Calibration`; recipe calibration/groot.toml; `flashrt.frontends.groot.quantize`)."""
+    `flashrt.quant.flow.Calibration`; recipe calibration/groot.toml; `flashrt.frontends.groot.quantize`).
+
+    ``kernels`` (the "decoder" ops, `flashrt.ops.decoder`): the text layers' norms, RoPE and SwiGLU
+    products; "auto" (default) the fused csrc kernels on a CUDA device where they build, else the ATen
+    references, as for Pi0 (the one `flashrt.ops.select` pass at load, ``describe()["ops"]``)."""
     from flashrt.frontends.groot import n15_frontend
 
     if quantized_kind(precision) is None and calibration is not None:
         raise ConfigError(f"calibration= applies to precision 'int8' or 'fp8', not {precision!r}")
     opts = LoadOptions(
         device, precision, num_steps, backend, buckets, embodiment, cameras, tokenizer, frame_size,
-        calibration,
+        calibration, kernels,
     )
     n15 = n15_frontend.n15_layout(Path(folder))
     if n15 is not None:  # frame_size does not apply: every frame is resized to SigLIP's square
@@ -157,7 +162,7 @@ FAMILY = PolicyFamily(
     name="groot",
     detect=lambda folder: ck.detect(Path(folder)),
     load=load,
-    options=("embodiment", "cameras", "tokenizer", "frame_size", "calibration"),
+    options=("embodiment", "cameras", "tokenizer", "frame_size", "calibration", "kernels"),
     doc="NVIDIA GR00T N1.7 (Qwen3-VL backbone) / N1.6 (Eagle 3 VL), AlternateVLDiT flow-matching head; "
     "N1.5 (Eagle 2.5 VL, DiT head)",
 )

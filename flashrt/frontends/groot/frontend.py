@@ -39,6 +39,7 @@ from flashrt.frontends.groot.preprocess import (
     transform_image,
 )
 from flashrt.io import open_checkpoint
+from flashrt.ops.decoder import decoder_prefer
 from flashrt.quant.precision import QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
 from flashrt.runtime.buffers import Buffers, BufferSpec, check_value
 from flashrt.runtime.device import resolve_device
@@ -84,18 +85,30 @@ class LoadOptions:
     tokenizer: str | Path | None = None
     frame_size: Sequence[int] | None = None
     calibration: Any = None  # int8 / fp8: `flashrt.quant.flow.Calibration` (or a recipe name, dict)
+    kernels: str = "auto"  # the form of the "decoder" ops (`flashrt.ops.decoder.decoder_prefer`)
 
 
 def load_model(
     loader: Callable[..., Any], config: Any, weights: Path, options: LoadOptions
 ) -> tuple[Any, torch.device]:
     """``loader(config, checkpoint, device, dtype)`` over the checkpoint at ``weights``, on the options'
-    device and precision (int8 / fp8: float32, quantized later by `finish`); returns the model and that
-    device."""
+    device and precision (int8 / fp8: float32, quantized later by `finish`), the forms of its ops chosen
+    by the one `flashrt.ops.select` pass (`select_prefer`); returns the model and that device."""
     dev = resolve_device(options.device)
     dtype = compute_dtype(options.precision, quantized=QUANTIZED_PRECISIONS)
+    prefer = select_prefer(options.kernels)
     with open_checkpoint(weights) as checkpoint:
-        return loader(config, checkpoint, dev, dtype), dev
+        model = loader(config, checkpoint, dev, dtype)
+    ops.select(model, dev, dtype, prefer)
+    return model, dev
+
+
+def select_prefer(kernels: str) -> dict[str, str]:
+    """What GR00T's `flashrt.ops.select` pass forces: the "decoder" ops (the text layers' norms, RoPE and
+    SwiGLU products) by ``kernels`` ("auto": the fused csrc kernels on a CUDA device where they build,
+    as for Pi0), and the references of the "mlp" ops (N1.5's SigLIP fc1 + GELU: no oneDNN form, as
+    before: its parity is measured on the reference)."""
+    return {**decoder_prefer(kernels), "mlp": "aten"}
 
 
 def finish(frontend: GrootFrontend, options: LoadOptions, folder: str | Path) -> GrootFrontend:
@@ -378,11 +391,12 @@ class GrootFrontend:
             "cannot_batch": self.cannot_batch,
             "backend": getattr(self.backend, "name", type(self.backend).__name__),
             "dtype": str(self.model.dtype),
+            "kernels": next(iter(ops.choices(self.model).get("rms_norm", {"aten": 0}))),
+            "ops": ops.choices(self.model),
             "num_steps": self.config.head.num_steps,
             "chunk_size": self.chunk_size,
             "action_dim": self.action_dim,
             "buffers_bytes": self.buffers.nbytes(),
-            "ops": ops.choices(self.model),
         }
 
     # ------------------------------------------------------------------------------ hot path

@@ -33,7 +33,7 @@ from flashrt import ops
 from flashrt.frontends.groot.config import GrootN17Config, HeadConfig
 from flashrt.nn.attention import aligned_keys
 from flashrt.nn.dit import DiTBlock, timestep_sinusoid
-from flashrt.nn.qwen3vl import Qwen3Layer, VisionTower, mrope_cos_sin
+from flashrt.nn.qwen3vl import VisionTower, mrope_cos_sin, qwen3_layer
 
 # GR00T's towers keep the reference forms of the "mlp" ops: their parity with lerobot is pinned on them
 # (oneDNN's fused forms are not measured on these towers)
@@ -213,7 +213,7 @@ class GrootN17Model(nn.Module):
         )
         self.embed = nn.Embedding(t.vocab, t.width)
         self.layers = nn.ModuleList(
-            Qwen3Layer(t.width, t.mlp_dim, t.heads, t.kv_heads, t.head_dim, t.eps) for _ in range(t.layers)
+            qwen3_layer(t.width, t.mlp_dim, t.heads, t.kv_heads, t.head_dim, t.eps) for _ in range(t.layers)
         )
         self.head = ActionHead(config.head)
 
@@ -268,7 +268,7 @@ class GrootN17Model(nn.Module):
         h = self.embed.weight[tokens].index_copy_(1, plan.image_slots, slots(merged))
         last = len(self.layers) - 1
         for j, layer in enumerate(self.layers):
-            h = layer.forward(h, plan.cos, plan.sin)
+            h = layer.forward(h, (plan.cos, plan.sin))
             if j < last and j < len(deep):
                 h.index_add_(1, plan.image_slots, slots(deep[j]))
         return h

@@ -38,8 +38,8 @@ from flashrt.frontends.groot.model import ActionHead, select_ops
 from flashrt.frontends.groot.n16 import EagleSizes, check_qwen3, eagle_sizes, mlp1_rules, siglip_layer_rules
 from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
 from flashrt.io import Rule, WeightMap, load_module
-from flashrt.nn.norms import rms_normalize
-from flashrt.nn.qwen3vl import Qwen3Layer
+from flashrt.nn.norms import RMSNorm
+from flashrt.nn.qwen3vl import qwen3_layer
 from flashrt.nn.rope import rope_cos_sin
 from flashrt.nn.siglip import Siglip
 
@@ -140,10 +140,10 @@ class EagleBackbone(nn.Module):
             self.mlp_fc1 = nn.Linear(merged, c.text_width)
         self.embed = nn.Embedding(c.vocab, c.text_width)
         self.layers = nn.ModuleList(
-            Qwen3Layer(c.text_width, c.text_mlp, c.heads, c.kv_heads, c.head_dim, c.eps)
+            qwen3_layer(c.text_width, c.text_mlp, c.heads, c.kv_heads, c.head_dim, c.eps)
             for _ in range(c.layers)
         )
-        self.norm = nn.Parameter(torch.ones(c.text_width))
+        self.norm = RMSNorm(c.text_width, c.eps, offset=False)  # Qwen3's final norm, float32 product
 
     def vision_tokens(self, pixels: torch.Tensor) -> torch.Tensor:
         """(I, 3, R, R) -> (I, n, W)."""
@@ -169,8 +169,8 @@ class EagleBackbone(nn.Module):
         vis = self.vision_tokens(pixels)
         h = self.embed.weight[tokens].index_copy_(1, image_slots, vis.reshape(1, -1, vis.shape[-1]))
         for layer in self.layers:
-            h = layer.forward(h, cos, sin)
-        return rms_normalize(h, self.config.eps, self.norm).to(h.dtype)
+            h = layer.forward(h, (cos, sin))
+        return self.norm.forward(h)
 
 
 class GrootN15Model(nn.Module):
@@ -233,7 +233,7 @@ def _rules(c: GrootN15Config) -> list[Rule]:
         rules += [Rule(mlp + "0.{p}", "backbone.mlp_fc1.{p}")]
     rules += [
         Rule(LM + "embed_tokens.weight", "backbone.embed.weight"),
-        Rule(LM + "norm.weight", "backbone.norm"),
+        Rule(LM + "norm.weight", "backbone.norm.weight"),
     ]
     rules += qwen3_layer_rules(LM + "layers.{i}.", "backbone.layers.{i}.")
     return [*rules, *head_rules(), Rule("action_head.future_tokens.weight", "head.future_tokens.weight")]

@@ -49,8 +49,8 @@ from flashrt.frontends.groot.model import ActionHead, select_ops
 from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
 from flashrt.io import Alt, Rule, WeightMap, load_module, transforms
 from flashrt.io.files import read_json
-from flashrt.nn.norms import rms_normalize
-from flashrt.nn.qwen3vl import Qwen3Layer
+from flashrt.nn.norms import RMSNorm
+from flashrt.nn.qwen3vl import qwen3_layer
 from flashrt.nn.rope import rope_cos_sin
 from flashrt.nn.siglip2 import Siglip2Vision
 
@@ -254,10 +254,10 @@ class Eagle3Backbone(nn.Module):
         self.mlp_fc1, self.mlp_fc2 = nn.Linear(merged, c.text_width), nn.Linear(c.text_width, c.text_width)
         self.embed = nn.Embedding(c.vocab, c.text_width)
         self.layers = nn.ModuleList(
-            Qwen3Layer(c.text_width, c.text_mlp, c.heads, c.kv_heads, c.head_dim, c.eps)
+            qwen3_layer(c.text_width, c.text_mlp, c.heads, c.kv_heads, c.head_dim, c.eps)
             for _ in range(c.layers)
         )
-        self.norm = nn.Parameter(torch.ones(c.text_width))
+        self.norm = RMSNorm(c.text_width, c.eps, offset=False)  # Qwen3's final norm, float32 product
 
     def vision_tokens(self, pixels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """(I, 3, R, Q) normalized pixels, ``positions`` (g, C) of `Siglip2Vision.position_table` ->
@@ -281,8 +281,8 @@ class Eagle3Backbone(nn.Module):
         k = (is_image.cumsum(-1) - 1).clamp_(min=0)
         h = torch.where(is_image[..., None], vision[:, k[0]], self.embed.weight[tokens])
         for layer in self.layers:
-            h = layer.forward(h, cos, sin)
-        return rms_normalize(h, self.config.eps, self.norm).to(h.dtype)
+            h = layer.forward(h, (cos, sin))
+        return self.norm.forward(h)
 
 
 @dataclass
@@ -392,7 +392,7 @@ def _vision_rules() -> list[Rule]:
 def _text_rules() -> list[Rule]:
     rules = [  # tied: Isaac-GR00T's files keep the embedding; a file keeping only the LM head loads the same
         Rule(Alt(LM + "embed_tokens.weight", LM_HEAD), "backbone.embed.weight"),
-        Rule(LM + "norm.weight", "backbone.norm"),
+        Rule(LM + "norm.weight", "backbone.norm.weight"),
     ]
     return rules + qwen3_layer_rules(LM + "layers.{i}.", "backbone.layers.{i}.")
 

@@ -17,7 +17,7 @@ import torch
 
 from flashrt.frontends.groot.config import GrootN17Config
 from flashrt.frontends.groot.model import GrootN17Model
-from flashrt.io import Alt, Rule, WeightMap, load_module
+from flashrt.io import Alt, Rule, WeightMap, load_module, transforms
 
 VIS = "backbone.model.model.visual."
 LM = "backbone.model.model.language_model."
@@ -54,14 +54,18 @@ def vision_rules() -> list[Rule]:
 
 
 def qwen3_layer_rules(src: str, dst: str) -> list[Rule]:
-    """A transformers Qwen3 decoder layer at ``src`` (e.g. ``...layers.{i}.``) -> `Qwen3Layer` at ``dst``."""
-    rules = [Rule(src + f"self_attn.{n}_proj.weight", dst + f"{n}.weight") for n in "qkvo"]
-    rules += [Rule(src + f"mlp.{n}_proj.weight", dst + f"{n}.weight") for n in ("gate", "up", "down")]
-    return rules + [
-        Rule(src + "self_attn.q_norm.weight", dst + "q_norm"),
-        Rule(src + "self_attn.k_norm.weight", dst + "k_norm"),
-        Rule(src + "input_layernorm.weight", dst + "input_norm"),
-        Rule(src + "post_attention_layernorm.weight", dst + "post_norm"),
+    """A transformers Qwen3 decoder layer at ``src`` (e.g. ``...layers.{i}.``) -> `qwen3_layer` (the
+    one decoder layer, `flashrt.nn.llama.DecoderLayer`) at ``dst``: q|k|v and gate|up concatenated."""
+    att, cat = src + "self_attn.", transforms.concat(0)
+    return [
+        Rule(tuple(att + f"{n}_proj.weight" for n in "qkv"), dst + "qkv.weight", cat),
+        Rule(att + "o_proj.weight", dst + "o.weight"),
+        Rule((src + "mlp.gate_proj.weight", src + "mlp.up_proj.weight"), dst + "gate_up.weight", cat),
+        Rule(src + "mlp.down_proj.weight", dst + "down.weight"),
+        Rule(att + "q_norm.weight", dst + "q_norm.weight"),
+        Rule(att + "k_norm.weight", dst + "k_norm.weight"),
+        Rule(src + "input_layernorm.weight", dst + "input_norm.weight"),
+        Rule(src + "post_attention_layernorm.weight", dst + "post_norm.weight"),
     ]
 
 

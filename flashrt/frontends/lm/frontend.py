@@ -45,6 +45,7 @@ from flashrt.frontends.lm.weights import weight_map
 from flashrt.io import load_module, open_checkpoint
 from flashrt.nn.attention import RowKV, StaticKV
 from flashrt.nn.llama import Llama, RowPositions, causal_bias, decode_bias, gather_rope, rope_table
+from flashrt.ops.decoder import decoder_prefer
 from flashrt.quant.precision import compute_dtype
 from flashrt.runtime.buffers import Buffers, BufferSpec
 
@@ -55,13 +56,15 @@ class CausalLM:
     """One loaded causal LM (module docstring). Built by `load_lm`; the constructor allocates the cache."""
 
     def __init__(self, cfg: LMConfig, module: Llama, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, cache_len: int = 1024, batch: int = 1) -> None:
+                 dtype: torch.dtype = torch.float32, cache_len: int = 1024, batch: int = 1,
+                 kernels: str = "auto") -> None:
         if not 0 < cache_len <= cfg.max_positions:
             raise ConfigError(f"lm: cache_len {cache_len} must lie in 1..{cfg.max_positions} "
                               "(the checkpoint's max_position_embeddings)")
         self.cfg, self.module = cfg, module
         self.device, self.dtype = torch.device(device), dtype
-        self.op_choices = ops.select(module, self.device, dtype)  # the one pass of `flashrt.ops`
+        # the one pass of `flashrt.ops`: the "decoder" ops' form (`flashrt.ops.decoder.decoder_prefer`)
+        self.op_choices = ops.select(module, self.device, dtype, decoder_prefer(kernels))
         self.cache_len, self.batch, self.vocab_size = int(cache_len), int(batch), cfg.vocab_size
         shape = (cfg.depth, self.batch, cfg.kv_heads, self.cache_len, cfg.head_dim)
         self.buffers = Buffers([BufferSpec("lm_k", shape, dtype, "state", doc="keys per layer, RoPE'd"),
@@ -116,9 +119,9 @@ class CausalLM:
         c = self.cfg
         return {"family": c.model_type, "width": c.width, "depth": c.depth, "heads": (c.heads, c.kv_heads),
                 "vocab": c.vocab_size, "tied_head": c.tied, "rope": c.rope.rope_type,
-                "dtype": str(self.dtype),
-                "cache_len": self.cache_len, "cache_bytes": self.buffers.nbytes(),
-                "ops": ops.choices(self.module)}
+                "dtype": str(self.dtype), "kernels": self.module.rms_norm.form,
+                "ops": ops.choices(self.module),
+                "cache_len": self.cache_len, "cache_bytes": self.buffers.nbytes()}
 
     def flops_per_token(self) -> int:
         """Matmul FLOPs of one decode token (2 x parameters touched, attention over a full cache)."""
@@ -139,12 +142,17 @@ def read_config(folder: str | Path) -> LMConfig:
 
 
 def load_lm(folder: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "fp32",
-            cache_len: int = 1024, batch: int = 1, config: LMConfig | None = None) -> CausalLM:
-    """Build on meta, map the safetensors strictly, allocate the cache (no capture: the runner does)."""
+            cache_len: int = 1024, batch: int = 1, config: LMConfig | None = None,
+            kernels: str = "auto") -> CausalLM:
+    """Build on meta, map the safetensors strictly, allocate the cache (no capture: the runner does).
+
+    ``kernels``: the form of the "decoder" ops (`flashrt.ops.decoder.decoder_prefer`) the norms, RoPE and
+    SwiGLU run; "auto" (default) is "fused" on a CUDA device where the csrc library loads, else "aten":
+    the one `flashrt.ops.select` pass at load (``describe()["ops"]``)."""
     cfg = config or read_config(folder)
     dtype = compute_dtype(precision)
     ckpt = open_checkpoint(folder)
     module = load_module(lambda: Llama(cfg.layer, cfg.depth, cfg.vocab_size, cfg.tied), ckpt,
                          weight_map(cfg), device=device, dtype=dtype)
     return CausalLM(cfg, module, device=device, dtype=dtype, cache_len=min(cache_len, cfg.max_positions),
-                    batch=batch)
+                    batch=batch, kernels=kernels)

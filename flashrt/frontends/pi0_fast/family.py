@@ -45,6 +45,7 @@ from flashrt.frontends.pi0_fast.checkpoint import Pi0FastCheckpoint, load_checkp
 from flashrt.frontends.pi0_fast.checkpoint import detect as detect_dir
 from flashrt.frontends.pi0_fast.fast import Detokenizer, FastTokenizer, TextIds
 from flashrt.frontends.pi0_fast.model import Pi0FastDecodeModel
+from flashrt.ops.decoder import decoder_prefer
 from flashrt.quant.precision import compute_dtype
 from flashrt.runtime.decode import Decoder, Sampling
 from flashrt.runtime.device import resolve_device
@@ -160,12 +161,16 @@ def _positive(name: str, value: Any) -> int:
 def load(path: str | Path, device: str | torch.device = "cpu", precision: str | torch.dtype = "float32",
          num_steps: int | None = None, backend: str | None = None, buckets: Sequence[int] | None = None,
          tokenizer: str | Path | None = None, action_tokenizer: str | Path | None = None,
-         sync_every: int | None = None) -> Pi0FastPolicyFrontend:
+         sync_every: int | None = None, kernels: str = "auto") -> Pi0FastPolicyFrontend:
     """Load a lerobot pi0_fast policy dir and capture its prefill buckets and decode step.
-    ``num_steps`` overrides max_decoding_steps (the tokens generated at most)."""
+    ``num_steps`` overrides max_decoding_steps (the tokens generated at most). ``kernels`` (the
+    "decoder" ops of `flashrt.ops.decoder`): the Gemma's norms, RoPE and GeGLU products, prefill and
+    decode step; "auto" is the fused csrc kernels on a CUDA device where they build, else the ATen
+    references, as for Pi0 (the one `flashrt.ops.select` pass at load, ``describe()["ops"]``)."""
     from flashrt.frontends.pi0_fast.weights import load_pi0_fast
 
     dev = resolve_device(device)
+    decoder_prefer(kernels)  # an unknown choice fails before anything loads
     ck = load_checkpoint(path, tokenizer=tokenizer, action_tokenizer=action_tokenizer)
     if num_steps is not None:
         ck = _with_steps(ck, _positive("num_steps", num_steps))
@@ -175,7 +180,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", precision: str | 
                               f"{ck.model_config.vlm.vocab_size}: the FAST id mapping needs them equal")
     detok = Detokenizer(FastTokenizer.load(ck.fast_path), _text_ids(tok), ck.model_config.fast_skip_tokens,
                         ck.n_action_steps, ck.action_dim, ck.check_prefix)
-    net = load_pi0_fast(ck.model_config, ck.weights, device=dev, dtype=compute_dtype(precision))
+    net = load_pi0_fast(ck.model_config, ck.weights, device=dev, dtype=compute_dtype(precision),
+                        kernels=kernels)
     sizes = tuple(buckets) if buckets else default_buckets(ck.max_prompt_len + 1)
     steps = ck.model_config.max_decoding_steps
     model = Pi0FastDecodeModel(net, len(ck.cameras), max(sizes) + steps, dev)
@@ -200,6 +206,7 @@ def detect(path: Path) -> None:
 
 
 FAMILY = PolicyFamily(
-    name="pi0_fast", detect=detect, load=load, options=("tokenizer", "action_tokenizer", "sync_every"),
+    name="pi0_fast", detect=detect, load=load,
+    options=("tokenizer", "action_tokenizer", "sync_every", "kernels"),
     doc="Pi0-FAST (lerobot 0.6.1 pi0_fast policy dirs): PaliGemma emitting FAST action tokens, greedy "
         "decode with one captured decode step")

@@ -31,15 +31,15 @@ Numerics follow lerobot 0.6.1 ``PI0FastPytorch.sample_actions_fast_kv_cache``, r
 * the lm_head is its own matrix when the checkpoint stores one (lerobot's tiny builds), else the tied
   embedding.
 
-"Exactly" up to float32 rounding: the decode step is written for the CPU's per-op dispatch (one fused
-RMSNorm, attention of the single query row as ``baddbmm`` + ``bmm``, ATen GeGLU, plain-tensor weights
-in `DecodeLayer`), so sums run in another order than lerobot's; the parity tests hold greedy ids
-identical over whole decodes and actions equal (measured 0.0 after detokenization).
+"Exactly" up to float32 rounding: the decode step (the Gemma's token form, `flashrt.nn.gemma.TokenLayer`)
+is written for the CPU's per-op dispatch (one fused RMSNorm, attention of the single query row as
+``baddbmm`` + ``bmm``, ATen GeGLU, plain-tensor weights), so sums run in another order than lerobot's;
+the parity tests hold greedy ids identical over whole decodes and actions equal (measured 0.0 after
+detokenization).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,24 +49,28 @@ from torch import nn
 from flashrt import ops
 from flashrt.frontends.pi0_fast.config import IMAGE_FEATURE_NORM, Pi0FastConfig
 from flashrt.nn.attention import StaticKV, key_padding_bias, mask_value
-from flashrt.nn.gemma import Gemma, GemmaLayer
-from flashrt.nn.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from flashrt.nn.gemma import DECODE_TOKENS, Gemma, TokenLayer
+from flashrt.nn.rope import rope_cos_sin, rope_inv_freq
 from flashrt.nn.siglip import Siglip
+from flashrt.ops.decoder import decoder_prefer
 from flashrt.runtime.buffers import Buffers, BufferSpec
 
 __all__ = ["Pi0FastNet", "Pi0FastDecodeModel"]
 
 
-# the prefill's "decoder" ops keep their references (the fused forms are not measured on this path)
-PREFER = {"decoder": "aten"}
-
-
 class Pi0FastNet(nn.Module):
-    """SigLIP + projector + Gemma (with embedding) + lm_head. Load with `weights.load_pi0_fast`."""
+    """SigLIP + projector + Gemma (with embedding) + lm_head. Load with `weights.load_pi0_fast`.
 
-    def __init__(self, config: Pi0FastConfig) -> None:
+    ``kernels`` (`flashrt.ops.decoder.decoder_prefer`): the form of the "decoder" ops, prefill and decode
+    step alike; "auto" the fused csrc kernels on a CUDA device where they load, the references
+    elsewhere. Chosen by the one `flashrt.ops.select` pass of `reset_derived` (``op_choices``)."""
+
+    def __init__(self, config: Pi0FastConfig, kernels: str = "auto") -> None:
         super().__init__()
         c = self.config = config
+        self.op_prefer = decoder_prefer(kernels)
+        self.op_choices: ops.Choices = {}
+        self.decode_tokens = ops.OpSlot(DECODE_TOKENS)  # the decode step (the Gemma's token form)
         v, g = c.vision, c.vlm
         self.vision = Siglip(v.width, v.depth, v.mlp_dim, v.num_heads, v.patch, v.image_size, v.eps)
         self.projector = nn.Linear(v.width, g.width)
@@ -75,18 +79,19 @@ class Pi0FastNet(nn.Module):
         self.lm_head = nn.Linear(g.width, g.vocab_size, bias=False)
 
     def reset_derived(self) -> None:
-        """The decode step's plain-tensor view of the weights (`DecodeLayer`s: no nn.Module attribute
-        lookups per token) and the forms of the ops (the one `flashrt.ops.select` pass, ``op_choices``:
-        on the CPU oneDNN's fused GEMM + GELU forms for the vision tower and the VLM, as Pi0's). Runs at
-        load; call again after replacing weights."""
-        self.decode_layers = tuple(DecodeLayer.of(layer) for layer in self.vlm.layers)
+        """The decode step's plain-tensor view of the weights (`TokenLayer`s: no nn.Module attribute
+        lookups per token) and the forms of the ops (the one `flashrt.ops.select` pass with ``op_prefer``,
+        ``op_choices``: the "decoder" ops' fused forms on a CUDA device where csrc loads; on the CPU
+        oneDNN's fused GEMM + GELU forms for the vision tower and the VLM, as Pi0's). Runs at load; call
+        again after replacing weights."""
+        self.decode_layers = tuple(TokenLayer.of(layer) for layer in self.vlm.layers)
         self.decode_final = (1.0 + self.vlm.norm.weight.float(), self.vlm.norm.eps)
         self.select_ops()
 
     def select_ops(self, device: torch.device | str | None = None) -> ops.Choices:
         """The one `flashrt.ops.select` pass for ``device`` (default: the weights') -> ``op_choices``."""
         device = self.projector.weight.device if device is None else device
-        self.op_choices = ops.select(self, device, self.dtype, PREFER)
+        self.op_choices = ops.select(self, device, self.dtype, self.op_prefer)
         return self.op_choices
 
     @property
@@ -112,58 +117,9 @@ class Pi0FastNet(nn.Module):
                       bias: torch.Tensor) -> torch.Tensor:
         """One token x (1, 1, W) at cache slot ``slot`` (1,) int64 -> final-normed (1, 1, W); ``caches``
         per layer: (keys (KV, T, D), values (KV, T, D), keys transposed (KV, D, T)), views of batch row 0
-        of the static K/V (`Pi0FastDecodeModel.layer_caches`); ``bias`` (1, 1, T)."""
-        for layer, cache in zip(self.decode_layers, caches):
-            x = _decode_layer(layer, x, rope, cache, slot, bias)
-        return _norm_one(x, *self.decode_final)
-
-
-@dataclass(frozen=True)
-class DecodeLayer:
-    """One `GemmaLayer`'s weights as plain tensors for the decode step (the same storage), with the
-    norm gains ``1 + w`` precomputed in float32. Valid while the module's weights keep their storage."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    qkv: torch.Tensor
-    o: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
-    gain_in: torch.Tensor
-    gain_post: torch.Tensor
-    eps: float
-
-    @classmethod
-    def of(cls, layer: GemmaLayer) -> DecodeLayer:
-        return cls(*layer.shape, layer.qkv.weight, layer.o.weight, layer.gate_up.weight, layer.down.weight,
-                   1.0 + layer.input_norm.weight.float(), 1.0 + layer.post_norm.weight.float(),
-                   layer.input_norm.eps)
-
-
-def _decode_layer(p: DecodeLayer, x: torch.Tensor, rope: tuple, cache: tuple, slot: torch.Tensor,
-                  bias: torch.Tensor) -> torch.Tensor:
-    """`GemmaLayer.forward` for one token (batch 1) whose slot is a device tensor: K/V stored with
-    index_copy_, attention over every slot of the cache under ``bias``, as two small batched matmuls
-    (SDPA's CPU kernel costs several times more for one query row); the same math as `attend`."""
-    heads, kv, d = p.heads, p.kv_heads, p.head_dim
-    keys, values, keys_t = cache
-    qkv = F.linear(_norm_one(x, p.gain_in, p.eps), p.qkv).view(-1, d)  # (H + 2KV, D)
-    qk = apply_rope(qkv[:heads + kv], *rope)  # q and k rotated together; rope rows (1, D)
-    keys.index_copy_(1, slot, qk[heads:, None])
-    values.index_copy_(1, slot, qkv[heads + kv:, None])
-    scores = torch.baddbmm(bias, qk[:heads].view(kv, heads // kv, d), keys_t, alpha=d**-0.5)
-    att = torch.bmm(scores.softmax(-1), values).view(1, 1, heads * d)  # head i uses kv head i // (H/KV)
-    x = x + F.linear(att, p.o)
-    gate, up = F.linear(_norm_one(x, p.gain_post, p.eps), p.gate_up).chunk(2, dim=-1)
-    # plain ATen GeGLU: oneDNN's fused kernel (the prefill's choice) is far slower for one row
-    return x + F.linear(F.gelu(gate, approximate="tanh").mul_(up), p.down)
-
-
-def _norm_one(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
-    """Gemma RMSNorm of one token as one fused op, ``gain`` = 1 + weight (float32, precomputed)."""
-    y = F.rms_norm(_as(x, torch.float32), gain.shape, gain, eps)
-    return _as(y, x.dtype)
+        of the static K/V (`Pi0FastDecodeModel.layer_caches`); ``bias`` (1, 1, T). The Gemma's token form
+        (`flashrt.nn.gemma.DECODE_TOKENS`) in the form `reset_derived` chose."""
+        return self.decode_tokens.run(self.decode_layers, self.decode_final, x, rope, caches, slot, bias)
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -249,5 +205,6 @@ class Pi0FastDecodeModel:
         return {"family": "pi0_fast", "width": c.vlm.width, "depth": c.vlm.depth, "vocab": c.vlm.vocab_size,
                 "vision": {"width": c.vision.width, "depth": c.vision.depth, "image": c.vision.image_size},
                 "cameras": self.n_cams, "image_slots": self.image_slots, "text_slots": self.cache_len,
-                "dtype": str(self.net.dtype).removeprefix("torch."), "cache_bytes": self.buffers.nbytes(),
-                "ops": ops.choices(self.net)}
+                "dtype": str(self.net.dtype).removeprefix("torch."), "kernels": self.net.vlm.rms_norm.form,
+                "ops": ops.choices(self.net),
+                "cache_bytes": self.buffers.nbytes()}

@@ -48,7 +48,9 @@ def key_prefix(keys: Iterable[str]) -> str:
 
 
 def load_pi0_fast(config: Pi0FastConfig, checkpoint: Mapping[str, torch.Tensor],
-                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Pi0FastNet:
-    """Build on meta, map ``checkpoint`` strictly, cast to ``dtype`` (None: the storage dtype)."""
+                  device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                  kernels: str = "auto") -> Pi0FastNet:
+    """Build on meta, map ``checkpoint`` strictly, cast to ``dtype`` (None: the storage dtype); the ops'
+    forms chosen at load with ``kernels`` (`Pi0FastNet`)."""
     wmap = pi0_fast_weight_map(key_prefix(checkpoint.keys()))
-    return load_module(lambda: Pi0FastNet(config), checkpoint, wmap, device, dtype)
+    return load_module(lambda: Pi0FastNet(config, kernels), checkpoint, wmap, device, dtype)

@@ -35,6 +35,7 @@ from flashrt.frontends.groot.config import (
 from flashrt.frontends.groot.frontend import GrootFrontend, Options
 from flashrt.frontends.groot.model import GrootN17Model
 from flashrt.frontends.groot.preprocess import ImageSpec, MinMax, PromptTokenizer
+from flashrt.io.loading import reset_derived
 from flashrt.runtime.graphs import backend_for_device
 
 SPECIALS = (
@@ -221,7 +222,7 @@ def random_model(
     with torch.device("meta"):
         model = GrootN17Model(config)
     random_fill(model, device, dtype, seed)
-    model.vision.reset_derived()
+    reset_derived(model, device)  # the vision tower's 2-D patch kernel, the norms' float32 gains
     return model.eval().requires_grad_(False)
 
 

@@ -67,6 +67,20 @@ def test_end_to_end_matches_lerobot(fronts, case):
     assert np.abs(actions - IO[f"{case}/actions"].numpy()).max() <= TOL
 
 
+def test_the_loader_selects_the_kernel_row(fronts):
+    """"auto" on the CPU is the ATen references; "fused" runs the text layers' norms, RoPE and SwiGLU on
+    the ``flashrt::`` ops (their references on the CPU): the same actions, bit for bit."""
+    case = next(iter(META))
+    fused = _load(case, kernels="fused")
+    assert fronts[case].describe()["kernels"] == "aten" and fused.describe()["kernels"] == "fused"
+    chosen = fused.describe()["ops"]  # the one select pass: every text-layer op on its fused form
+    assert all(set(chosen[n]) == {"fused"} for n in ("rms_norm", "add_rms_norm", "rope_qkv", "silu_mul"))
+    obs = _obs(case)
+    assert np.array_equal(_infer(fused, obs, seed=3), _infer(fronts[case], obs, seed=3))
+    with pytest.raises(ConfigError, match="kernels="):
+        _load(case, kernels="triton")
+
+
 def test_pixels_match_qwen3vl_processor(fronts):
     """Our resize/crop/normalize, laid out as Qwen's flattened (C, 2, P, P) patches in merge order."""
     case = "two_cams"

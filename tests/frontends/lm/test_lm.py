@@ -8,8 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flashrt.errors import CheckpointError
+from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.lm import LMConfig, load_lm
+from flashrt.nn.llama import causal_bias, gather_rope
 from flashrt.runtime.decode import Decoder, Sampling
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lm"
@@ -88,3 +89,24 @@ def test_weight_map_is_strict(tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_lm(folder)
     assert "up_proj" in str(err.value) and "model.extra.weight" in str(err.value)
+
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_loader_selects_the_kernel_row(name):
+    """"auto" is the ATen references on the CPU; "fused" routes the norms, RoPE and SwiGLU through the
+    ``flashrt::`` custom ops (their references on the CPU: the same prefill logits, bit for bit)."""
+    lm, fused = load_lm(FIXTURES / name), load_lm(FIXTURES / name, kernels="fused")
+    n = lm.cfg.depth  # one slot per op per layer (the q / k norms share the layer's rms_norm slot)
+    assert lm.describe()["kernels"] == "aten"
+    assert all(set(c) == {"aten"} for c in lm.describe()["ops"].values())
+    assert fused.describe()["ops"] == {"add_rms_norm": {"fused": n}, "rms_norm": {"fused": n + 1},
+                                       "rope_qkv": {"fused": n}, "silu_mul": {"fused": n},
+                                       "token_rope": {"fused": n}}
+    tokens = torch.arange(7)[None] % lm.cfg.vocab_size
+    rope = gather_rope(lm.rope, torch.arange(7)[None], lm.dtype)
+    with torch.no_grad():
+        h = [m.module.hidden(tokens, rope, m.kv, 0, causal_bias(7, lm.dtype, "cpu")) for m in (lm, fused)]
+    assert torch.equal(h[0], h[1]) and torch.equal(lm.kv.k, fused.kv.k)
+    with pytest.raises(ConfigError, match="kernels="):
+        load_lm(FIXTURES / name, kernels="triton")

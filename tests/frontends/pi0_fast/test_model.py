@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from support.pi0_fast import ROOT, case, observation, reference_tokens
 
+from flashrt import ops
 from flashrt.frontends.pi0_fast.checkpoint import load_checkpoint
 from flashrt.frontends.pi0_fast.model import Pi0FastDecodeModel
 from flashrt.frontends.pi0_fast.weights import load_pi0_fast
@@ -75,3 +76,15 @@ def test_decoder_without_penalty_refuses_a_penalty():
     with pytest.raises(InputError, match="repetition_penalty"):
         dec.check([2, 3], STEPS, Sampling(repetition_penalty=1.2))
     assert dec.check([2, 3], STEPS, Sampling())[0] == 64
+
+
+def test_the_fused_row_decodes_lerobots_greedy_ids():
+    """"fused" (what the loader picks on a CUDA device with csrc) runs the prefill and the token form of
+    the decode step on the ``flashrt::`` ops (their references on the CPU): the same greedy ids."""
+    model, dec = _decoder("eager")
+    assert model.describe()["kernels"] == "aten" and model.describe()["ops"]["decode_tokens"] == {"aten": 1}
+    ops.select(model.net, "cpu", prefer={"decoder": "fused"})
+    described = model.describe()
+    assert described["kernels"] == "fused" and described["ops"]["decode_tokens"] == {"fused": 1}
+    end = 331
+    assert list(dec.generate(_write_obs(model, 5), STEPS, stop=(end,))) == reference_tokens("cam2", 5, end)
