@@ -54,12 +54,13 @@ def test_packed_prior_exports_to_onnxruntime():
     ONNX conversion refused."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnx")
+    from support.vits import tiny_state
+
     from flashrt.frontends.vits.frontend import VitsFrontend
     from flashrt.frontends.vits.model import load_weights
-    from tests.frontends.vits.test_vits import _tiny_state
 
     cfg = PRESETS["tiny"]
-    prior, dec = load_weights(_tiny_state(), cfg, conv="direct")
+    prior, dec = load_weights(tiny_state(), cfg, conv="direct")
     kw = {"phoneme_buckets": (16,), "frame_buckets": (64,), "window_buckets": (24,)}
     ids = [1, 5, 7, 3, 9, 12, 2, 30, 4, 0, 11]
     out = []

@@ -50,10 +50,11 @@ def test_packed_flow_matches_the_conv_form(changes):
 
 def test_loaded_prior_runs_the_packed_forms():
     """load_weights derives the CPU float32 forms of the encoder, the duration predictor and the flow."""
-    from flashrt.frontends.vits.model import load_weights
-    from tests.frontends.vits.test_vits import _tiny_state
+    from support.vits import tiny_state
 
-    prior, _ = load_weights(_tiny_state(), PRESETS["tiny"], conv="direct")
+    from flashrt.frontends.vits.model import load_weights
+
+    prior, _ = load_weights(tiny_state(), PRESETS["tiny"], conv="direct")
     assert isinstance(prior.flow.packed, PackedFlow)
     assert prior.enc_p.packed is not None and prior.dp.packed is not None
     prior.to(torch.float64)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.vits import tiny_state
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.vits.config import PRESETS
@@ -268,20 +269,6 @@ def test_unknown_voice_names_what_was_tried():
 # ----------------------------------------------------------------------------------- tiny random
 
 
-def _tiny_state(seed: int = 0) -> dict[str, torch.Tensor]:
-    cfg = PRESETS["tiny"]
-    gen = torch.Generator().manual_seed(seed)
-    prior, dec = VitsPrior(cfg), HifiGan(cfg.decoder)
-    state = {}
-    for name, t in prior.state_dict().items():
-        state[name] = torch.randn(t.shape, generator=gen) * 0.3
-    del state["dp.flows.0.inv_scale"]
-    state["dp.flows.0.exp_neg_logs"] = torch.rand(2, 1, generator=gen) + 0.5  # as an .onnx names it
-    for name, t in dec.state_dict().items():
-        state["dec." + name] = torch.randn(t.shape, generator=gen) * 0.12
-    return state
-
-
 def _training_form(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The same weights as a lightning VITS checkpoint: model_g. prefix, logs, weight-norm flow convs."""
     out = {}
@@ -317,7 +304,7 @@ def _tiny_eager(prior, dec, ids, noise, scales):
 
 def test_padded_buckets_equal_the_unpadded_run():
     cfg = PRESETS["tiny"]
-    prior, dec = load_weights(_tiny_state(), cfg, conv="direct")
+    prior, dec = load_weights(tiny_state(), cfg, conv="direct")
     fe = VitsFrontend(
         cfg, prior, dec, phoneme_buckets=(16, 64), frame_buckets=(64, 256), window_buckets=(24,)
     )
@@ -345,7 +332,7 @@ def test_training_checkpoint_maps_to_the_same_model(tmp_path):
     from flashrt.io import save_safetensors
 
     cfg = PRESETS["tiny"]
-    state = _tiny_state(1)
+    state = tiny_state(1)
     save_safetensors(_training_form(state), tmp_path / "vits.safetensors")
     a_prior, a_dec = load_weights(state, cfg, conv="direct")
     b_prior, b_dec = load_weights(tmp_path / "vits.safetensors", cfg, conv="direct")
@@ -357,7 +344,7 @@ def test_training_checkpoint_maps_to_the_same_model(tmp_path):
 
 def test_prior_map_is_strict():
     cfg = PRESETS["tiny"]
-    state = {k: v for k, v in _tiny_state().items() if k != "enc_p.proj.bias"}
+    state = {k: v for k, v in tiny_state().items() if k != "enc_p.proj.bias"}
     with pytest.raises(CheckpointError, match="enc_p.proj.bias"):
         load_weights(state, cfg)
     assert prior_weight_map(cfg).rules
