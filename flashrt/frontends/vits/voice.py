@@ -268,20 +268,12 @@ class VitsVoice:
         **scales: float | None,
     ) -> Iterator[np.ndarray]:
         """Audio chunks as they are decoded, sentence by sentence; text is checked before the first yield."""
-        seed = check_seed(seed)
-        self._scales(speed, scales)
-        sentences = self.sentence_ids(text)
+        job = self.request(text, seed, speed, first_chunk, chunk, **scales)
 
         def chunks() -> Iterator[np.ndarray]:
-            for i, ids in enumerate(sentences):
-                yield from self.stream_ids(
-                    ids,
-                    seed=_sentence_seed(seed, i),
-                    speed=speed,
-                    first_chunk=first_chunk,
-                    chunk=chunk,
-                    **scales,
-                )
+            for ids, sentence_seed in zip(job.sentences, job.seeds, strict=True):
+                yield from self.stream_ids(ids, seed=sentence_seed, speed=speed, first_chunk=first_chunk,
+                                           chunk=chunk, **scales)
 
         return chunks()
 
