@@ -46,7 +46,7 @@ class N17Models:
     """GR00T N1.7: one random model, a frontend per camera count and backend."""
 
     def __init__(self, args: argparse.Namespace, dtype: torch.dtype, tmp: Path) -> None:
-        from flashrt.frontends.groot.preprocess import PromptTokenizer
+        from flashrt.frontends.groot.common.preprocess import PromptTokenizer
 
         self.preset = args.preset
         self.tok = PromptTokenizer(synthetic.write_tokenizer(tmp))

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         gen = _gen_module(Path(tmp), args.vocab)
         lerobot = build(gen)
-        from flashrt.frontends.groot import n15_frontend
+        from flashrt.frontends.groot.n15 import frontend as n15_frontend
 
         start = time.perf_counter()
         frontend = n15_frontend.load(n15_frontend.n15_layout(gen.POLICY), backend="eager")

@@ -46,8 +46,8 @@ def _module_name(path: Path, root: Path = ROOT) -> str:
 
 
 def imports_of(path: Path, root: Path = ROOT) -> set[str]:
-    """The flashrt modules ``path`` imports (dotted names; ``from flashrt import x`` as flashrt.x where
-    x is a module or package, not a name such as ``__version__``)."""
+    """The flashrt modules ``path`` imports (dotted names; ``from flashrt.p import x`` also as flashrt.p.x
+    where x is a module or package, not a name such as ``__version__``)."""
     name = _module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -60,9 +60,10 @@ def imports_of(path: Path, root: Path = ROOT) -> set[str]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
             found.add(base)
-            if base == "flashrt":
-                found.update(f"flashrt.{a.name}" for a in node.names
-                             if (root / a.name).is_dir() or (root / f"{a.name}.py").is_file())
+            if base == "flashrt" or base.startswith("flashrt."):
+                folder = root.joinpath(*base.split(".")[1:])
+                found.update(f"{base}.{a.name}" for a in node.names
+                             if (folder / a.name).is_dir() or (folder / f"{a.name}.py").is_file())
     return {m for m in found if m.startswith("flashrt.")}
 
 
@@ -166,3 +167,61 @@ def test_the_checks_catch_an_upward_import(tmp_path, planted, broken):
     edges = unit_edges(copy)
     assert any(v.startswith(broken) for v in violations(edges))
     assert any(broken.split(" -> ")[1] in c and "runtime" in c for c in circles(edges))
+
+
+GROOT = "flashrt.frontends.groot"
+# GR00T's versions over its shared code: common imports no version, a version imports common (N1.5 also
+# N1.6's Eagle pieces, never the reverse), and only the registry entry (family) dispatches to them all
+GROOT_MAY_IMPORT = {
+    "common": {"common"},
+    "n15": {"common", "n15", "n16"},
+    "n16": {"common", "n16"},
+    "n17": {"common", "n17"},
+    "family": {"common", "n15", "n16", "n17"},
+}
+
+
+def _groot_part(module: str) -> str | None:
+    """The part of GR00T's folder a dotted module is in (its sub-package, or ``family``)."""
+    if module != GROOT and not module.startswith(GROOT + "."):
+        return None
+    parts = module.removeprefix(GROOT).lstrip(".").split(".")
+    return parts[0] or None
+
+
+def groot_violations(root: Path = ROOT) -> list[str]:
+    """Every import between GR00T's parts (module level or lazy) that `GROOT_MAY_IMPORT` does not allow,
+    and every file of the folder outside the parts it names."""
+    found = []
+    for path in sorted((root / "frontends" / "groot").rglob("*.py")):
+        src = _groot_part(_module_name(path, root))
+        if src is None:
+            continue
+        if src not in GROOT_MAY_IMPORT:
+            found.append(f"{src}: not a known part of {GROOT}")
+            continue
+        for module in sorted(imports_of(path, root)):
+            dst = _groot_part(module)
+            if dst is not None and dst not in GROOT_MAY_IMPORT[src]:
+                found.append(f"{src} -> {dst} ({path.relative_to(root.parent)})")
+    return found
+
+
+def test_groot_common_imports_no_version_and_versions_no_later_one():
+    assert groot_violations() == []
+
+
+@pytest.mark.parametrize("planted, broken", [
+    ({"common/planted.py": "def f():\n    from flashrt.frontends.groot.n15 import model\n"}, "common -> n15"),
+    ({"n16/planted.py": "from .. import n15\n"}, "n16 -> n15"),
+    ({"n17/planted.py": "from flashrt.frontends.groot import family\n"}, "n17 -> family"),
+])
+def test_the_groot_check_catches_a_version_import(tmp_path, planted, broken):
+    copy = tmp_path / "flashrt"
+    for path in ROOT.rglob("*.py"):
+        target = copy / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    for rel, source in planted.items():
+        (copy / "frontends" / "groot" / rel).write_text(source, encoding="utf-8")
+    assert any(v.startswith(broken) for v in groot_violations(copy))

@@ -106,10 +106,10 @@ def groot_count(dtype: Any, cams: int = 2, kernels: str = "fused") -> KernelCoun
     import torch
 
     from flashrt import ops
-    from flashrt.frontends.groot.config import GrootN17Config, TokenIds, text_config, vision_config
-    from flashrt.frontends.groot.frontend import select_prefer
-    from flashrt.frontends.groot.model import GrootN17Model
-    from flashrt.frontends.groot.preprocess import PromptTokenizer
+    from flashrt.frontends.groot.common.config import GrootN17Config, TokenIds, text_config, vision_config
+    from flashrt.frontends.groot.common.frontend import select_prefer
+    from flashrt.frontends.groot.common.preprocess import PromptTokenizer
+    from flashrt.frontends.groot.n17.model import GrootN17Model
     from flashrt.io.loading import reset_derived
     from flashrt.testing.synthetic import groot as synthetic
 

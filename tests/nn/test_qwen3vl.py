@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from flashrt.frontends.groot.weights import LM, VIS, text_rules, vision_rules
+from flashrt.frontends.groot.common.weights import LM, VIS, text_rules, vision_rules
 from flashrt.io import Checkpoint, WeightMap, load_module
 from flashrt.nn.qwen3vl import VisionTower, mrope_cos_sin, qwen3_layer
 

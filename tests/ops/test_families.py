@@ -96,8 +96,8 @@ def test_pi0_fast_fuses_its_decoder_on_the_cuda_path_and_takes_onednn_on_the_cpu
 
 
 def test_groot_fuses_its_text_layers_on_the_cuda_path_and_keeps_its_vision_reference(csrc_builds):
-    from flashrt.frontends.groot.model import select_ops
-    from flashrt.frontends.groot.n15 import GrootN15Model, n15_config
+    from flashrt.frontends.groot.common.head import select_ops
+    from flashrt.frontends.groot.n15.model import GrootN15Model, n15_config
 
     config = n15_config(FIXTURES / "groot" / "n15_tiny")
     model = _on_cpu(lambda: GrootN15Model(config))

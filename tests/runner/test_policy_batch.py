@@ -87,7 +87,7 @@ def test_a_family_that_cannot_batch_says_why_and_refuses_batches(one_thread):
 
 
 def test_groot_says_it_cannot_batch():
-    from flashrt.frontends.groot.frontend import GrootFrontend
+    from flashrt.frontends.groot.common.frontend import GrootFrontend
 
     assert GrootFrontend.batches == (1,) and "no batch dimension" in GrootFrontend.cannot_batch
 

@@ -36,7 +36,7 @@ import numpy as np
 from flashrt.bench.profiles import Profile
 from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
-from flashrt.frontends.groot.preprocess import PromptTokenizer
+from flashrt.frontends.groot.common.preprocess import PromptTokenizer
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import COMPUTE_PRECISIONS, QUANTIZED_PRECISIONS, compute_dtype, quantized_kind
 from flashrt.testing.synthetic import groot as synthetic
@@ -171,7 +171,7 @@ class GrootBenchmark(RandomGrootBenchmark):
         """Quantize the model through an uncaptured frontend (calibration runs its step eagerly)."""
         if kind is None:
             return None
-        from flashrt.frontends.groot.quantize import quantize
+        from flashrt.frontends.groot.common.quantize import quantize
         from flashrt.io.digest import tensor_digest
 
         fe = self._frontend("eager", capture=False)

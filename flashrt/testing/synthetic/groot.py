@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from flashrt.errors import ConfigError
-from flashrt.frontends.groot.actions import ActionDecoder, ActionGroup
-from flashrt.frontends.groot.checkpoint import Embodiment
-from flashrt.frontends.groot.config import (
+from flashrt.frontends.groot.common.actions import ActionDecoder, ActionGroup
+from flashrt.frontends.groot.common.checkpoint import Embodiment
+from flashrt.frontends.groot.common.config import (
     COSMOS_REASON2_2B,
     GrootN17Config,
     HeadConfig,
@@ -32,9 +32,9 @@ from flashrt.frontends.groot.config import (
     text_config,
     vision_config,
 )
-from flashrt.frontends.groot.frontend import GrootFrontend, Options
-from flashrt.frontends.groot.model import GrootN17Model
-from flashrt.frontends.groot.preprocess import ImageSpec, MinMax, PromptTokenizer
+from flashrt.frontends.groot.common.frontend import GrootFrontend, Options
+from flashrt.frontends.groot.common.preprocess import ImageSpec, MinMax, PromptTokenizer
+from flashrt.frontends.groot.n17.model import GrootN17Model
 from flashrt.io.loading import reset_derived
 from flashrt.runtime.graphs import backend_for_device
 

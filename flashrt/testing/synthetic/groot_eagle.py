@@ -257,9 +257,9 @@ def build(
 
 
 def _build_n16(p, n_cams, folder, device, dtype, seed, num_steps) -> Built:
-    from flashrt.frontends.groot.frontend import Options
-    from flashrt.frontends.groot.n16 import GrootN16Model, n16_config
-    from flashrt.frontends.groot.n16_frontend import EagleChat, EagleImageSpec, GrootN16Frontend, StateNorm
+    from flashrt.frontends.groot.common.frontend import Options
+    from flashrt.frontends.groot.n16.frontend import EagleChat, EagleImageSpec, GrootN16Frontend, StateNorm
+    from flashrt.frontends.groot.n16.model import GrootN16Model, n16_config
 
     spec = EagleImageSpec(p.image, 0.95)
     size = spec.output_size()
@@ -303,9 +303,9 @@ def _build_n16(p, n_cams, folder, device, dtype, seed, num_steps) -> Built:
 
 
 def _build_n15(p, n_cams, folder, device, dtype, seed, num_steps) -> Built:
-    from flashrt.frontends.groot.n15 import GrootN15Model, n15_config
-    from flashrt.frontends.groot.n15_frontend import EagleChat15, EagleTile, GrootN15Frontend, N15Embodiment
-    from flashrt.frontends.groot.preprocess import MinMax
+    from flashrt.frontends.groot.common.preprocess import MinMax
+    from flashrt.frontends.groot.n15.frontend import EagleChat15, EagleTile, GrootN15Frontend, N15Embodiment
+    from flashrt.frontends.groot.n15.model import GrootN15Model, n15_config
 
     per_tile = (p.vision["image_size"] // p.vision["patch_size"]) ** 2 // 4
     vocab = write_assets(folder / "backbone", per_tile, p.vision["image_size"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flashrt.errors import CheckpointError
-from flashrt.frontends.groot.actions import (
+from flashrt.frontends.groot.common.actions import (
     ActionDecoder,
     ActionGroup,
     build_decoder,

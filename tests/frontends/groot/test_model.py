@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from flashrt.frontends.groot.model import key_bias
+from flashrt.frontends.groot.common.head import key_bias
 from flashrt.nn.attention import aligned_keys
 
 

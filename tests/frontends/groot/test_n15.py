@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from flashrt.errors import CheckpointError
-from flashrt.frontends.groot.n15 import load_n15, n15_config
+from flashrt.frontends.groot.n15.model import load_n15, n15_config
 from flashrt.io import open_checkpoint
 from flashrt.runtime.graphs import get_backend
 

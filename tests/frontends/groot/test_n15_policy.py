@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import flashrt
 from flashrt.errors import CheckpointError, ConfigError, InputError
-from flashrt.frontends.groot import checkpoint as ck
+from flashrt.frontends.groot import family
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
 IO = load_file(str(FIX / "n15_e2e.safetensors"))
@@ -140,7 +140,7 @@ def test_uint8_frames_and_prompt_key(policy):
 
 
 def test_detect_and_refusals(folder, tmp_path):
-    ck.detect(folder)
+    family.detect(folder)
     with pytest.raises(CheckpointError, match="bare GR00T N1.5"):
         flashrt.load_policy(FIX / "n15_tiny")
     with pytest.raises(ConfigError, match="so100"):

@@ -17,7 +17,9 @@ from safetensors.torch import load_file
 
 import flashrt
 from flashrt.errors import CheckpointError, InputError
-from flashrt.frontends.groot import family, n16, n16_frontend
+from flashrt.frontends.groot import family
+from flashrt.frontends.groot.n16 import frontend as n16_frontend
+from flashrt.frontends.groot.n16 import model as n16
 from flashrt.io import open_checkpoint
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
@@ -200,8 +202,7 @@ def test_refuses_unsupported_processor_configs(tmp_path, edit, match):
 
 def test_detected_as_groot_and_unknown_embodiment_names_the_choices():
     from flashrt.errors import ConfigError
-    from flashrt.frontends.groot import checkpoint as ck
 
-    assert ck.detect(CK) is None
+    assert family.detect(CK) is None
     with pytest.raises(ConfigError, match="tag_a"):
         family.load(CK, embodiment="nope")

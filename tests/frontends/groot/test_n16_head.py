@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from flashrt.frontends.groot.config import head_config
-from flashrt.frontends.groot.model import ActionHead
-from flashrt.frontends.groot.weights import head_rules
+from flashrt.frontends.groot.common.config import head_config
+from flashrt.frontends.groot.common.head import ActionHead
+from flashrt.frontends.groot.common.weights import head_rules
 from flashrt.io import Checkpoint, WeightMap, load_module
 
 FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"

@@ -221,8 +221,8 @@ def test_default_image_geometry_when_the_checkpoint_has_none(tmp_path, one_threa
 def test_albumentations_geometry_matches_lerobot(size):
     """use_albumentations checkpoints: OpenCV INTER_AREA shortest-edge resize, 0.95 crop, resize (aspect
     kept), then the Qwen processor's smart resize: same pixels and image grid as lerobot's transform."""
-    from flashrt.frontends.groot.family import image_spec
-    from flashrt.frontends.groot.preprocess import normalize_pixels, transform_image
+    from flashrt.frontends.groot.common.preprocess import normalize_pixels, transform_image
+    from flashrt.frontends.groot.n17.frontend import image_spec
 
     kw = {
         "image_target_size": [64, 64],

@@ -1,5 +1,5 @@
-"""GROOT's Qwen-VL `smart_resize` (flashrt/frontends/groot/preprocess.py) against transformers' Qwen2-VL
-image processor's, on many odd sizes and on each edge: the rounded size exactly at max_pixels or at
+"""GROOT's Qwen-VL `smart_resize` (flashrt/frontends/groot/common/preprocess.py) against transformers'
+Qwen2-VL image processor's, on many odd sizes and on each edge: the rounded size exactly at max_pixels or at
 min_pixels (kept as rounded), and the aspect ratio exactly at 200 (allowed) or past it (refused)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flashrt.errors import InputError
-from flashrt.frontends.groot.preprocess import QWEN3VL_MAX_PIXELS, QWEN3VL_MIN_PIXELS, smart_resize
+from flashrt.frontends.groot.common.preprocess import QWEN3VL_MAX_PIXELS, QWEN3VL_MIN_PIXELS, smart_resize
 
 qwen2_vl = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
 

@@ -10,7 +10,7 @@ import pytest
 
 import flashrt
 from flashrt.errors import ConfigError
-from flashrt.frontends.groot.quantize import synthetic_observations
+from flashrt.frontends.groot.common.quantize import synthetic_observations
 from flashrt.quant import flow, linear
 
 from .test_n15_policy import make_policy
@@ -113,7 +113,7 @@ def test_int8_on_onnxrt_within_the_gate_and_close_to_eager(folders, tmp_path, mo
 def test_the_calibration_key_changes_when_only_the_embodiment_does(folders, monkeypatch):
     """The key fields GROOT gives the flow, for two loads that differ only in the embodiment: the keys
     differ (everything else -- samples, recipe, weights -- held equal), and are equal for the same one."""
-    from flashrt.frontends.groot import quantize as groot_quantize
+    from flashrt.frontends.groot.common import quantize as groot_quantize
     from flashrt.quant.cache import CacheKey
 
     path, _ = folders["n17"]

@@ -26,14 +26,14 @@ def _refused(fn, path: Path, *words: str) -> str:
 
 @pytest.mark.parametrize("kind, word", [("fifo", "FIFO"), ("dev-zero", "character device")])
 def test_a_prompt_tokenizer_that_is_not_a_regular_file_is_refused(tmp_path, kind, word):
-    from flashrt.frontends.groot.preprocess import PromptTokenizer
+    from flashrt.frontends.groot.common.preprocess import PromptTokenizer
 
     path = make_hostile(tmp_path / "tokenizer.json", kind)
     _refused(lambda: PromptTokenizer(path), path, word)
 
 
 def test_a_corrupt_prompt_tokenizer_names_the_file(tmp_path):
-    from flashrt.frontends.groot.preprocess import PromptTokenizer
+    from flashrt.frontends.groot.common.preprocess import PromptTokenizer
 
     path = tmp_path / "tokenizer.json"
     path.write_text('{"model": {"type": "NoSuchModel"}}')
@@ -42,21 +42,21 @@ def test_a_corrupt_prompt_tokenizer_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("kind, word", [("fifo", "FIFO"), ("dev-zero", "character device")])
 def test_an_eagle_tokenizer_json_that_is_not_a_regular_file_is_refused_not_skipped(tmp_path, kind, word):
-    from flashrt.frontends.groot.n16_frontend import eagle_tokenizer
+    from flashrt.frontends.groot.n16.frontend import eagle_tokenizer
 
     path = make_hostile(tmp_path / "tokenizer.json", kind)
     _refused(lambda: eagle_tokenizer(tmp_path), path, word)
 
 
 def _pipeline(folder: Path, state_file: str) -> None:
-    from flashrt.frontends.groot.n15_frontend import PACK_STEP
+    from flashrt.frontends.groot.n15.frontend import PACK_STEP
 
     step = {"registry_name": PACK_STEP, "config": {}, "state_file": state_file}
     (folder / "policy_preprocessor.json").write_text(json.dumps({"steps": [step]}))
 
 
 def _step(folder: Path):
-    from flashrt.frontends.groot.n15_frontend import PACK_STEP, _pipeline_step
+    from flashrt.frontends.groot.n15.frontend import PACK_STEP, _pipeline_step
 
     return _pipeline_step(folder, "policy_preprocessor", PACK_STEP)
 

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 
 from flashrt.errors import CheckpointError, ConfigError
-from flashrt.frontends.groot.actions import ActionDecoder, build_decoder
-from flashrt.frontends.groot.preprocess import MinMax
+from flashrt.frontends.groot.common.actions import ActionDecoder, build_decoder
+from flashrt.frontends.groot.common.preprocess import MinMax
 from flashrt.io.files import read_json as read_checked_json
 
 N17_MODEL_TYPE = "Gr00tN1d7"
-N16_MODEL_TYPE = "Gr00tN1d6"  # Isaac-GR00T's N1.6 layout (flashrt.frontends.groot.n16)
+N16_MODEL_TYPE = "Gr00tN1d6"  # Isaac-GR00T's N1.6 layout (flashrt.frontends.groot.n16.model)
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -73,22 +73,13 @@ def _check_n17(path: Path, cfg: dict[str, Any] | None = None, n16: bool = False)
     if cfg.get("model_type") == "gr00t_n1_5":
         raise CheckpointError(
             f"{path}: a bare GR00T N1.5 model folder; load the lerobot 0.5.1 groot policy folder whose "
-            "base_model_path names it (flashrt.frontends.groot.n15_frontend)"
+            "base_model_path names it (flashrt.frontends.groot.n15.frontend)"
         )
     if cfg.get("model_type") != N17_MODEL_TYPE:
         raise CheckpointError(
             f"{path}: model_type {cfg.get('model_type')!r} is not {N17_MODEL_TYPE!r} (GR00T "
             f"N1.7) or {N16_MODEL_TYPE!r} (GR00T N1.6) and type is not 'groot' (a lerobot policy)"
         )
-
-
-def detect(folder: Path) -> None:
-    """None for a GR00T checkpoint folder flashrt loads (N1.7 raw or a lerobot policy, Isaac-GR00T N1.6, a
-    lerobot 0.5.1 N1.5 policy); CheckpointError saying why not."""
-    from flashrt.frontends.groot.n15_frontend import n15_layout
-
-    if n15_layout(Path(folder)) is None:
-        layout(folder)
 
 
 @dataclass(frozen=True)

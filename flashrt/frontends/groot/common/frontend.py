@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from flashrt import ops
 from flashrt.errors import ConfigError, InputError
-from flashrt.frontends.groot.checkpoint import Embodiment
-from flashrt.frontends.groot.model import GrootN17Model
-from flashrt.frontends.groot.preprocess import (
+from flashrt.frontends.groot.common.checkpoint import Embodiment
+from flashrt.frontends.groot.common.preprocess import (
     ImageSpec,
     PromptTokenizer,
     as_chw_uint8,
@@ -113,12 +113,12 @@ def select_prefer(kernels: str) -> dict[str, str]:
 
 def finish(frontend: GrootFrontend, options: LoadOptions, folder: str | Path) -> GrootFrontend:
     """The last step of every GR00T loader: quantize the model (``precision`` "int8" / "fp8": the
-    calibration cache's scales, calibrated and gated on a miss; `flashrt.frontends.groot.quantize`)
+    calibration cache's scales, calibrated and gated on a miss; `flashrt.frontends.groot.common.quantize`)
     before its graphs are captured, then capture them."""
     kind = quantized_kind(options.precision)
     frontend.quantization = None
     if kind is not None:
-        from flashrt.frontends.groot.quantize import quantize
+        from flashrt.frontends.groot.common.quantize import quantize
 
         frontend.quantization = quantize(frontend, kind, options.calibration, folder)
     frontend.capture()
@@ -215,7 +215,7 @@ class GrootFrontend:
 
     def __init__(
         self,
-        model: GrootN17Model,
+        model: nn.Module,
         embodiment: Embodiment,
         cameras: Sequence[str],
         image: ImageSpec,

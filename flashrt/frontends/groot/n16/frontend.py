@@ -20,9 +20,9 @@ observation, and how it is done here (tests/frontends/groot/test_n16.py checks e
 * State: per group, min/max (q01/q99 under ``use_percentiles``) in float64 as Isaac-GR00T keeps its
   statistics: ``2 (x - min) / (max - min) - 1`` (0 where max and min are ``np.isclose``), clipped to
   [-1, 1] when ``clip_outliers``, zero-padded to max_state_dim.
-* Actions: `flashrt.frontends.groot.actions` (min/max un-normalization, relative → absolute).
+* Actions: `flashrt.frontends.groot.common.actions` (min/max un-normalization, relative → absolute).
 
-Buffers, hot path and ownership as `flashrt.frontends.groot.frontend` (the N1.7 frontend this extends).
+Buffers, hot path and ownership as `flashrt.frontends.groot.common.frontend` (the N1.7 frontend this extends).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
-from flashrt.frontends.groot import checkpoint as ck
-from flashrt.frontends.groot.checkpoint import Embodiment
-from flashrt.frontends.groot.frontend import (
+from flashrt.frontends.groot.common import checkpoint as ck
+from flashrt.frontends.groot.common.checkpoint import Embodiment
+from flashrt.frontends.groot.common.frontend import (
     GrootFrontend,
     LoadOptions,
     Options,
@@ -52,8 +52,8 @@ from flashrt.frontends.groot.frontend import (
     read_prompt,
     round_buckets,
 )
-from flashrt.frontends.groot.n16 import GrootN16Model, load_n16, n16_config
-from flashrt.frontends.groot.preprocess import _area_resize, _centre_crop
+from flashrt.frontends.groot.common.preprocess import _area_resize, _centre_crop
+from flashrt.frontends.groot.n16.model import GrootN16Model, load_n16, n16_config
 from flashrt.io.files import TOKENIZER_LIMIT, read_json, read_text, read_tokenizer_json
 from flashrt.runtime.graphs import backend_for_device
 

@@ -1,4 +1,5 @@
-"""GR00T N1.7 checkpoint (``GR00TN17.save_pretrained`` keys) → `GrootN17Model` weight map, and the loader.
+"""GR00T weight rules over the N1.7 checkpoint layout (``GR00TN17.save_pretrained`` keys), shared by every
+version: N1.7's map and loader are `flashrt.frontends.groot.n17.weights`.
 
 Every rule is a rename; there are no value transforms (the temporal patch kernel is folded in
 `VisionTower.reset_derived`). Checked against lerobot 0.6.1 (tests/frontends/groot parity).
@@ -11,13 +12,7 @@ prefixes every key with ``_groot_model.``; that prefix is accepted too.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import torch
-
-from flashrt.frontends.groot.config import GrootN17Config
-from flashrt.frontends.groot.model import GrootN17Model
-from flashrt.io import Alt, Rule, WeightMap, load_module, transforms
+from flashrt.io import Alt, Rule, transforms
 
 VIS = "backbone.model.model.visual."
 LM = "backbone.model.model.language_model."
@@ -109,24 +104,3 @@ def head_rules() -> list[Rule]:
     for mlp in ("state_encoder", "action_decoder"):
         rules += [Rule(HEAD + f"{mlp}.layer{{n}}.{{p}}", f"head.{mlp}.layer{{n}}.{{p}}")]
     return [*rules, Rule(HEAD + "action_encoder.W{n}.{p}", "head.action_w{n}.{p}")]
-
-
-def n17_weight_map(config: GrootN17Config, keys: list[str]) -> WeightMap:
-    """The strict map; ``keys`` (the checkpoint's, with or without lerobot's ``_groot_model.``) name the
-    dropped decoder layers to ignore."""
-    raw, keys = list(keys), [k.removeprefix("_groot_model.") for k in keys]
-    popped = popped_layers(keys, LM, config.text.layers)
-    ignore = [LM + "norm.weight", "backbone.model.lm_head.weight", *popped]
-    wmap = WeightMap([*vision_rules(), *text_rules(), *head_rules()], ignore=ignore)
-    return wmap.auto_prefix(raw, ("", "_groot_model."))
-
-
-def load_n17(
-    config: GrootN17Config,
-    checkpoint: Mapping[str, torch.Tensor],
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
-) -> GrootN17Model:
-    """Build on meta, map strictly, cast to ``dtype`` (None: storage dtype)."""
-    wmap = n17_weight_map(config, list(checkpoint))
-    return load_module(lambda: GrootN17Model(config), checkpoint, wmap, device, dtype)

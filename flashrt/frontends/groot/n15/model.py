@@ -32,11 +32,17 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.errors import CheckpointError
-from flashrt.frontends.groot.checkpoint import read_json
-from flashrt.frontends.groot.config import HeadConfig, head_config
-from flashrt.frontends.groot.model import ActionHead, select_ops
-from flashrt.frontends.groot.n16 import EagleSizes, check_qwen3, eagle_sizes, mlp1_rules, siglip_layer_rules
-from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
+from flashrt.frontends.groot.common.checkpoint import read_json
+from flashrt.frontends.groot.common.config import HeadConfig, head_config
+from flashrt.frontends.groot.common.head import ActionHead, select_ops
+from flashrt.frontends.groot.common.weights import head_rules, popped_layers, qwen3_layer_rules
+from flashrt.frontends.groot.n16.model import (
+    EagleSizes,
+    check_qwen3,
+    eagle_sizes,
+    mlp1_rules,
+    siglip_layer_rules,
+)
 from flashrt.io import Rule, WeightMap, load_module
 from flashrt.nn.norms import RMSNorm
 from flashrt.nn.qwen3vl import qwen3_layer

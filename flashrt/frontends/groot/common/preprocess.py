@@ -14,7 +14,7 @@ As lerobot 0.6.1's N1.7 processor does it (``processor_groot.py``), for one obse
   prompt + ``<|im_end|>\\n``, tokenized with the backbone's ``tokenizer.json``.
 * State: min/max from the checkpoint statistics → ``2 (x - min) / (max - min) - 1`` (0 where max ==
   min), clipped to [-1, 1] when ``clip_outliers``, zero-padded to max_state_dim.
-* Actions: group by group in `flashrt.frontends.groot.actions` (absolute or relative to the state).
+* Actions: group by group in `flashrt.frontends.groot.common.actions` (absolute or relative to the state).
 """
 
 from __future__ import annotations

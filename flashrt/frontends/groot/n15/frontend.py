@@ -54,8 +54,8 @@ import numpy as np
 import torch
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
-from flashrt.frontends.groot.checkpoint import read_json
-from flashrt.frontends.groot.frontend import (
+from flashrt.frontends.groot.common.checkpoint import read_json
+from flashrt.frontends.groot.common.frontend import (
     Checked,
     GrootFrontend,
     LoadOptions,
@@ -66,9 +66,9 @@ from flashrt.frontends.groot.frontend import (
     read_state,
     round_buckets,
 )
-from flashrt.frontends.groot.n15 import N15_MODEL_TYPE, GrootN15Model, load_n15, n15_config
-from flashrt.frontends.groot.n16_frontend import MEDIA_PLACEHOLDER, eagle_normalize, eagle_tokenizer
-from flashrt.frontends.groot.preprocess import DEFAULT_PROMPT, MinMax, _resize
+from flashrt.frontends.groot.common.preprocess import DEFAULT_PROMPT, MinMax, _resize
+from flashrt.frontends.groot.n15.model import N15_MODEL_TYPE, GrootN15Model, load_n15, n15_config
+from flashrt.frontends.groot.n16.frontend import MEDIA_PLACEHOLDER, eagle_normalize, eagle_tokenizer
 from flashrt.io.files import CONFIG_LIMIT, read_bytes_capped, resolve_inside
 from flashrt.runtime.graphs import backend_for_device
 

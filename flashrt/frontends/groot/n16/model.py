@@ -22,7 +22,7 @@ Eagle-Block2A-2B-v2 model code), and how it is arranged here:
   image; the Qwen3 layers kept (``select_layer``; the rest are popped) run causal with 1-D RoPE on
   positions 0..L-1. The feature is ``hidden_states[-1]`` of the popped stack: the FINAL-NORM output
   (as N1.5; N1.7 reads the pre-norm output of its last layer).
-* Head: `flashrt.frontends.groot.model.ActionHead` without VL self-attention (``Gr00tN1d6ActionHead``
+* Head: `flashrt.frontends.groot.common.head.ActionHead` without VL self-attention (``Gr00tN1d6ActionHead``
   is the N1.7 head without it; parity in tests/frontends/groot/test_n16_head.py), AlternateVLDiT
   cross blocks over text / image keys (image keys = the ``<IMG_CONTEXT>`` positions).
 
@@ -44,9 +44,9 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from flashrt.errors import CheckpointError
-from flashrt.frontends.groot.config import QWEN3_2B_TEXT, HeadConfig, head_config
-from flashrt.frontends.groot.model import ActionHead, select_ops
-from flashrt.frontends.groot.weights import head_rules, popped_layers, qwen3_layer_rules
+from flashrt.frontends.groot.common.config import QWEN3_2B_TEXT, HeadConfig, head_config
+from flashrt.frontends.groot.common.head import ActionHead, select_ops
+from flashrt.frontends.groot.common.weights import head_rules, popped_layers, qwen3_layer_rules
 from flashrt.io import Alt, Rule, WeightMap, load_module, transforms
 from flashrt.io.files import read_json
 from flashrt.nn.norms import RMSNorm
