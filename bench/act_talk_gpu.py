@@ -46,9 +46,9 @@ def _models(args: argparse.Namespace, tmp: Path):
     from flashrt.bench.act_talk import _Models
     from flashrt.bench.adapters import pi0 as pb
     from flashrt.bench.adapters.tts_orpheus import SIZES, random_lm, random_snac
-    from flashrt.frontends.tts.orpheus import ByteTokenizer
+    from flashrt.frontends.orpheus.layout import ByteTokenizer
+    from flashrt.frontends.orpheus.tts import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
     from flashrt.quant.precision import compute_dtype
-    from flashrt.runner.orpheus import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
     from flashrt.runner.policy import load_policy
     from flashrt.runtime.slots import SlotDecoder
     from flashrt.testing.synthetic.pi0 import SyntheticSpec, write_checkpoint

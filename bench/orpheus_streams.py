@@ -26,9 +26,9 @@ import torch
 
 def _build(preset: str, device: str, rows: int, frames: int, backend: str | None):
     from flashrt.bench.adapters.tts_orpheus import SIZES, random_lm, random_snac
-    from flashrt.frontends.tts.orpheus import ByteTokenizer
+    from flashrt.frontends.orpheus.layout import ByteTokenizer
+    from flashrt.frontends.orpheus.tts import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
     from flashrt.quant.precision import compute_dtype
-    from flashrt.runner.orpheus import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
     from flashrt.runtime.slots import DEFAULT_BATCH_BUCKETS, SlotDecoder
 
     lm_cfg, snac_preset, layout = SIZES[preset]

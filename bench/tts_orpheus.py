@@ -130,7 +130,7 @@ class Reference:
 
 
 def run_flashrt(tts, seed: int) -> dict:
-    from flashrt.runner.orpheus import ORPHEUS_SAMPLING
+    from flashrt.frontends.orpheus.tts import ORPHEUS_SAMPLING
 
     chunks = list(tts.stream(TEXT, voice="tara", seed=seed, sampling=ORPHEUS_SAMPLING))
     r = tts.report()

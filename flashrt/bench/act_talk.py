@@ -108,8 +108,8 @@ def _load(checkpoint: str | None, frames: int, stream_chunk: int) -> _Models:
 
     from flashrt.bench.adapters.tts_orpheus import SIZES, random_lm, random_snac
     from flashrt.demo import ToyRobot, ensure_demo_checkpoint
-    from flashrt.frontends.tts.orpheus import ByteTokenizer
-    from flashrt.runner.orpheus import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
+    from flashrt.frontends.orpheus.layout import ByteTokenizer
+    from flashrt.frontends.orpheus.tts import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
     from flashrt.runner.policy import load_policy
     from flashrt.runtime.slots import SlotDecoder
 

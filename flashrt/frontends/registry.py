@@ -35,7 +35,7 @@ POLICY_FAMILIES: dict[str, str] = {
 
 TTS_FAMILIES: dict[str, str] = {
     "vits": "flashrt.frontends.vits.family:FAMILY",
-    "orpheus": "flashrt.runner.orpheus:FAMILY",  # LM -> SNAC chain: its entry sits with the runners it drives
+    "orpheus": "flashrt.runner.orpheus:FAMILY",  # load needs the vocoder runner; the rest: frontends/orpheus
 }
 
 

@@ -6,7 +6,7 @@
     deploy_policy(PolicyApp("policy_dir"))
     # ws://127.0.0.1:8000/ (openpi-client), POST http://127.0.0.1:8000/infer (msgpack in and out)
 
-Speech (an Orpheus-style voice, `flashrt.runner.orpheus`) runs as three deployments, each with its own
+Speech (an Orpheus-style voice, `flashrt.frontends.orpheus`) runs as three deployments, each with its own
 replica count, resources and ``max_ongoing_requests`` (`StageScale`):
 
     lm       `load_orpheus(..., vocoder=False)`: the model's own LM stage (its SlotDecoder, the requests
@@ -244,7 +244,8 @@ class VocoderStage:
     def __init__(self, folder: str, options: dict[str, Any], threads: int, lm: Any) -> None:
         from collections import Counter
 
-        from flashrt.runner.orpheus import load_snac, snac_folder
+        from flashrt.frontends.orpheus.folder import snac_folder
+        from flashrt.runner.orpheus import load_snac
 
         _set_threads(threads)
         given = {k: options[k] for k in VOCODER_OPTIONS if k in options}
@@ -336,7 +337,7 @@ class VocoderStage:
 
 def _take(stream: Any) -> np.ndarray | None:
     """The mono audio a SNAC stream has ready (None: none)."""
-    from flashrt.runner.orpheus import _mono
+    from flashrt.frontends.orpheus.tts import _mono
 
     audio = stream.take()
     return np.concatenate([_mono(a) for a in audio]) if audio else None

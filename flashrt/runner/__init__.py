@@ -6,6 +6,7 @@ a frontend (Pi0-FAST) composes it.
 `flashrt.runner.policy` `Policy` (infer / step / reset over a `PolicyFrontend`) and `load_policy`;
 `flashrt.runner.stream` one-shot + streaming decode over a
 `StreamFrontend` (held partial frames, context windows); `flashrt.runner.vocoder` the vocoder families
-behind it (`load_vocoder`); `flashrt.runner.orpheus` the Orpheus-style TTS chain (LM -> frames -> SNAC),
-a `load_tts` family (`flashrt.runner.tts`, `flashrt.frontends.registry.TTS_FAMILIES`).
+behind it (`load_vocoder`); `flashrt.runner.orpheus` loads the Orpheus-style TTS chain (LM -> frames
+-> SNAC; the family's knowledge and its chain live in `flashrt.frontends.orpheus`), a `load_tts` family
+(`flashrt.runner.tts`, `flashrt.frontends.registry.TTS_FAMILIES`).
 """

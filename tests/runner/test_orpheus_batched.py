@@ -156,7 +156,7 @@ def test_each_stage_runs_its_ops_on_its_share_of_the_free_cores(monkeypatch):
     the stages' own threads."""
     import torch
 
-    from flashrt.runner import orpheus
+    from flashrt.frontends.orpheus import tts as orpheus
     from flashrt.runtime.threads import CpuLoad
 
     with monkeypatch.context() as patch:  # a machine of 6 free cores, torch set to 8 threads

@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 
 from flashrt.chain import StageError
 from flashrt.errors import CheckpointError, InputError
+from flashrt.frontends.orpheus.layout import AudioTokenError, FrameDecoder, OrpheusLayout
+from flashrt.frontends.orpheus.tts import OrpheusTTS, frame_constraint, to_pcm16
 from flashrt.frontends.registry import tts_families
-from flashrt.frontends.tts.orpheus import AudioTokenError, FrameDecoder, OrpheusLayout
-from flashrt.runner.orpheus import OrpheusTTS, frame_constraint, to_pcm16
 from flashrt.runner.tts import load_tts
 from flashrt.runtime.decode import Sampling
 
@@ -223,7 +223,7 @@ def test_say_snac_noise_seeded_keeps_the_decoders_noise(tmp_path, capsys):
 def test_a_tokenizer_json_is_read_with_its_bos_post_processor(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    from flashrt.frontends.tts.orpheus import format_prompt, load_text_tokenizer
+    from flashrt.frontends.orpheus.layout import format_prompt, load_text_tokenizer
 
     vocab = {"<bos>": 128000, "tara": 5, ":": 6, "hi": 7, "[UNK]": 8}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))

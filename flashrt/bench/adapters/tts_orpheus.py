@@ -3,7 +3,8 @@
 One call = ``tts.stream(text, seed=...)`` consumed to the end: the LM (captured prefill + one decode
 step replayed per token, Orpheus' sampling: temperature 0.6, top-p 0.8, repetition penalty 1.3, on the
 device), 7-code frames, the SNAC 24 kHz stream decoder (exact overlap windows), as the chain of
-`flashrt.runner.orpheus` (a one-row `SlotDecoder` here: one stream; `bench/orpheus_streams.py` runs many).
+`flashrt.frontends.orpheus.tts` (a one-row `SlotDecoder` here: one stream; `bench/orpheus_streams.py`
+runs many).
 Timed stages of a call (`StageTimer`):
 
     ttfa    from the call to the first audio chunk on the host (validation, prompt, prefill, the
@@ -50,13 +51,13 @@ from flashrt.bench.registry import ReferenceUnavailable, register_benchmark
 from flashrt.errors import ConfigError
 from flashrt.frontends.lm import CausalLM, LMConfig
 from flashrt.frontends.lm.config import PRESETS as LM_PRESETS
-from flashrt.frontends.tts.orpheus import ByteTokenizer, OrpheusLayout
+from flashrt.frontends.orpheus.layout import ByteTokenizer, OrpheusLayout
+from flashrt.frontends.orpheus.tts import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
 from flashrt.frontends.vocoders import get_family
 from flashrt.io.loading import reset_derived
 from flashrt.nn.llama import Llama
 from flashrt.profile.timers import StageTimer
 from flashrt.quant.precision import compute_dtype
-from flashrt.runner.orpheus import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
 from flashrt.runner.vocoder import Vocoder
 from flashrt.runtime.slots import SlotDecoder
 from flashrt.testing.synthetic.vocoders import random_module

@@ -1,4 +1,4 @@
-"""Orpheus LM token ids -> SNAC codes (flashrt/frontends/tts/orpheus.py `FrameDecoder`): at each of the 7
+"""Orpheus LM token ids -> SNAC codes (flashrt/frontends/orpheus/layout.py `FrameDecoder`): at each of the 7
 places of a frame the ids [lo, lo + codebook) are its codes; the edges of every place are checked (the
 last code is accepted, one past it and one before the first are refused), on the released layout and on
 a miniature one."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashrt.frontends.tts.orpheus import FRAME, AudioTokenError, FrameDecoder, OrpheusLayout
+from flashrt.frontends.orpheus.layout import FRAME, AudioTokenError, FrameDecoder, OrpheusLayout
 
 LAYOUTS = [OrpheusLayout(), OrpheusLayout(base_vocab=100, codebook_size=10)]
 

@@ -14,7 +14,7 @@ import pytest
 from flashrt.errors import CheckpointError
 from flashrt.frontends.lm.config import LMConfig
 from flashrt.frontends.lm.frontend import read_config
-from flashrt.frontends.tts.orpheus import OrpheusLayout, load_text_tokenizer, read_layout
+from flashrt.frontends.orpheus.layout import OrpheusLayout, load_text_tokenizer, read_layout
 from flashrt.testing.hostile import bounded_call, make_hostile
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "tts" / "orpheus_tiny"
@@ -102,7 +102,7 @@ def test_an_oversized_tokenizer_is_refused_before_reading(tmp_path, monkeypatch)
     path = tmp_path / "tokenizer.json"
     _tokenizer_json(path)
     load_text_tokenizer(tmp_path, TOKENIZER)  # the real file loads
-    monkeypatch.setattr("flashrt.frontends.tts.orpheus.TOKENIZER_LIMIT", 16)
+    monkeypatch.setattr("flashrt.frontends.orpheus.layout.TOKENIZER_LIMIT", 16)
     _refused(lambda: load_text_tokenizer(tmp_path, TOKENIZER), path, "more than the 16")
 
 
