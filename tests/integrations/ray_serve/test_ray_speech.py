@@ -10,7 +10,7 @@ import pytest
 from flashrt.integrations.ray_serve import VocoderStage
 from flashrt.runner.orpheus import load_orpheus
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tts" / "orpheus_tiny"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "tts" / "orpheus_tiny"
 OPTIONS = {"max_new_tokens": 200, "cache_len": 512, "slots": 2}
 
 pytestmark = pytest.mark.timeout(60)

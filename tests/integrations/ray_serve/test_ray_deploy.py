@@ -33,7 +33,7 @@ from flashrt.serve.app import ServerLimits, SpeechServer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tts" / "orpheus_tiny"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "tts" / "orpheus_tiny"
 # Orpheus' own sampling (so the seed matters); one row: a burst is decoded one request after another
 OPTIONS = {"max_new_tokens": 300, "cache_len": 512, "slots": 1, "constrain_frames": True}
 SERVE_PORT = 18431
