@@ -144,12 +144,7 @@ class SpeechServer:
 
     def authorized(self, header: str | None) -> bool:
         """Whether an ``Authorization`` header carries this server's key (always, without a key)."""
-        if self.api_key is None:
-            return True
-        import hmac
-
-        scheme, _, key = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), self.api_key.encode())
+        return bearer_authorized(header, self.api_key)
 
     def answered(self, voice: str, status: int, code: str = "") -> None:
         if self.metrics is not None:
@@ -326,6 +321,17 @@ class SpeechServer:
         self.closing = True  # requests from now on: 503 server_shutting_down
         for chain in self.chains.values():
             chain.close()
+
+
+def bearer_authorized(header: str | None, api_key: str | None) -> bool:
+    """Whether an ``Authorization`` header is ``Bearer <api_key>`` (compared in constant time); always
+    true without a key."""
+    if api_key is None:
+        return True
+    import hmac
+
+    scheme, _, key = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(key.strip().encode(), api_key.encode())
 
 
 def _check_text(name: str, value: str) -> None:

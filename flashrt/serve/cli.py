@@ -72,17 +72,15 @@ def serve(
         from flashrt.serve.app import ServerLimits
 
         check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)
-        if api_key is not None:
-            from flashrt.errors import ConfigError
-
-            raise ConfigError("--api-key is not applied by the Ray Serve ingress: put an authenticating "
-                              "gateway or firewall in front of Serve's port instead")
+        if api_key is None and not _loopback(host) and write_config is None:
+            typer.echo(f"flashrt serve: WARNING: {host} is reachable from other machines and no --api-key "
+                       "is set: anyone who can connect may use this voice", err=True)
         limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout,
                               ttfa_deadline_ms=ttfa_deadline_ms)
         options = {"device": device, **({"slots": slots} if slots is not None else {}),
                    **({"snac_noise": snac_noise} if snac_noise is not None else {})}
         serve_command(named_sources(voice or []), options, limits, host=host, port=port, address=address,
-                      replicas=replicas, write_config=write_config)
+                      replicas=replicas, write_config=write_config, api_key=api_key)
         return
     import uvicorn
 

@@ -71,7 +71,8 @@ class StageScale:
 class SpeechApp:
     """An Orpheus-style voice served on Ray: its folder, the voice's name, `load_orpheus` options
     (device, precision, max_new_tokens, sampling, ...), the scale of each stage, the server's limits
-    (`flashrt.serve.app.ServerLimits`; None: its defaults)."""
+    (`flashrt.serve.app.ServerLimits`; None: its defaults) and the API key the ingress checks (None:
+    none; never in the repr)."""
 
     folder: str
     name: str = "orpheus"
@@ -80,14 +81,23 @@ class SpeechApp:
     vocoder: StageScale = StageScale(num_cpus=0.5)
     ingress: StageScale = StageScale(num_cpus=0.25, max_ongoing_requests=64, max_queued_requests=64)
     limits: Any = None
+    api_key: str | None = field(default=None, repr=False)  # the ingress wants `Bearer <key>` on /v1/
 
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("the API key is blank: give a non-empty key, or none")
 
     def args(self) -> dict[str, Any]:
-        """This app as the plain ``args`` of a Serve config (`speech_builder` rebuilds it)."""
+        """This app as the plain ``args`` of a Serve config (`speech_builder` rebuilds it); never with
+        an API key (a config file would hold it in plain text)."""
         from dataclasses import asdict
 
         from flashrt.serve.app import ServerLimits
 
+        if self.api_key is not None:
+            raise ConfigError("a Serve config would hold the API key in plain text: deploy with "
+                              "`flashrt serve --ray --api-key` (or `deploy_speech`), or put an "
+                              "authenticating gateway in front of Serve's port")
         return {"folder": str(self.folder), "name": self.name, "options": dict(self.options),
                 **{stage: asdict(getattr(self, stage)) for stage in STAGES},
                 "limits": asdict(self.limits or ServerLimits())}

@@ -68,17 +68,19 @@ def policy_command(folder: str, options: dict[str, Any], *, host: str, port: int
 
 
 def serve_command(voices: dict[str, str], options: dict[str, Any], limits: Any, *, host: str, port: int,
-                  address: str | None, replicas: str, write_config: Path | None) -> None:
+                  address: str | None, replicas: str, write_config: Path | None,
+                  api_key: str | None = None) -> None:
     """`flashrt serve --ray`: one Orpheus-style voice as a `SpeechApp`; with ``write_config`` its Serve
     config written there (nothing started), else deployed on the cluster at ``address`` (None: a local
     one; Ray puts its own node on the machine's routable address, never a loopback one) and served on
-    ``host:port`` until interrupted."""
+    ``host:port`` until interrupted. ``api_key``: the ingress wants it on /v1/ routes (a written config
+    never holds one: refused)."""
     if len(voices) != 1:
         raise ConfigError(f"--ray serves one voice (an Orpheus-style folder), got {sorted(voices) or 'none'}")
     (name, folder), = voices.items()
     counts = parse_replicas(replicas)
     scales = {stage: replace(getattr(SpeechApp, stage), **counts[stage]) for stage in counts}
-    app = SpeechApp(str(Path(folder).resolve()), name, options, limits=limits, **scales)
+    app = SpeechApp(str(Path(folder).resolve()), name, options, limits=limits, api_key=api_key, **scales)
     if write_config is not None:
         _write_config(app, write_config, host, port, "flashrt serve")
         return

@@ -47,7 +47,7 @@ def speech_app(app: SpeechApp) -> Any:
     lm_bound = lm.bind(str(app.folder), dict(app.options), limits, app.lm.torch_threads)
     vocoder_bound = vocoder.bind(str(app.folder), dict(app.options), app.vocoder.torch_threads, lm_bound)
     return ingress.bind({app.name: lm_bound}, {app.name: vocoder_bound}, limits,
-                        app.ingress.max_ongoing_requests)
+                        app.ingress.max_ongoing_requests, app.api_key)
 
 
 def policy_deployments(app: PolicyApp) -> dict[str, dict[str, Any]]:

@@ -237,10 +237,15 @@ class _Admission:
 
 class SpeechIngress:
     """POST /v1/audio/speech (and GET /v1/models, /health) over the voices' vocoder deployments; it
-    admits ``admit`` speech requests at once (`_Admission`) and refuses the others at once."""
+    admits ``admit`` speech requests at once (`_Admission`) and refuses the others at once. With
+    ``api_key`` every ``/v1/`` route wants ``Authorization: Bearer <key>`` (401 ``invalid_api_key``
+    otherwise, before any work), as `flashrt serve --api-key`; /health stays open."""
 
-    def __init__(self, lms: dict[str, Any], vocoders: dict[str, Any], limits: Any, admit: int) -> None:
-        self.lms, self.vocoders, self.limits = lms, vocoders, limits
+    def __init__(self, lms: dict[str, Any], vocoders: dict[str, Any], limits: Any, admit: int,
+                 api_key: str | None = None) -> None:
+        if api_key is not None and not api_key.strip():
+            raise ValueError("an API key must not be empty")
+        self.lms, self.vocoders, self.limits, self.api_key = lms, vocoders, limits, api_key
         self.admission = _Admission(admit)
         self.checks: Any = None
 
@@ -253,9 +258,11 @@ class SpeechIngress:
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        from flashrt.serve.app import ApiError, _error
+        from flashrt.serve.app import ApiError, _error, bearer_authorized
 
         path, method = request.url.path.rstrip("/"), request.method  # under the app's route prefix
+        if "/v1/" in path + "/" and not bearer_authorized(request.headers.get("authorization"), self.api_key):
+            return _error(ApiError(401, "Incorrect API key provided", code="invalid_api_key"))
         if path.endswith("/v1/audio/speech") and method == "POST":
             return await self._speech(request)
         if path.endswith("/v1/models") and method == "GET":

@@ -409,10 +409,32 @@ def test_deployments_that_cannot_fit_are_refused_at_once():
         check_fits([StageScale(replicas=1, max_replicas=3)], {"CPU": 2.0})
 
 
-def test_an_api_key_is_refused_with_ray_never_silently_dropped(tmp_path):
-    """The Ray ingress does not check keys: `--api-key` with `--ray` is an error, not an open server."""
+def test_an_api_key_reaches_the_ingress_and_never_a_written_config(tmp_path, monkeypatch):
+    """`--ray --api-key`: the key is bound into the ingress deployment (which checks it: see
+    test_ray_ingress.py), hidden from the app's repr, and never written into a Serve config (the YAML
+    would hold it in plain text), so `--write-config` with a key is an error, not a leaked secret."""
     from flashrt.cli import main
+    from flashrt.errors import ConfigError
+    from flashrt.integrations.ray_serve import deploy, serve_config
 
+    bound: dict[str, tuple] = {}
+
+    class _Deployment:
+        def __init__(self, cls, name, **_):
+            self.name = name
+
+        def bind(self, *args):
+            bound[self.name] = args
+            return self.name
+
+    monkeypatch.setattr(deploy, "serve_api", lambda: type("Serve", (), {"deployment": _Deployment}))
+    app = SpeechApp(str(FIXTURE), api_key="s3cret")
+    deploy.speech_app(app)
+    assert bound["speech"][-1] == "s3cret" and "s3cret" not in repr(app)
+    with pytest.raises(ConfigError, match="plain text"):
+        serve_config(app)
+    with pytest.raises(ConfigError, match="blank"):
+        SpeechApp(str(FIXTURE), api_key=" ")
     path = tmp_path / "serve.yaml"
     code = main(["serve", "--ray", "--voice", f"talk={FIXTURE}", "--api-key", "k",
                  "--write-config", str(path)])

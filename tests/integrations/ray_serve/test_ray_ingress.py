@@ -60,10 +60,10 @@ class _Vocoder:
         self.audio = _Method(lambda *args: _Chunks(3))
 
 
-def _request(body: dict):
+def _request(body: dict | None, headers: tuple = (), method: str = "POST", path: str = "/v1/audio/speech"):
     from starlette.requests import Request
 
-    data = json.dumps(body).encode()
+    data = json.dumps(body).encode() if body is not None else b""
     sent = False
 
     async def receive():
@@ -73,18 +73,19 @@ def _request(body: dict):
         sent = True
         return {"type": "http.request", "body": data, "more_body": False}
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/audio/speech", "headers":
-             [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
-             "query_string": b""}
+    scope = {"type": "http", "method": method, "path": path, "headers":
+             [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+              *((k.encode(), v.encode()) for k, v in headers)], "query_string": b""}
     return Request(scope, receive)
 
 
-def _speech(fmt="pcm", text="Hello."):
-    return _request({"model": "tts-1", "voice": "tara", "input": text, "response_format": fmt})
+def _speech(fmt="pcm", text="Hello.", headers: tuple = ()):
+    return _request({"model": "tts-1", "voice": "tara", "input": text, "response_format": fmt}, headers)
 
 
-def _ingress(admit: int) -> SpeechIngress:
-    return SpeechIngress({"orpheus": _Lm()}, {"orpheus": _Vocoder()}, ServerLimits(retry_after_s=3), admit)
+def _ingress(admit: int, api_key: str | None = None) -> SpeechIngress:
+    return SpeechIngress({"orpheus": _Lm()}, {"orpheus": _Vocoder()}, ServerLimits(retry_after_s=3), admit,
+                         api_key)
 
 
 def _refused(response) -> None:
@@ -141,3 +142,41 @@ def test_admission_counts_up_to_its_limit():
         assert ingress.admission.held == 0
 
     asyncio.run(asyncio.wait_for(run(), 20))
+
+
+def _unauthorized(response) -> None:
+    assert response.status_code == 401
+    error = json.loads(response.body)["error"]
+    assert error["code"] == "invalid_api_key" and set(error) >= {"message", "type", "code"}
+
+
+def test_with_a_key_every_v1_route_wants_it_before_any_work():
+    """As `flashrt serve --api-key`: no key, a wrong key or another scheme gets 401 in OpenAI's shape
+    and takes no admission slot; the right bearer key is served; /health stays open."""
+    async def run():
+        ingress = _ingress(admit=1, api_key="s3cret")
+        for headers in ((), (("authorization", "Bearer nope"),), (("authorization", "Basic s3cret"),)):
+            _unauthorized(await ingress(_speech(headers=headers)))
+            _unauthorized(await ingress(_request(None, headers, "GET", "/v1/models")))
+            assert ingress.admission.held == 0
+        good = (("authorization", "Bearer s3cret"),)
+        served = await ingress(_speech(headers=good))
+        assert served.status_code == 200
+        await _drain(served)
+        models = await ingress(_request(None, good, "GET", "/v1/models"))
+        assert [m["id"] for m in json.loads(models.body)["data"]] == ["orpheus"]
+        health = await ingress(_request(None, (), "GET", "/health"))
+        assert health.status_code == 200
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+
+
+def test_without_a_key_the_routes_are_open_and_a_blank_key_is_refused():
+    async def run():
+        served = await _ingress(admit=1)(_speech())
+        assert served.status_code == 200
+        await _drain(served)
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+    with pytest.raises(ValueError, match="empty"):
+        _ingress(admit=1, api_key="  ")
