@@ -22,8 +22,12 @@ Runs in the reference environment with flashrt importable::
     PYTHONPATH=/work/main /work/ref/venv/bin/python bench/pi0_vs_lerobot.py [--variant pi05] [--pairs 10]
 
 The reference venv lacks `sentencepiece` (flashrt's tokenizer backend); the script then appends
-``--extra-site`` (default: flashrt's own .venv site-packages) at the END of sys.path, so only missing
-packages are found there. Prints tables on stderr, then ONE JSON line on stdout.
+``--extra-site`` at the END of sys.path, so only missing packages are found there. By default that is
+the site-packages of flashrt's own ``.venv`` for this Python version, looked up in this checkout and,
+when the checkout is a git worktree, in the main checkout that holds the venv. Without sentencepiece
+anywhere the script stops before building anything and says where it looked (installing sentencepiece
+into the reference venv is not a fix: it changes the transformers side under test). Prints tables on
+stderr, then ONE JSON line on stdout.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import argparse
 import importlib.util
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,10 +64,41 @@ def _gen_module() -> Any:
     return module
 
 
-def _ensure_sentencepiece(extra_site: str) -> None:
-    if importlib.util.find_spec("sentencepiece") is None and Path(extra_site).is_dir():
-        sys.path.append(extra_site)
-        print(f"note: sentencepiece taken from {extra_site}", file=sys.stderr)
+def _checkouts() -> list[Path]:
+    """This checkout, then the main checkout when this one is a git worktree (it holds the .venv)."""
+    found = [ROOT]
+    try:
+        common = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--path-format=absolute",
+                                 "--git-common-dir"], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return found
+    main = Path(common.stdout.strip()).parent
+    return found + ([main] if main.resolve() != ROOT.resolve() else [])
+
+
+def default_extra_site() -> list[Path]:
+    """Candidate site-packages of flashrt's .venv for the running Python version, in lookup order."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return [c / ".venv" / "lib" / version / "site-packages" for c in _checkouts()]
+
+
+def sentencepiece_site(extra_site: str | None) -> Path | None:
+    """None when sentencepiece imports as is; else the first candidate folder holding it (SystemExit
+    naming every folder tried when none does)."""
+    if importlib.util.find_spec("sentencepiece") is not None:
+        return None
+    tried = [Path(extra_site)] if extra_site else default_extra_site()
+    for site in tried:
+        if (site / "sentencepiece").is_dir():
+            return site
+    raise SystemExit("sentencepiece (flashrt's tokenizer backend) is not importable and is in none of "
+                     f"{[str(t) for t in tried]}; pass --extra-site <a site-packages that has it>")
+
+
+def _ensure_sentencepiece(site: Path | None) -> None:
+    if site is not None:
+        sys.path.append(str(site))
+        print(f"note: sentencepiece taken from {site}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------ build
@@ -208,14 +244,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--chunk", type=int, default=50)
     parser.add_argument("--image", type=int, default=224)
-    parser.add_argument("--extra-site", default=str(ROOT / ".venv/lib/python3.11/site-packages"))
+    parser.add_argument("--extra-site", default=None,
+                        help="site-packages to take sentencepiece from (default: flashrt's .venv)")
     args = parser.parse_args(argv)
+    site = sentencepiece_site(args.extra_site)  # before any build: a missing tokenizer stops here
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     gen = _gen_module()
     with tempfile.TemporaryDirectory() as tmp:
         lerobot = build_lerobot(gen, args, Path(tmp))
-        _ensure_sentencepiece(args.extra_site)  # after the HF tokenizer exists: protobuf registers once
+        _ensure_sentencepiece(site)  # after the HF tokenizer exists: protobuf registers once
         from flashrt.runner.policy import load_policy
 
         start = time.perf_counter()

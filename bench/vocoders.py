@@ -5,7 +5,9 @@ random weights (HiFi-GAN V1 vs transformers ``SpeechT5HifiGan``; BigVGAN-base vs
 package after its own ``remove_weight_norm()``, as its inference scripts do). Metrics: wall time per
 call of each side, real-time factor (time / audio duration), and the speed ratio, measured A/B
 interleaved in one process (median of per-pair ratios reference_ms / flashrt_ms, so load noise on a
-shared machine hits both sides alike); streaming time to first audio (flashrt, features arriving in
+shared machine hits both sides alike), and the same ratio in process CPU time (``cpu_speedup_*``: every
+thread's CPU time, which other jobs on a shared machine do not inflate; with ``--threads 1`` the work
+each side does); streaming time to first audio (flashrt, features arriving in
 pieces of ``--piece`` frames, every input cut by its own rate) next to the reference's only option
 (decode everything, then play), and the stream's max |delta| against the one-shot call and against the
 ``exact_stream`` one-shot (0 by construction; see flashrt.frontends.vocoders.base).
@@ -26,6 +28,7 @@ family's one synthetic writer (flashrt/testing/synthetic/vocoders.py, also used 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -174,14 +177,20 @@ def run_case(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"{case.name}: quality gate failed (max |delta| {delta:.3g}); no timing reported")
     audio_s = got.numel() / case.sample_rate
     pairs = _pairs(case, args.pairs)
-    ratios = [r / f for f, r in pairs]
-    flash_ms = statistics.median(f for f, _ in pairs)
-    ref_ms = statistics.median(r for _, r in pairs)
+    wall = [(f[0], r[0]) for f, r in pairs]
+    cpu = [(f[1], r[1]) for f, r in pairs]
+    ratios = [r / f for f, r in wall]
+    flash_ms = statistics.median(f for f, _ in wall)
+    ref_ms = statistics.median(r for _, r in wall)
+    flash_cpu, ref_cpu = statistics.median(f for f, _ in cpu), statistics.median(r for _, r in cpu)
     return {"case": case.name, "max_abs_delta": delta, "audio_s": audio_s, "pairs": len(pairs),
-            "flashrt_ms": [f for f, _ in pairs], "reference_ms": [r for _, r in pairs],
+            "flashrt_ms": [f for f, _ in wall], "reference_ms": [r for _, r in wall],
             "flashrt_ms_p50": flash_ms, "reference_ms_p50": ref_ms, "flashrt_rtf": flash_ms / 1e3 / audio_s,
             "reference_rtf": ref_ms / 1e3 / audio_s, "speedup_median_of_pairs": statistics.median(ratios),
-            "speedup_min": min(ratios), "speedup_max": max(ratios), **_stream(case, args),
+            "speedup_min": min(ratios), "speedup_max": max(ratios),
+            "flashrt_cpu_ms_p50": flash_cpu, "reference_cpu_ms_p50": ref_cpu,
+            "cpu_speedup_ratio_of_medians": ref_cpu / flash_cpu,
+            "cpu_speedup_median_of_pairs": statistics.median(r / f for f, r in cpu), **_stream(case, args),
             **_variants(case, want, ref_ms, args.pairs), **case.notes}
 
 
@@ -199,8 +208,17 @@ def _variants(case: Case, want: torch.Tensor, ref_ms: float, n: int) -> dict[str
     return out
 
 
-def _pairs(case: Case, n: int) -> list[tuple[float, float]]:
-    """n interleaved (flashrt_ms, reference_ms) pairs after one warm-up each; order alternates."""
+def _clock(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(wall ms, process CPU ms) of one call; the CPU time counts every thread of the process and is not
+    inflated by other jobs taking the cores (what a shared machine distorts is the wall time)."""
+    cpu, start = time.process_time_ns(), time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - start) / 1e6, (time.process_time_ns() - cpu) / 1e6
+
+
+def _pairs(case: Case, n: int) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """n interleaved (flashrt, reference) pairs of (wall ms, CPU ms) after one warm-up each; the order
+    alternates."""
     flash = lambda: case.flashrt(*case.inputs)
 
     def ref():
@@ -210,9 +228,9 @@ def _pairs(case: Case, n: int) -> list[tuple[float, float]]:
     out = []
     for i in range(n):
         if i % 2:
-            r, f = _time(ref)[0], _time(flash)[0]
+            r, f = _clock(ref), _clock(flash)
         else:
-            f, r = _time(flash)[0], _time(ref)[0]
+            f, r = _clock(flash), _clock(ref)
         out.append((f, r))
     return out
 
@@ -288,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot is not None:
         _plot(args.plot, results)
     print(json_line({"bench": "vocoders", "device": "cpu", "threads": args.threads, "frames": args.frames,
-                     "torch": torch.__version__, "results": results}))
+                     "torch": torch.__version__, "load_avg_1min": os.getloadavg()[0], "results": results}))
     return 0
 
 

@@ -3,7 +3,12 @@ level or inside a function, goes to a lower floor or stays in its own package; s
 no two packages import each other, and `runtime` imports neither `nn` nor `quant` (it asks `ops`).
 
 Read from the source with `ast` (nothing imported): ``import flashrt.x.y``, ``from flashrt.x import y``,
-``from flashrt import x`` and relative imports all count; a name in a string or a docstring does not."""
+``from flashrt import x`` and relative imports all count; a name in a string or a docstring does not.
+The bare package reaches further than its own file: its lazy names (``_LAZY`` in flashrt/__init__.py,
+e.g. ``load_vocoder`` from the runner) and its sub-packages are one attribute away, so
+``from flashrt import load_vocoder`` and, after ``import flashrt`` (or ``import flashrt as f``, or
+``import flashrt.errors``, which binds ``flashrt`` too), ``flashrt.load_vocoder(...)`` or
+``flashrt.runner.vocoder.load_vocoder(...)`` count as imports of the module the name resolves to."""
 
 from __future__ import annotations
 
@@ -45,25 +50,104 @@ def _module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts)
 
 
+def lazy_names(root: Path = ROOT) -> dict[str, str]:
+    """The bare package's lazily exported names -> the module each comes from (``_LAZY`` in
+    flashrt/__init__.py, read with `ast`)."""
+    for node in ast.parse((root / "__init__.py").read_text(encoding="utf-8")).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def _in_flashrt(module: str) -> bool:
+    return module == "flashrt" or module.startswith("flashrt.")
+
+
+def _is_module(module: str, root: Path) -> bool:
+    """Whether the dotted flashrt name is a package or a module file (not a name defined in one)."""
+    folder = root.joinpath(*module.split(".")[1:])
+    return folder.is_dir() or folder.with_suffix(".py").is_file()
+
+
+def _member(module: str, name: str, root: Path, lazy: dict[str, str]) -> str | None:
+    """The flashrt module that ``module.name`` is or comes from: a sub-module, or one of the bare
+    package's lazy names; None for any other name (``__version__``, a class, a function)."""
+    if _is_module(f"{module}.{name}", root):
+        return f"{module}.{name}"
+    return lazy.get(name) if module == "flashrt" else None
+
+
+def _bound_modules(tree: ast.AST, package: str, root: Path) -> dict[str, str]:
+    """Local names bound to a flashrt module by an import: ``import flashrt.x`` binds ``flashrt`` to
+    the bare package, ``import flashrt.x as m`` and ``from flashrt import x as m`` bind ``m`` to x."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "flashrt":
+                    bound[a.asname or "flashrt"] = a.name if a.asname else "flashrt"
+        elif isinstance(node, ast.ImportFrom):
+            base = _from_base(node, package)
+            for a in node.names:
+                if _in_flashrt(base) and _is_module(f"{base}.{a.name}", root):
+                    bound[a.asname or a.name] = f"{base}.{a.name}"
+    return bound
+
+
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module of a ``from ... import`` (relative ones resolved against ``package``)."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, *([base] if base else [])])
+    return base
+
+
+def _attribute_uses(tree: ast.AST, bound: dict[str, str], root: Path, lazy: dict[str, str]) -> set[str]:
+    """The flashrt modules reached through attributes of a bound module name: ``flashrt.load_vocoder``
+    -> flashrt.runner.vocoder, ``flashrt.runner.policy.load_policy`` -> flashrt.runner.policy."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        chain: list[str] = []
+        head: ast.AST = node
+        while isinstance(head, ast.Attribute):
+            chain.insert(0, head.attr)
+            head = head.value
+        if not isinstance(head, ast.Name) or head.id not in bound:
+            continue
+        module = bound[head.id]
+        for name in chain:
+            reached = _member(module, name, root, lazy)
+            if reached is None:
+                break
+            found.add(reached)
+            if not _is_module(f"{module}.{name}", root):
+                break  # a lazy name: the module it comes from, and no further
+            module = reached
+    return found
+
+
 def imports_of(path: Path, root: Path = ROOT) -> set[str]:
     """The flashrt modules ``path`` imports (dotted names; ``from flashrt.p import x`` also as flashrt.p.x
-    where x is a module or package, not a name such as ``__version__``)."""
+    where x is a module or package, not a name such as ``__version__``; the bare package's lazy names
+    and attributes as the modules they resolve to, see the module docstring)."""
     name = _module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    lazy = lazy_names(root)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, *([base] if base else [])])
+            base = _from_base(node, package)
             found.add(base)
-            if base == "flashrt" or base.startswith("flashrt."):
-                folder = root.joinpath(*base.split(".")[1:])
-                found.update(f"{base}.{a.name}" for a in node.names
-                             if (folder / a.name).is_dir() or (folder / f"{a.name}.py").is_file())
+            if _in_flashrt(base):
+                found.update(m for a in node.names if (m := _member(base, a.name, root, lazy)) is not None)
+    found |= _attribute_uses(tree, _bound_modules(tree, package, root), root, lazy)
     return {m for m in found if m.startswith("flashrt.")}
 
 
@@ -157,16 +241,49 @@ def test_runtime_imports_neither_nn_nor_quant_and_ops_knows_no_block():
 def test_the_checks_catch_an_upward_import(tmp_path, planted, broken):
     """A copy of the package with upward imports planted: the floor check names them and the circle
     check finds the circle they close (quant and frontends import runtime)."""
+    copy = planted_copy(tmp_path, {f"{package}/planted.py": source for package, source in planted.items()})
+    edges = unit_edges(copy)
+    assert any(v.startswith(broken) for v in violations(edges))
+    assert any(broken.split(" -> ")[1] in c and "runtime" in c for c in circles(edges))
+
+
+def planted_copy(tmp_path: Path, planted: dict[str, str]) -> Path:
+    """A copy of the package's sources with the planted files (path inside the package -> source)."""
     copy = tmp_path / "flashrt"
     for path in ROOT.rglob("*.py"):
         target = copy / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
-    for package, source in planted.items():
-        (copy / package / "planted.py").write_text(source, encoding="utf-8")
-    edges = unit_edges(copy)
-    assert any(v.startswith(broken) for v in violations(edges))
-    assert any(broken.split(" -> ")[1] in c and "runtime" in c for c in circles(edges))
+    for rel, source in planted.items():
+        (copy / rel).write_text(source, encoding="utf-8")
+    return copy
+
+
+@pytest.mark.parametrize("source", [
+    "import flashrt\n\n\ndef f(path):\n    return flashrt.load_vocoder(path)\n",   # a lazy name, called
+    "import flashrt as fr\n\nLOAD = fr.load_tts\n",                               # aliased, not called
+    "def f(path):\n    import flashrt\n    return flashrt.load_policy(path)\n",     # lazy import
+    "from flashrt import load_vocoder\n",                                          # the lazy name imported
+    "import flashrt.errors\n\n\ndef f(p):\n    return flashrt.runner.vocoder.load_vocoder(p)\n",  # modules
+    "from flashrt import runner as r\n\n\ndef f(p):\n    return r.policy.load_policy(p)\n",
+])
+def test_the_floor_check_sees_through_the_bare_package(tmp_path, source):
+    """A frontend that reaches the runner through an attribute of the bare package (or its lazy name) is
+    an upward import like any other."""
+    edges = unit_edges(planted_copy(tmp_path, {"frontends/planted.py": source}))
+    assert "frontends/planted.py" in " ".join(edges.get(("frontends", "runner"), []))
+    assert any(v.startswith("frontends -> runner") for v in violations(edges))
+
+
+@pytest.mark.parametrize("source", [
+    "import flashrt\n\nERR = flashrt.InputError\nV = flashrt.__version__\n",     # lazy names of lower floors
+    "import flashrt.runtime\n\n\ndef f(x):\n    return flashrt.runtime.graphs.capture(x)\n",
+    "def f(flashrt):\n    return flashrt.load_policy\n",                      # a parameter, not the package
+])
+def test_the_bare_package_reaches_only_what_its_names_resolve_to(tmp_path, source):
+    """Attributes that resolve to a lower floor, or to nothing in flashrt, add no upward edge."""
+    edges = unit_edges(planted_copy(tmp_path, {"frontends/planted.py": source}))
+    assert violations(edges) == []
 
 
 GROOT = "flashrt.frontends.groot"
@@ -217,11 +334,5 @@ def test_groot_common_imports_no_version_and_versions_no_later_one():
     ({"n17/planted.py": "from flashrt.frontends.groot import family\n"}, "n17 -> family"),
 ])
 def test_the_groot_check_catches_a_version_import(tmp_path, planted, broken):
-    copy = tmp_path / "flashrt"
-    for path in ROOT.rglob("*.py"):
-        target = copy / path.relative_to(ROOT)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
-    for rel, source in planted.items():
-        (copy / "frontends" / "groot" / rel).write_text(source, encoding="utf-8")
+    copy = planted_copy(tmp_path, {f"frontends/groot/{rel}": source for rel, source in planted.items()})
     assert any(v.startswith(broken) for v in groot_violations(copy))

@@ -120,3 +120,24 @@ def test_say_without_text_says_so(toy, capsys):
     finally:
         sys.stdin = old
     assert "no text" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_write_wav_to_a_missing_folder_is_one_os_error(tmp_path):
+    import gc
+
+    from flashrt.runner.tts import write_wav
+
+    with pytest.raises(FileNotFoundError):
+        write_wav(tmp_path / "absent" / "x.wav", np.zeros(10, np.float32), 16000)
+    gc.collect()  # wave.open(path) left a half-built writer whose __del__ raised here
+    write_wav(tmp_path / "x.wav", np.full(10, 0.5, np.float32), 16000)
+    with wave.open(str(tmp_path / "x.wav")) as f:
+        assert (f.getframerate(), f.getnframes(), f.getsampwidth()) == (16000, 10, 2)
+
+
+def test_load_tts_refuses_an_unknown_device_before_loading():
+    from flashrt.errors import DeviceError
+
+    with pytest.raises(DeviceError, match="unknown device 'tpu'"):
+        load_tts("no-such-voice", device="tpu")

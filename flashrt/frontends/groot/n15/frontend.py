@@ -11,7 +11,7 @@ merges.txt + tokenizer_config.json, chat_template.json, preprocessor_config.json
 come from ``tokenizer=PATH``, else ``<base>/backbone/``, else that lerobot cache.
 
 What lerobot 0.5.1's pipeline (``processor_groot.py``, then ``GrootPolicy.predict_action_chunk`` and the
-postprocessor) does with one observation, and how it is done here (tests/frontends/groot/test_n15_policy.py
+postprocessor) does with one observation, and how it is done here (tests/frontends/groot/n15/test_frontend.py
 checks every step against it):
 
 * Cameras: the policy's ``observation.images.*`` features in sorted key order. A float frame in [0, 1] is

@@ -1,7 +1,8 @@
 """GR00T N1.6 frontend: Isaac-GR00T's N1.6 preprocessing, the captured step, the PolicyFrontend verbs.
 
 What Isaac-GR00T's ``Gr00tN1d6Processor`` (eval mode) + the Eagle 3 VL processor do with one
-observation, and how it is done here (tests/frontends/groot/test_n16.py checks every step against them):
+observation, and how it is done here (tests/frontends/groot/n16/test_frontend.py checks every step
+against them):
 
 * Image (``use_albumentations``, Isaac-GR00T's default for N1.6): uint8 HxWx3 → letter-box to a square
   (black bars, top/left = half the padding, floored) → OpenCV INTER_AREA resize of the shortest edge to

@@ -23,7 +23,7 @@ Eagle-Block2A-2B-v2 model code), and how it is arranged here:
   positions 0..L-1. The feature is ``hidden_states[-1]`` of the popped stack: the FINAL-NORM output
   (as N1.5; N1.7 reads the pre-norm output of its last layer).
 * Head: `flashrt.frontends.groot.common.head.ActionHead` without VL self-attention (``Gr00tN1d6ActionHead``
-  is the N1.7 head without it; parity in tests/frontends/groot/test_n16_head.py), AlternateVLDiT
+  is the N1.7 head without it; parity in tests/frontends/groot/n16/test_head.py), AlternateVLDiT
   cross blocks over text / image keys (image keys = the ``<IMG_CONTEXT>`` positions).
 
 Sizes: ``config.json`` (model_type ``Gr00tN1d6``) holds the head and ``select_layer``; the backbone's

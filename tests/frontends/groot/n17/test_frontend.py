@@ -16,7 +16,7 @@ from flashrt.frontends.groot import family
 from flashrt.frontends.registry import policy_families
 from flashrt.runtime.frontend import PolicyFrontend
 
-FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
+FIX = Path(__file__).resolve().parents[3] / "fixtures" / "groot"
 CKPT = FIX / "n17_tiny"
 IO = load_file(str(FIX / "n17_io.safetensors"))
 META = json.loads((FIX / "n17_io.json").read_text())

@@ -13,7 +13,7 @@ from flashrt.frontends.groot.n15.model import load_n15, n15_config
 from flashrt.io import open_checkpoint
 from flashrt.runtime.graphs import get_backend
 
-FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
+FIX = Path(__file__).resolve().parents[3] / "fixtures" / "groot"
 IO = load_file(str(FIX / "n15_io.safetensors"))
 CASES = ("one_image", "two_images")
 

@@ -16,7 +16,7 @@ from flashrt.frontends.groot.common.head import ActionHead
 from flashrt.frontends.groot.common.weights import head_rules
 from flashrt.io import Checkpoint, WeightMap, load_module
 
-FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
+FIX = Path(__file__).resolve().parents[3] / "fixtures" / "groot"
 IO = load_file(str(FIX / "n16_head.safetensors"))
 
 

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.groot import make_policy
 
 import flashrt
 from flashrt.errors import ConfigError
 from flashrt.frontends.groot.common.quantize import synthetic_observations
 from flashrt.quant import flow, linear
 
-from .test_n15_policy import make_policy
-
-FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
+FIX = Path(__file__).resolve().parents[3] / "fixtures" / "groot"
 VARIANTS = {"n17": (FIX / "n17_tiny", {"embodiment": "tag_a"}),
             "n16": (FIX / "n16_tiny", {"embodiment": "tag_a"})}
 

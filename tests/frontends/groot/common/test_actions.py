@@ -1,4 +1,5 @@
-"""GR00T action decoding, hand-checked cases (the lerobot comparison is test_n17's ``relative`` case)."""
+"""GR00T action decoding, hand-checked cases (the lerobot comparison is the ``relative`` case of
+n17/test_frontend.py)."""
 
 from __future__ import annotations
 

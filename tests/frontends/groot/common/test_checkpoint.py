@@ -13,7 +13,7 @@ import pytest
 from flashrt.errors import CheckpointError
 from flashrt.frontends.groot import family
 
-CKPT = Path(__file__).resolve().parents[2] / "fixtures" / "groot" / "n17_tiny"
+CKPT = Path(__file__).resolve().parents[3] / "fixtures" / "groot" / "n17_tiny"
 
 
 def _json(folder: Path, name: str, edit) -> None:

@@ -10,27 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from support.groot import make_policy
 
 import flashrt
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.groot import family
 
-FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
+FIX = Path(__file__).resolve().parents[3] / "fixtures" / "groot"
 IO = load_file(str(FIX / "n15_e2e.safetensors"))
 META = json.loads((FIX / "n15_e2e.json").read_text())
 CASES = tuple(META)
-
-
-def make_policy(root: Path) -> Path:
-    """n15_policy + model.safetensors = n15_tiny's weights under `_groot_model.` (what
-    GrootPolicy.save_pretrained stores; written here to keep the committed fixture small)."""
-    shutil.copytree(FIX / "n15_tiny", root / "n15_tiny")
-    policy = root / "n15_policy"
-    shutil.copytree(FIX / "n15_policy", policy)
-    weights = load_file(str(FIX / "n15_tiny" / "model.safetensors"))
-    save_file({f"_groot_model.{k}": v for k, v in weights.items()}, str(policy / "model.safetensors"))
-    return policy
 
 
 @pytest.fixture(scope="module")

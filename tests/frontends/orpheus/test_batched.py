@@ -15,7 +15,7 @@ from flashrt.chain import StageError
 from flashrt.runner.tts import load_tts
 from flashrt.runtime.decode import Sampling
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tts"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "tts"
 CASES = (("tara", "Hello there."), ("leo", "A much longer sentence, so the prompt lands in another bucket."))
 GREEDY = Sampling()
 TEXTS = ("Hi.", "Good morning to you all.", "Numbers: one, two, three, four, five.", "Short one.",

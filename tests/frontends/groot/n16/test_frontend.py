@@ -22,7 +22,7 @@ from flashrt.frontends.groot.n16 import frontend as n16_frontend
 from flashrt.frontends.groot.n16 import model as n16
 from flashrt.io import open_checkpoint
 
-FIX = Path(__file__).resolve().parents[2] / "fixtures" / "groot"
+FIX = Path(__file__).resolve().parents[3] / "fixtures" / "groot"
 CK = FIX / "n16_tiny"
 IO = load_file(str(FIX / "n16_io.safetensors"))
 META = json.loads((FIX / "n16_io.json").read_text())
