@@ -10,7 +10,8 @@
     catalogue.py voices by piper's catalogue names, from local voice folders (search path, layouts)
     family.py    the TTS registry entry ("vits")
 
-The decoder is the vocoder family's `HifiGan` module (flashrt/frontends/vocoders/hifigan.py).
+The decoder is `VitsDecoder` (decoder.py): the vocoder family's `HifiGan`
+(flashrt/frontends/vocoders/hifigan.py) with its stages in reused buffers.
 """
 
 from flashrt.frontends.vits.config import PRESETS, VitsConfig
