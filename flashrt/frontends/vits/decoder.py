@@ -43,7 +43,7 @@ from flashrt.nn.audio import EXACT, to_rows
 from flashrt.nn.spectral_conv import _Scratch
 from flashrt.nn.valid import ValidLength
 
-__all__ = ["VitsDecoder", "stage_rows", "mrf_stage", "TILE_FRAMES"]
+__all__ = ["VitsDecoder", "stage_rows", "mrf_stage", "tiles", "TILE_FRAMES"]
 
 TILE_FRAMES = 16   # the last stage runs in tiles of this many frames (4,096 steps at hop 256)
 
@@ -85,17 +85,18 @@ class VitsDecoder(HifiGan):
 
     def _tiled_tail(self, x: torch.Tensor, valid, scratch: _Scratch) -> torch.Tensor:
         """The last stage's blocks, conv_post and tanh over x (B, C, 1, T) in tiles of `tile_frames` hops
-        with `tail_halo` steps of context each side, every tile in a window of one fixed size (the
-        sequence copied in, zeros outside it), so oneDNN plans one shape for every length. -> (B, N)."""
+        (a last remainder of at most half that in a half tile) with `tail_halo` steps of context each side,
+        every tile in a window of one of two fixed sizes (the sequence copied in, zeros outside it), so
+        oneDNN plans two shapes for every length. -> (B, N)."""
         n, slope = len(self.cfg.resblock_kernel_sizes), self.cfg.leaky_relu_slope
         blocks = self.resblocks[len(self.resblocks) - n:]
         b, c, _, t = x.shape
         tile, halo = self.tile_frames * self.cfg.hop_length, self.tail_halo()
         end = _valid_end(valid, t)
         audio = x.new_empty(b, t)
-        window = stage_rows(scratch, "vits.window", x, tile + 2 * halo)
-        for start in range(0, t, tile):
-            lo, hi = start - halo, start + tile + halo                           # the window, global steps
+        for start, size in tiles(t, tile):
+            window = stage_rows(scratch, "vits.window", x, size + 2 * halo)
+            lo, hi = start - halo, start + size + halo                           # the window, global steps
             inside = slice(max(lo, 0), min(hi, t))
             window[..., inside.start - lo:inside.stop - lo].copy_(x[..., inside])
             window[..., :inside.start - lo].zero_()
@@ -103,9 +104,20 @@ class VitsDecoder(HifiGan):
             edges = _Edges(max(0, -lo), min(end, hi) - lo, window.shape[-1])
             y = mrf_stage(blocks, window, edges, slope, scratch)
             y = self.conv_post(F.leaky_relu_(y, self.cfg.final_slope), edges)    # (B, 1, 1, W), fresh
-            keep = min(tile, t - start)
+            keep = min(size, t - start)
             audio[:, start:start + keep].copy_(torch.tanh_(y[:, 0, 0, halo:halo + keep]))
         return audio
+
+
+def tiles(steps: int, tile: int) -> list[tuple[int, int]]:
+    """(start, size) of the tiles covering ``steps``: whole tiles, the last one a half tile where at most
+    half a tile is left (a 72-frame call runs 4.5 tiles of 16 frames, not 5)."""
+    out, start = [], 0
+    while start < steps:
+        size = tile // 2 if steps - start <= tile // 2 else tile
+        out.append((start, size))
+        start += size
+    return out
 
 
 class _Edges:

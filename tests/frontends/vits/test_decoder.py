@@ -48,6 +48,18 @@ def test_reused_buffers_and_tiles_give_hifigan_audio(conv):
     assert torch.equal(_call(dec, 40, 33, 1), first)
 
 
+def test_tiles_cover_every_step_once_with_a_half_tile_at_the_end():
+    from flashrt.frontends.vits.decoder import tiles
+
+    assert tiles(4096 * 3 + 2048, 4096) == [(0, 4096), (4096, 4096), (8192, 4096), (12288, 2048)]
+    assert tiles(4096 + 2049, 4096) == [(0, 4096), (4096, 4096)]
+    assert tiles(100, 4096) == [(0, 2048)]
+    for steps in range(1, 300):
+        got = tiles(steps, 64)
+        assert got[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(got, got[1:]))
+        assert got[-1][0] < steps <= sum(got[-1]) and {n for _, n in got} <= {32, 64}
+
+
 def test_plain_eager_calls_reuse_the_stage_buffers():
     """The stage tensors live in this thread's scratch (no fresh multi-megabyte tensors per call): the
     buffers exist after a call and a second call of the same length takes the same memory."""
