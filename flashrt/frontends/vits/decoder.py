@@ -10,18 +10,23 @@ Why (Piper medium, one thread, measured against `HifiGan.forward` on this 2-core
   decode at 240 frames (the same call with glibc's trim and mmap thresholds pinned: 65 ms; onnxruntime's
   arena reuses its buffers). Here each stage writes into this thread's scratch buffers
   (`flashrt.nn.spectral_conv._Scratch`, grown to the largest call and kept).
-* Tiles. The last stage's 32-channel convs run at ~210 GFLOP/s on a few thousand steps and ~140-160 on
-  a whole 60k-step sentence, whose tensors no longer fit the caches. So the last stage's blocks,
-  conv_post and tanh run per tile of `TILE_FRAMES` frames (4,096 steps), each in a window of one fixed
-  size with `VitsDecoder.tail_halo` steps of context on each side (zeros outside the sequence, and past
-  its valid end each conv's reach zeroed as `ValidLength` does): one oneDNN plan for every length, no
-  per-shape re-planning. 16 frames measured best of 8-64 (80, 240, 600 frames). Stage 1 (64 channels)
-  gained nothing from tiles.
+* Tiles. The last stage's 32-channel convs run at ~210-230 GFLOP/s on a few thousand steps and
+  ~140-160 on a whole 60k-step sentence, whose tensors no longer fit the caches. So above `TILE_ABOVE`
+  frames the last stage's blocks, conv_post and tanh run per tile of `TILE_FRAMES` frames (8,192 steps;
+  a last remainder of at most half that in a half tile), each in a window of one of two fixed sizes
+  with `VitsDecoder.tail_halo` steps of context on each side (zeros outside the sequence, and past its
+  valid end each conv's reach zeroed as `ValidLength` does): two oneDNN plans for every length, no
+  per-shape re-planning. Measured (CPU time, min of 12 interleaved; HifiGan.forward / whole stage in
+  buffers / 16-frame tiles / 32-frame tiles): 72 frames 19.5 / 18.8 / 19.8 / 19.9 ms, 89 frames 25.6 /
+  24.4 / 26.8 / 25.6, 128 frames 45.6 / 41.4 / 37.8 / 36.1, 240 frames 83.3 / 73.3 / 67.0 / 62.9, 600
+  frames 248 / 204 / 164 / 159. Stage 1 (64 channels, 15k steps at 240 frames) gained nothing from tiles.
+* Upsamplers. oneDNN's transposed conv on a weight packed once (`reset_derived`): torch's dispatch runs
+  small calls in its native kernel and reorders the weight every call (first upsampler at 72 frames
+  0.78 -> 0.32 ms; level from 240 frames).
 
-Together: decoder CPU time 88 -> 73 ms at 240 frames, 236 -> 188 ms at 600 (min of 6, interleaved).
 Same arithmetic as `HifiGan.forward` (ResBlock2: per block, x + conv_d(lrelu(x)) per dilation, the
 blocks' mean); a block's first residual add goes into a copy of x in place (oneDNN's sum post-op), and a
-tile's convs start at the tile (oneDNN's blocking then rounds some sums differently, ~1e-7): stream
+tile's convs start at the tile (oneDNN's blocking may round some sums differently, ~1e-7): stream
 windows and the one-shot call agree as before. Only plain eager CPU calls of ResBlock2 decoders take this
 path (`_Scratch.active`: a trace, an export or a FLOP counter records `HifiGan.forward` with fresh
 tensors). No buffer leaves a call: the audio is fresh.
@@ -43,9 +48,15 @@ from flashrt.nn.audio import EXACT, to_rows
 from flashrt.nn.spectral_conv import _Scratch
 from flashrt.nn.valid import ValidLength
 
-__all__ = ["VitsDecoder", "stage_rows", "mrf_stage", "tiles", "TILE_FRAMES"]
+_TRANSPOSED = getattr(torch.ops.mkldnn, "_convolution_transpose_pointwise", None) \
+    if torch.backends.mkldnn.is_available() else None
+_REORDER_T = getattr(torch.ops.mkldnn, "_reorder_convolution_transpose_weight", None) \
+    if torch.backends.mkldnn.is_available() else None
 
-TILE_FRAMES = 16   # the last stage runs in tiles of this many frames (4,096 steps at hop 256)
+__all__ = ["VitsDecoder", "stage_rows", "mrf_stage", "tiles", "TILE_FRAMES", "TILE_ABOVE"]
+
+TILE_FRAMES = 32   # the last stage runs in tiles of this many frames (8,192 steps at hop 256) ...
+TILE_ABOVE = 96    # ... when it is longer than this many frames (shorter, its tensors fit the caches)
 
 
 def stage_rows(scratch: _Scratch, role: str, like: torch.Tensor, steps: int | None = None) -> torch.Tensor:
@@ -61,6 +72,25 @@ class VitsDecoder(HifiGan):
     plain eager CPU calls. features (B, C, T) -> audio (B, N)."""
 
     tile_frames = TILE_FRAMES
+    tile_above = TILE_ABOVE
+    ups_packed: tuple[torch.Tensor | None, ...] = ()
+
+    def reset_derived(self) -> None:
+        """The upsamplers' weights reordered once into oneDNN's blocked layout for its transposed conv
+        (`load_module` calls this after a load, after the convs' own `reset_derived`)."""
+        self.ups_packed = tuple(_pack_transposed(up) for up in self.ups)
+
+    def _upsample(self, i: int, x: torch.Tensor, valid) -> torch.Tensor:
+        """ups[i](x): oneDNN's transposed conv on the packed weight where there is one (torch's own
+        dispatch runs small calls in its slower native kernel and reorders the weight on every call:
+        0.78 -> 0.32 ms for the first upsampler at 72 frames, level from 240), else the module."""
+        up = self.ups[i]
+        packed = self.ups_packed[i] if i < len(self.ups_packed) else None
+        if packed is None or up.polyphase or x.dtype != torch.float32:
+            return up(x, valid)
+        x = valid.zero(x, up.halo)
+        return _TRANSPOSED(x, packed, up.bias, [0, up.padding[0]], [0, 0], [1, up.stride[0]], [1, 1], 1,
+                           "none", [], "")
 
     def forward(self, features: torch.Tensor, valid=EXACT) -> torch.Tensor:
         scratch = _Scratch.active(features)
@@ -69,12 +99,13 @@ class VitsDecoder(HifiGan):
             return super().forward(features, valid)
         slope, n, last = self.cfg.leaky_relu_slope, len(self.cfg.resblock_kernel_sizes), len(self.ups) - 1
         x = self.conv_pre(to_rows(features), valid, slope=slope)                 # rows, activated
-        for i, up in enumerate(self.ups):
-            x = up(x if i == 0 else F.leaky_relu_(x, slope), valid)             # fresh rows (B, C, 1, T)
-            if i == last:
+        for i in range(len(self.ups)):
+            x = self._upsample(i, x if i == 0 else F.leaky_relu_(x, slope), valid)  # fresh (B, C, 1, T)
+            if i == last and x.shape[-1] > self.tile_above * self.cfg.hop_length:
                 return self._tiled_tail(x, valid, scratch)
             x = mrf_stage(self.resblocks[i * n:(i + 1) * n], x, valid, slope, scratch)
-        raise AssertionError("unreachable: a decoder has at least one upsampler")
+        x = self.conv_post(F.leaky_relu_(x, self.cfg.final_slope), valid)        # (B, 1, 1, N), fresh
+        return torch.tanh_(x).reshape(x.shape[0], -1)
 
     def tail_halo(self) -> int:
         """Steps of the last stage a tile's outputs reach on each side: its widest block and conv_post."""
@@ -134,6 +165,17 @@ class _Edges:
         if self.hi < self.steps:
             x[..., self.hi:self.hi + reach].zero_()
         return x
+
+
+def _pack_transposed(up: nn.Module) -> torch.Tensor | None:
+    """``up``'s weight (Cin, Cout, 1, K) in oneDNN's layout for its transposed conv on rows, or None (not
+    a CPU float32 weight, or no oneDNN)."""
+    w = up.weight_rows
+    if _REORDER_T is None or _TRANSPOSED is None or w.device.type != "cpu" or w.dtype != torch.float32 \
+            or not w.numel():
+        return None
+    return _REORDER_T(w.detach(), [0, up.padding[0]], [0, 0], [1, up.stride[0]], [1, 1], 1,
+                      [1, w.shape[0], 1, 64])
 
 
 def _valid_end(valid, steps: int) -> int:

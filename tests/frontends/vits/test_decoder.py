@@ -20,10 +20,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CFG = PRESETS["tiny-resblock2"]
 
 
-def _decoder(conv: str) -> VitsDecoder:
+def _decoder(conv: str, tile_above: int = 4) -> VitsDecoder:
+    """tiny-resblock2 (hop 8) with random weights; the last stage tiled above ``tile_above`` frames in
+    tiles of 16 frames (128 steps)."""
     module = random_module(types.SimpleNamespace(name="hifigan", build=VitsDecoder), CFG, 0, "cpu",
                            torch.float32)
     apply_conv_policy(module, POLICIES[conv])
+    module.tile_frames, module.tile_above = 16, tile_above
     return module
 
 
@@ -34,14 +37,16 @@ def _call(dec, frames: int, valid: int, seed: int, forward=VitsDecoder.forward) 
     return out[:, :valid * CFG.hop_length]
 
 
+@pytest.mark.parametrize("tile_above", [4, 10_000])
 @pytest.mark.parametrize("conv", ["direct", "auto", "invariant"])
-def test_reused_buffers_and_tiles_give_hifigan_audio(conv):
+def test_reused_buffers_and_tiles_give_hifigan_audio(conv, tile_above):
     """HifiGan.forward's audio (to fp32 rounding: the last stage's tiles start elsewhere), padded calls
     over one tile, several and a partial last one; the same bits again after a longer call (stale values
     in the reused buffers and the tile window never reach the audio)."""
-    dec = _decoder(conv)
+    dec = _decoder(conv, tile_above)
+    assert all(p is not None for p in dec.ups_packed)
     first = _call(dec, 40, 33, 1)
-    for frames, valid in ((40, 33), (96, 90), (16, 16), (9, 4)):
+    for frames, valid in ((40, 33), (96, 90), (16, 16), (9, 4), (3, 3)):
         got, want = _call(dec, frames, valid, 2), _call(dec, frames, valid, 2, HifiGan.forward)
         assert (got - want).abs().max() <= 1e-6
         assert 0.01 < want.abs().mean() < 0.9
