@@ -142,7 +142,7 @@ class VitsDecoder(HifiGan):
 
 def tiles(steps: int, tile: int) -> list[tuple[int, int]]:
     """(start, size) of the tiles covering ``steps``: whole tiles, the last one a half tile where at most
-    half a tile is left (a 72-frame call runs 4.5 tiles of 16 frames, not 5)."""
+    half a tile is left (a 112-frame call runs 3.5 tiles of 32 frames, not 4)."""
     out, start = [], 0
     while start < steps:
         size = tile // 2 if steps - start <= tile // 2 else tile
