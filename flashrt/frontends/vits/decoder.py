@@ -16,10 +16,11 @@ Why (Piper medium, one thread, measured against `HifiGan.forward` on this 2-core
   a last remainder of at most half that in a half tile), each in a window of one of two fixed sizes
   with `VitsDecoder.tail_halo` steps of context on each side (zeros outside the sequence, and past its
   valid end each conv's reach zeroed as `ValidLength` does): two oneDNN plans for every length, no
-  per-shape re-planning. Measured (CPU time, min of 12 interleaved; HifiGan.forward / whole stage in
-  buffers / 16-frame tiles / 32-frame tiles): 72 frames 19.5 / 18.8 / 19.8 / 19.9 ms, 89 frames 25.6 /
-  24.4 / 26.8 / 25.6, 128 frames 45.6 / 41.4 / 37.8 / 36.1, 240 frames 83.3 / 73.3 / 67.0 / 62.9, 600
-  frames 248 / 204 / 164 / 159. Stage 1 (64 channels, 15k steps at 240 frames) gained nothing from tiles.
+  per-shape re-planning. Measured (CPU time, third-best of 12 interleaved on a quiet core;
+  HifiGan.forward / whole stage in buffers / 16-frame tiles / 32-frame tiles): 72 frames 18.6 / 17.7 /
+  19.2 / 19.1 ms, 89 frames 21.8 / 21.7 / 23.3 / 22.5, 128 frames 39.1 / 34.3 / 32.2 / 30.7, 240 frames
+  74.4 / 59.3 / 57.8 / 55.9, 600 frames 231 / 186 / 153 / 140. Stage 1 (64 channels, 15k steps at 240
+  frames) gained nothing from tiles.
 * Upsamplers. oneDNN's transposed conv on a weight packed once (`reset_derived`): torch's dispatch runs
   small calls in its native kernel and reorders the weight every call (first upsampler at 72 frames
   0.78 -> 0.32 ms; level from 240 frames).
