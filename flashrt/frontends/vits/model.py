@@ -30,6 +30,7 @@ from torch import nn
 from flashrt import ops
 from flashrt.errors import CheckpointError
 from flashrt.frontends.vits.config import VitsConfig
+from flashrt.frontends.vits.decoder import VitsDecoder
 from flashrt.frontends.vits.modules import (
     CouplingFlow,
     DurationPredictor,
@@ -37,7 +38,6 @@ from flashrt.frontends.vits.modules import (
     TextEncoder,
 )
 from flashrt.frontends.vits.weights import decoder_weight_map, onnx_state_dict, prior_weight_map, split_state
-from flashrt.frontends.vocoders.hifigan import HifiGan
 from flashrt.io import Checkpoint, load_module, open_checkpoint
 from flashrt.nn.conv_policy import POLICIES as CONV_POLICIES
 from flashrt.nn.conv_policy import apply_conv_policy
@@ -136,7 +136,7 @@ def load_weights(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     conv: str = "auto",
-) -> tuple[VitsPrior, HifiGan]:
+) -> tuple[VitsPrior, VitsDecoder]:
     """The prior and the decoder from a ``.onnx`` voice, a VITS training checkpoint (``.ckpt``, ``.pt``,
     ``.safetensors``; lightning ``model_g.`` keys too) or an in-memory state dict, each mapped strictly."""
     state, name = _state(source)
@@ -147,7 +147,8 @@ def load_weights(
     dec_ckpt = Checkpoint.from_tensors(dec_state, name=name)
     prior = load_module(lambda: VitsPrior(cfg), prior_ckpt, prior_weight_map(cfg), device=device, dtype=dtype)
     decoder = load_module(
-        lambda: HifiGan(cfg.decoder), dec_ckpt, decoder_weight_map(cfg, dec_ckpt), device=device, dtype=dtype
+        lambda: VitsDecoder(cfg.decoder), dec_ckpt, decoder_weight_map(cfg, dec_ckpt), device=device,
+        dtype=dtype,
     )
     prior.pack()
     apply_conv_policy(decoder, CONV_POLICIES[conv])

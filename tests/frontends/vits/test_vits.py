@@ -528,6 +528,15 @@ def test_load_voice_takes_the_free_cores(monkeypatch, busy, want):
 
 
 @pytest.mark.parametrize("name", ["PHONEME_BUCKETS", "FRAME_BUCKETS"])
+def test_no_length_up_to_128_pads_more_than_7(name):
+    """Short texts: a 69-frame sentence ran at 80 frames (16-step buckets); 8-step buckets up to 128."""
+    from flashrt.frontends.vits import frontend
+
+    buckets = getattr(frontend, name)
+    assert all(min(b for b in buckets if b >= n) - n < 8 for n in range(1, 129))
+
+
+@pytest.mark.parametrize("name", ["PHONEME_BUCKETS", "FRAME_BUCKETS"])
 def test_no_length_above_128_pads_more_than_an_eighth(name):
     """A padded phoneme or frame costs as much as a real one: above 128 every length's bucket is less
     than 1/8 longer than it (the old ladders padded 513 frames to 640 and 257 phonemes to 320)."""
