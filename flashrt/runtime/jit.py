@@ -20,6 +20,10 @@ What it holds and when it is valid:
   the tracer's warnings (mostly shape checks, static here) are not shown; a step that reads a tensor's
   value on the host would be frozen silently, so a graph body is checked under the `trace` backend,
   which refuses host syncs.
+* ``replay(times)`` runs the step that many times in one call (a scripted loop around the traced
+  step): the GIL is released once for the whole block. A thread replaying step by step takes the GIL
+  back after every step, and while another thread runs Python it waits up to the switch interval
+  (5 ms) each time; the slot decoder replays its blocks this way (`flashrt.runtime.slots`).
 * Capture runs ``fn`` for real (the trace), then replays it ``warmup`` more times so the interpreter's
   profiling runs are done before the first timed replay: fn's effects on its buffers happen
   ``1 + warmup`` times at capture, as with the `trace` and `cuda` backends.
