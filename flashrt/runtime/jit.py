@@ -20,6 +20,10 @@ What it holds and when it is valid:
   the tracer's warnings (mostly shape checks, static here) are not shown; a step that reads a tensor's
   value on the host would be frozen silently, so a graph body is checked under the `trace` backend,
   which refuses host syncs.
+* ``replay(times)`` runs the step that many times in one call (a scripted loop around the traced
+  step): the GIL is released once for the whole block. A thread replaying step by step takes the GIL
+  back after every step, and while another thread runs Python it waits up to the switch interval
+  (5 ms) each time; the slot decoder replays its blocks this way (`flashrt.runtime.slots`).
 * Capture runs ``fn`` for real (the trace), then replays it ``warmup`` more times so the interpreter's
   profiling runs are done before the first timed replay: fn's effects on its buffers happen
   ``1 + warmup`` times at capture, as with the `trace` and `cuda` backends.
@@ -35,6 +39,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from flashrt.errors import CaptureError
 from flashrt.runtime.graphs import BufferGuard, CaptureFn, named_tensors
@@ -47,13 +52,17 @@ class JitGraph:
 
     backend = "jit"
 
-    def __init__(self, traced: Any, inputs: tuple[torch.Tensor, ...], guard: BufferGuard) -> None:
-        self._traced, self._inputs, self._guard = traced, inputs, guard
+    def __init__(self, loop: Any, inputs: list[torch.Tensor], guard: BufferGuard) -> None:
+        self._loop, self._inputs, self._guard = loop, inputs, guard
 
-    def replay(self) -> None:
+    def replay(self, times: int = 1) -> None:
+        """Run the step ``times`` times in a row in one call: the interpreter loops, so the GIL is
+        released once for them all (a thread replaying step by step takes it back after each, and
+        with a Python-busy thread beside it waits up to the interpreter's switch interval, 5 ms,
+        every time)."""
         self._guard.check()
         with torch.no_grad():
-            self._traced(*self._inputs)
+            self._loop(int(times), self._inputs)
 
     def check(self) -> None:
         self._guard.check()
@@ -73,25 +82,44 @@ class JitBackend:
         tensors = named_tensors(buffers)
         if not tensors:
             raise CaptureError("the jit backend needs the step's named buffers (its graph's inputs)")
-        inputs = tuple(tensors.values())
-        probe = inputs[0]
-
-        def step(*_: torch.Tensor) -> torch.Tensor:
-            fn()  # reads and writes the buffers themselves: the tracer maps them to the inputs
-            return probe  # a trace must return something; the step's results are in its buffers
-
+        inputs = list(tensors.values())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace: see the module docstring
             warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape checks: static here
             try:
                 with torch.no_grad():
-                    traced = torch.jit.trace(step, inputs, check_trace=False)
+                    traced = torch.jit.trace(_Step(fn, inputs[0]), (inputs,), check_trace=False)
             except RuntimeError as exc:
                 if "requires grad" not in str(exc):
                     raise
                 raise CaptureError("the jit backend holds the step's weights as constants, which must not "
                                    "require grad: freeze them (module.requires_grad_(False))") from None
-        graph = JitGraph(traced, inputs, BufferGuard(buffers))
+            loop = torch.jit.script(_Loop(traced))
+        graph = JitGraph(loop, inputs, BufferGuard(buffers))
         for _ in range(self.warmup):
             graph.replay()
         return graph
+
+
+class _Step(torch.nn.Module):
+    """What is traced: ``fn`` over the buffers, given as one list (the graph's input)."""
+
+    def __init__(self, fn: CaptureFn, probe: torch.Tensor) -> None:
+        super().__init__()
+        self.fn, self.probe = fn, probe
+
+    def forward(self, buffers: list[Tensor]) -> Tensor:
+        self.fn()  # reads and writes the buffers themselves: the tracer maps them to the inputs
+        return self.probe  # a trace must return something; the step's results are in its buffers
+
+
+class _Loop(torch.nn.Module):
+    """The traced step ``times`` times in one interpreter call (`JitGraph.replay`)."""
+
+    def __init__(self, step: Any) -> None:
+        super().__init__()
+        self.step = step
+
+    def forward(self, times: int, buffers: list[Tensor]) -> None:
+        for _ in range(times):
+            self.step(buffers)

@@ -52,6 +52,45 @@ def test_state_written_in_place_through_views_advances_on_every_replay():
     assert bufs["step"].tolist() == [5, 5, 1, 0]
 
 
+def test_a_replay_of_several_steps_equals_as_many_replays_and_frees_the_gil():
+    """`replay(times)` runs the step that many times in one interpreter call (a decode block: the GIL
+    handed back once, not per step): the same state as one replay at a time, and another Python
+    thread runs while it loops."""
+    import threading
+
+    def make():
+        bufs = {"x": torch.zeros(3), "n": torch.zeros((), dtype=torch.int64)}
+
+        def step():
+            bufs["x"].mul_(0.5).add_(bufs["n"].to(torch.float32))
+            bufs["n"].add_(1)
+        return get_backend("jit", warmup=0).capture(step, bufs), bufs
+
+    one, a = make()
+    many, b = make()
+    for _ in range(7):
+        one.replay()
+    many.replay(7)
+    assert torch.equal(a["x"], b["x"]) and int(b["n"]) == 8  # the trace ran once, then 7
+
+    ticks, stop = [0], threading.Event()
+
+    def count() -> None:
+        while not stop.is_set():
+            ticks[0] += 1
+
+    other = threading.Thread(target=count)
+    other.start()
+    try:
+        before = ticks[0]
+        many.replay(20000)  # one call: the GIL is free while it loops
+        during = ticks[0] - before
+    finally:
+        stop.set()
+        other.join(timeout=10)
+    assert int(b["n"]) == 20008 and during > 0
+
+
 def test_moved_buffers_and_steps_without_buffers_are_refused():
     bufs = {"x": torch.zeros(2)}
     graph = get_backend("jit").capture(lambda: bufs["x"].add_(1), bufs)
