@@ -415,6 +415,8 @@ def find_graphs(root: Any, limit: int = 100_000, with_modules: bool = False) -> 
         if id(obj) in seen or isinstance(obj, (torch.Tensor, str, bytes, int, float, Runtime, Lane)):
             continue
         seen.add(id(obj))
+        if isinstance(obj, torch.jit.ScriptModule):
+            continue  # a compiled graph (the jit backend's loop): no Python module call to preempt
         if isinstance(obj, torch.nn.Module):
             modules.append(obj)
             continue
