@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 from typing import Any
 
 from flashrt.errors import FlashRTError
 from flashrt.integrations.ray_serve.apps import set_threads
+from flashrt.integrations.ray_serve.batcher import Batcher
 
 
 class PolicyIngress:
@@ -27,8 +27,6 @@ class PolicyIngress:
     exactly as `Policy.infer`. No window is waited for more; `rounds` counts requests per run."""
 
     def __init__(self, folder: str, options: dict[str, Any], threads: int) -> None:
-        from collections import Counter
-
         from flashrt.runner.policy import load_policy
         from flashrt.serve.policy_server import message_limit, policy_metadata
         from flashrt.serve.wire import packb
@@ -37,10 +35,12 @@ class PolicyIngress:
         self.policy = load_policy(folder, **options)
         self.max_bytes = message_limit(self.policy)
         self.hello = packb(policy_metadata(self.policy))
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix="policy")
-        self.waiting: list[tuple[Any, asyncio.Future]] = []
-        self.drainer: asyncio.Task | None = None
-        self.rounds: Counter[int] = Counter()
+        self.batcher = Batcher(self._run, self.policy.max_batch, "policy")
+
+    @property
+    def rounds(self) -> Counter[int]:
+        """Requests per run of the policy (`Batcher.rounds`)."""
+        return self.batcher.rounds
 
     def __serve_build_asgi_app__(self) -> Any:
         """The ASGI app (Serve calls this once the replica is constructed): a websocket on any path of
@@ -107,7 +107,7 @@ class PolicyIngress:
 
         start = time.perf_counter()
         try:
-            out = await self._infer(_request_of(coerce(unpackb(message, self.max_bytes))))
+            out = await self.batcher(_request_of(coerce(unpackb(message, self.max_bytes))))
         except (WireError, FlashRTError) as exc:
             return 400, error_reply(error_code(exc), type(exc).__name__, str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug answers 500; the replica keeps serving
@@ -118,31 +118,6 @@ class PolicyIngress:
         if prev_total_ms is not None:
             server["prev_total_ms"] = prev_total_ms
         return 200, packb({"actions": out["actions"], "policy_timing": timing, "server_timing": server})
-
-    async def _infer(self, request: Any) -> dict[str, Any]:
-        """`request`'s result (its error raised), run with the other requests waiting for the worker."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.waiting.append((request, future))
-        if self.drainer is None or self.drainer.done():
-            self.drainer = loop.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self.waiting:
-            live = [item for item in self.waiting if not item[1].done()]
-            taken, self.waiting = live[:self.policy.max_batch], live[self.policy.max_batch:]
-            if not taken:
-                continue
-            self.rounds[len(taken)] += 1
-            try:
-                outs = await loop.run_in_executor(self.worker, self._run, [r for r, _ in taken])
-            except BaseException as exc:  # the worker gone (replica shutting down): every request says so
-                outs = [exc] * len(taken)
-            for (_, future), out in zip(taken, outs):
-                if not future.done():
-                    future.set_exception(out) if isinstance(out, BaseException) else future.set_result(out)
 
     def _run(self, requests: list[Any]) -> list[Any]:
         """Each request's result or exception: one alone exactly as `Policy.infer`, several with one
@@ -156,5 +131,4 @@ class PolicyIngress:
             return [exc]
 
     def check_health(self) -> None:
-        if self.worker._shutdown:
-            raise RuntimeError("the policy worker is shut down")
+        self.batcher.check_health()

@@ -4,8 +4,7 @@ checks, with its own admission)."""
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 
 from flashrt.errors import InputError
 from flashrt.integrations.ray_serve.apps import set_threads
+from flashrt.integrations.ray_serve.batcher import Batcher
 
 VOCODER_OPTIONS = ("device", "backend", "stream_chunk", "snac_noise", "slots")  # `load_snac`'s options
 
@@ -62,8 +62,6 @@ class VocoderStage:
     decode. A batch that fails is decoded again one request at a time, so a failure is its request's."""
 
     def __init__(self, folder: str, options: dict[str, Any], threads: int, lm: Any) -> None:
-        from collections import Counter
-
         from flashrt.frontends.orpheus.folder import snac_folder
         from flashrt.runner.orpheus import load_snac
 
@@ -71,10 +69,12 @@ class VocoderStage:
         given = {k: options[k] for k in VOCODER_OPTIONS if k in options}
         self.vocoder, self.stack = load_snac(snac_folder(Path(folder), options.get("snac")), **given)
         self.lm = lm
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix="snac")  # one decode at a time
-        self.waiting: list[tuple[Any, Any, bool, asyncio.Future]] = []
-        self.drainer: asyncio.Task | None = None
-        self.rounds: Counter[int] = Counter()
+        self.batcher = Batcher(self._decode_steps, None, "snac")  # one decode at a time
+
+    @property
+    def rounds(self) -> Counter[int]:
+        """Steps per decode (`Batcher.rounds`)."""
+        return self.batcher.rounds
 
     async def audio(self, text: str, speaker: str | None, seed: int | None, speed: float):
         """float32 audio chunks of one request, as the single-process chain's snac stage makes them."""
@@ -95,27 +95,7 @@ class VocoderStage:
     async def _window(self, stream: Any, codes: Any, last: bool) -> np.ndarray | None:
         """One step of one request (its chunk in, the audio it completes out), decoded with the steps
         of the other requests waiting for the worker."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.waiting.append((stream, codes, last, future))
-        if self.drainer is None or self.drainer.done():
-            self.drainer = loop.create_task(self._drain())
-        return await future
-
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self.waiting:
-            steps, self.waiting = [s for s in self.waiting if not s[3].done()], []
-            if not steps:
-                continue
-            self.rounds[len(steps)] += 1
-            try:
-                outs = await loop.run_in_executor(self.worker, self._decode_steps, [s[:3] for s in steps])
-            except BaseException as exc:  # the worker gone (replica shutting down): every step says so
-                outs = [exc] * len(steps)
-            for (*_, future), out in zip(steps, outs):
-                if not future.done():
-                    future.set_exception(out) if isinstance(out, BaseException) else future.set_result(out)
+        return await self.batcher((stream, codes, last))
 
     def _decode(self, stream: Any, codes: Any, last: bool) -> np.ndarray | None:
         """One request's step alone (`_decode_steps` of one)."""
@@ -151,8 +131,7 @@ class VocoderStage:
         return outs
 
     def check_health(self) -> None:
-        if self.worker._shutdown:
-            raise RuntimeError("the snac worker is shut down")
+        self.batcher.check_health()
 
 
 def _take(stream: Any) -> np.ndarray | None:
