@@ -112,9 +112,9 @@ def test_user_errors_are_one_line_and_exit_2(capsys, files, argv, needles):
 def test_cache_rm_in_a_read_only_folder(capsys, tmp_path, monkeypatch):
     from pathlib import Path
 
-    from flashrt.quant.cache import CalibrationCache
+    from support.quant_cache import make_key, make_scales
 
-    from .quant.test_cache import make_key, make_scales
+    from flashrt.quant.cache import CalibrationCache
 
     cache = CalibrationCache(tmp_path)
     name = cache.store(make_key(), make_scales()).name

@@ -3,11 +3,10 @@ import json
 import pytest
 import torch
 import typer
+from support.bench_fakes import register_fake
 from typer.testing import CliRunner
 
 from flashrt.bench.cli import bench, loop, soak
-
-from .fakes import register_fake
 
 
 @pytest.fixture
@@ -90,7 +89,7 @@ class _Raises270Lines:
 
 @pytest.mark.parametrize("vs", ["lerobot", "off", "broken"])
 def test_a_failing_vs_side_exits_non_zero_with_one_line(app, tmp_path, profile_file, fake_name, vs):
-    from .fakes import FakeImpl
+    from support.bench_fakes import FakeImpl
 
     register_fake(fake_name, refs={"off": FakeImpl(name="off", offset=1.0), "broken": _Raises270Lines()})
     res = CliRunner().invoke(app, ["bench", fake_name, "-p", profile_file, "--vs", vs, "--out",

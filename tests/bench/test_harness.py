@@ -2,11 +2,10 @@ import json
 
 import pytest
 import torch
+from support.bench_fakes import FakeImpl, register_fake
 
 from flashrt.bench.harness import SCHEMA, BenchOptions, BenchResult, render, run_benchmark, write_outputs
 from flashrt.profile.stats import LatencyStats
-
-from .fakes import FakeImpl, register_fake
 
 RESULT_KEYS = ["schema", "kind", "benchmark", "status", "reason", "implementation", "profile", "trace",
                "gate", "cold_start_ms", "steady", "vs", "memory", "roofline", "kernels", "env", "files"]
@@ -81,7 +80,7 @@ def test_gate_tolerance_comes_from_the_profile(tiny_profile, fake_name):
 def test_gate_and_timed_checks_take_the_adapters_own_bound_for_its_reference(tiny_profile, fake_name,
                                                                               monkeypatch):
     """E.g. an int8 run behind onnxrt gated against eager int8: the recipe's bound, not the profile's."""
-    from .fakes import FakeBenchmark
+    from support.bench_fakes import FakeBenchmark
     register_fake(fake_name, offset=1e-3)
     monkeypatch.setattr(FakeBenchmark, "vs_tolerance", lambda self, name: (1e-2, 0.0) if name == "eager"
                         else None, raising=False)

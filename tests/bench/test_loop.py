@@ -1,19 +1,8 @@
 import pytest
+from support.bench_fakes import register_fake
+from support.clock import FakeClock
 
 from flashrt.bench.loop import BackgroundLoad, LoopConfig, run_loop, run_loop_benchmark, summarize_loop
-
-from .fakes import register_fake
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def now(self):
-        return self.t
-
-    def sleep(self, seconds):
-        self.t += max(0.0, seconds)
 
 
 class TimedPolicy:

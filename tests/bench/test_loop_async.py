@@ -7,12 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from support.clock import FakeClock
 
 from flashrt.bench.loop import LoopConfig, run_loop, summarize_loop
 from flashrt.bench.loop_async import AsyncLoopPolicy, async_summary, discontinuity
 from flashrt.errors import ConfigError
-
-from .test_loop import FakeClock
 
 
 class SourcePolicy:

@@ -1,4 +1,5 @@
 import pytest
+from support.bench_fakes import FakeBenchmark, register_fake
 
 from flashrt.bench.registry import (
     Benchmark,
@@ -9,8 +10,6 @@ from flashrt.bench.registry import (
     unregister_benchmark,
 )
 from flashrt.errors import ConfigError
-
-from .fakes import FakeBenchmark, register_fake
 
 
 def test_builtin_runtime_block_is_discovered():

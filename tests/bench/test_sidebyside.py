@@ -1,11 +1,10 @@
 import math
 
 import torch
+from support.bench_fakes import FakeImpl
 
 from flashrt.bench.sidebyside import Attempt, Side, pair_speedups, summarize_pairs
 from flashrt.profile.stats import LatencyStats
-
-from .fakes import FakeImpl
 
 
 def _a(ms, status="ok"):

@@ -2,10 +2,9 @@ import gc
 import mmap
 
 import pytest
+from support.bench_fakes import register_fake
 
 from flashrt.bench.soak import MIB, SoakConfig, run_soak, run_soak_benchmark, slope_per_step, summarize_soak
-
-from .fakes import register_fake
 
 CONFIG = SoakConfig(steps=600, warmup=50, sample_every=10)
 

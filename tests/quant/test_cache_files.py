@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.quant_cache import make_key, make_scales
 from typer.testing import CliRunner
 
 from flashrt.quant.cache import CalibrationCache
 from flashrt.quant.cli import cache_app
 from flashrt.testing.hostile import HOSTILE_KINDS, bounded_call, make_hostile
-
-from .test_cache import make_key, make_scales
 
 pytestmark = pytest.mark.timeout(120)
 
