@@ -115,7 +115,11 @@ class CudaGraph:
         # make a new CUDA event per call (a wait takes the event's last record, so reuse is safe)
         self._events = (torch.cuda.Event(), torch.cuda.Event()) if self._stream is not None else None
 
-    def replay(self) -> None:
+    def replay(self, times: int = 1) -> None:
+        for _ in range(times):
+            self._replay_once()
+
+    def _replay_once(self) -> None:
         if self._guard is not None:
             self._guard.check()
         if self._stream is None:

@@ -75,11 +75,13 @@ CaptureFn = Callable[[], Any]
 
 @runtime_checkable
 class Graph(Protocol):
-    """A captured forward. `replay()` re-runs it against the static buffers it was captured with."""
+    """A captured forward. `replay(times)` re-runs it ``times`` times in a row (default once) against the
+    static buffers it was captured with; a backend may run them in one call (`flashrt.runtime.jit`: the
+    GIL handed back once for them all)."""
 
     backend: str
 
-    def replay(self) -> None: ...
+    def replay(self, times: int = 1) -> None: ...
 
 
 @runtime_checkable
@@ -139,11 +141,12 @@ class EagerGraph:
         self._fn = fn
         self._guard = guard
 
-    def replay(self) -> None:
+    def replay(self, times: int = 1) -> None:
         if self._guard is not None:
             self._guard.check()
         with torch.no_grad():
-            self._fn()
+            for _ in range(times):
+                self._fn()
 
     def check(self) -> None:
         if self._guard is not None:

@@ -62,7 +62,6 @@ from flashrt.runtime.buckets import GraphSet
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.decode import MODES, Generation, JoinedBuffers, Sampling, check_request
 from flashrt.runtime.graphs import backend_for_device
-from flashrt.runtime.jit import JitGraph
 from flashrt.runtime.sampling import greedy_token, penalize, sample_token
 
 __all__ = ["SlotModel", "SlotIO", "Seat", "SlotDecoder", "DEFAULT_BATCH_BUCKETS"]
@@ -335,7 +334,7 @@ class SlotDecoder:
         bucket = steps.select(self.live)
         graph = steps.graph(bucket)
         with torch.inference_mode():
-            _replay_times(graph, replays)
+            graph.replay(replays)  # a block of steps (one call on the jit backend: one GIL hand-back)
         self.replays[f"{mode}@{bucket}"] += replays
         self.key_replays[keys] += replays
         for seat in running:
@@ -432,16 +431,6 @@ class SlotDecoder:
                 "batch_buckets": list(self.batch_buckets), "key_buckets": list(self.key_buckets),
                 "rows": self.rows, "backend": self.backend.name,
                 "max_new_tokens": self.max_new_tokens, "step_buffers_bytes": self.io.buffers.nbytes()}
-
-
-def _replay_times(graph: Any, times: int) -> None:
-    """``times`` replays of ``graph``: in one call where the graph loops itself (`JitGraph.replay`:
-    the GIL handed back once per block instead of once per step), else one call each."""
-    if isinstance(graph, JitGraph):
-        graph.replay(times)
-        return
-    for _ in range(times):
-        graph.replay()
 
 
 def _key_buckets(buckets: Iterable[int] | None, cache_len: int) -> tuple[int, ...]:

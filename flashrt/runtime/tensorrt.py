@@ -340,7 +340,11 @@ class TensorRTGraph:
         self._guard, self.device = guard, runtime.device
         self.model_bytes, self.engine_bytes, self.cache_hit = onnx, engine_bytes, hit
 
-    def replay(self) -> None:
+    def replay(self, times: int = 1) -> None:
+        for _ in range(times):
+            self._replay_once()
+
+    def _replay_once(self) -> None:
         if self._guard is not None:
             self._guard.check()
         stream = torch.cuda.current_stream(self.device)

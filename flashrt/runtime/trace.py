@@ -364,13 +364,14 @@ class TraceGraph:
         self.nslots = nslots
         self._guard = guard
 
-    def replay(self) -> None:
+    def replay(self, times: int = 1) -> None:
         if self._guard is not None:
             self._guard.check()
         env: list[Any] = [None] * self.nslots
         with torch.no_grad():
-            for step in self.steps:
-                step.run(env)
+            for _ in range(times):
+                for step in self.steps:
+                    step.run(env)
 
     def check(self) -> None:
         if self._guard is not None:

@@ -132,3 +132,24 @@ def test_eager_backend_can_check_buffers_too():
 def test_capture_needs_a_callable(name):
     with pytest.raises(CaptureError, match="callable"):
         get_backend(name).capture(torch.zeros(1))
+
+
+@pytest.mark.parametrize("name", ["eager", "trace"])
+def test_replay_times_runs_the_step_that_many_times(name):
+    """Every backend takes `replay(times)` (the slot decoder replays a frame's block of tokens with one
+    call): the same state as that many single replays."""
+    def make():
+        bufs = {"x": torch.ones(3), "n": torch.zeros((), dtype=torch.int64)}
+
+        def step():
+            bufs["x"].mul_(0.5).add_(bufs["n"].to(torch.float32))
+            bufs["n"].add_(1)
+        return get_backend(name).capture(step, bufs), bufs
+
+    one, a = make()
+    many, b = make()
+    start = int(a["n"])  # a capture may run the step (warm-up / recording)
+    for _ in range(5):
+        one.replay()
+    many.replay(5)
+    assert torch.equal(a["x"], b["x"]) and int(a["n"]) == int(b["n"]) == start + 5
