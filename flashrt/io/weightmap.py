@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.io.checks import describe_nonfinite, first_nonfinite, kind_problem
@@ -441,7 +442,8 @@ def _materialize(
     """Read, transform, cast and move every production; deferred shape checks are done here."""
     uses = Counter(s for p in plan.productions for s in p.sources)
     shared: dict[str, torch.Tensor] = {}
-    moved: dict[int, torch.Tensor] = {}  # id(host tensor) -> its device copy, so ties survive the move
+    moved = WeakIdKeyDictionary()  # host tensor -> its device copy, so ties survive the move (weak: a
+    # freed host tensor's id() can be the next one's, and a plain id() key then hands out the wrong copy)
     deferred = {id(p) for p in plan.deferred}
     out: dict[str, torch.Tensor] = {}
     for prod in _progress(plan.productions if plan.ok else plan.deferred, _name(checkpoint)):
@@ -471,10 +473,11 @@ def _progress(productions: list[Production], name: str) -> Iterable[Production]:
     return tqdm(productions, desc=f"loading {name}"[:60], unit="tensor", leave=False)
 
 
-def _move(t: torch.Tensor, device: torch.device | str, moved: dict[int, torch.Tensor]) -> torch.Tensor:
-    if id(t) not in moved:
-        moved[id(t)] = t.to(device)
-    return moved[id(t)]
+def _move(t: torch.Tensor, device: torch.device | str, moved: WeakIdKeyDictionary) -> torch.Tensor:
+    copy = moved.get(t)
+    if copy is None:
+        copy = moved[t] = t.to(device)
+    return copy
 
 
 def _run_transform(plan: MapPlan, prod: Production, tensors: list[torch.Tensor]) -> torch.Tensor | None:

@@ -260,3 +260,20 @@ def test_progress_bar_while_loading_a_large_checkpoint_only_when_verbose(capsys,
         logger.setLevel(saved)
     assert len(out) == 2 * layers + 1
     assert ("loading" in capsys.readouterr().err) == bar
+
+
+def test_device_move_never_mistakes_a_freed_tensor_for_a_tie(tmp_path):
+    """Each tensor read from a file is a new host tensor, freed after its move: Python may give the
+    next one the same id(). Caught on the first GPU run: a Pi0 checkpoint loaded onto CUDA came back
+    with other slots' tensors (`vision.pos` holding a bias). Meta stands in for the accelerator."""
+    from safetensors.torch import save_file
+
+    from flashrt.io.checkpoint import open_checkpoint
+
+    g = torch.Generator().manual_seed(3)
+    tensors = {f"layer{i}.weight": torch.randn(i + 1, 2 * i + 3, generator=g) for i in range(40)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    wm = WeightMap([Rule(k, k) for k in tensors])
+    out = wm.apply(open_checkpoint(tmp_path / "model.safetensors"), device="meta")
+    assert {k: tuple(t.shape) for k, t in out.items()} == {k: tuple(t.shape) for k, t in tensors.items()}
+    assert len({id(t) for t in out.values()}) == len(tensors)

@@ -31,8 +31,14 @@ def library():
     return lib
 
 
-def _close(got, want, dtype):
+def _close(got, want, dtype, gain=None):
+    """Within one ulp of the dtype (relative above 1). ``gain``: a cast-first norm rounds twice (the
+    normalized row to the dtype, then the product with the gain), and the fused kernel's own fp32 row
+    statistics may round the first the other way: one ulp there, times |gain|, on top (seen on an H200:
+    1.02 ulp in bf16, 1.5 in fp16 of the 3072-wide Orpheus norm)."""
     scale = want.float().abs().clamp_min(1.0)
+    if gain is not None:
+        scale = scale * (1 + gain.abs())
     assert ((got.float() - want.float()).abs() <= ULP[dtype] * scale).all(), \
         float(((got.float() - want.float()).abs() / scale).max())
 
@@ -93,7 +99,8 @@ def test_norm_of_a_head_split_matches_the_reference(dtype, cast_first):
     for part in qkv.split((16, 8, 8), dim=2)[:2]:
         got = FORMS["fused"]["rms_norm"](part, w, None, 1e-6, cast_first)
         assert got.is_contiguous()
-        _close(got, FORMS["aten"]["rms_norm"](part, w, None, 1e-6, cast_first), dtype)
+        want = FORMS["aten"]["rms_norm"](part, w, None, 1e-6, cast_first)
+        _close(got, want, dtype, w if cast_first else None)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -106,12 +113,12 @@ def test_cast_first_norms_match_the_llama_reference(dtype, residual):
     w = (1 + 0.3 * torch.randn(3072, device="cuda", generator=g)).to(dtype).float()
     fused, ref = FORMS["fused"], FORMS["aten"]
     if not residual:
-        _close(fused["rms_norm"](x, w, None, 1e-5, True), ref["rms_norm"](x, w, None, 1e-5, True), dtype)
+        _close(fused["rms_norm"](x, w, None, 1e-5, True), ref["rms_norm"](x, w, None, 1e-5, True), dtype, w)
         return
     (s, n), (s_ref, n_ref) = fused["add_rms_norm"](x, y, None, w, None, 1e-5, True), \
         ref["add_rms_norm"](x, y, None, w, None, 1e-5, True)
     assert torch.equal(s, s_ref)
-    _close(n, n_ref, dtype)
+    _close(n, n_ref, dtype, w)
 
 
 def _feed(frontend, seed: int) -> None:

@@ -68,6 +68,9 @@ from flashrt.nn.audio import (
 __all__ = ["HifiGanConfig", "HifiGan", "PRESETS", "weight_map", "signature", "detect", "FAMILY"]
 
 LAYOUTS = {"generator": "ups", "speecht5": "upsampler"}
+# transformers' SpeechT5HifiGan config.json: model_type "hifigan" in the released microsoft/speecht5_hifigan,
+# "speecht5_hifigan" as transformers 5.17 saves it (met on the first GPU run, whose transformers is 5.17)
+SPEECHT5_MODEL_TYPES = frozenset({"hifigan", "speecht5_hifigan"})
 RESBLOCKS = {"1": ResBlock1, "2": ResBlock2}
 PREFIXES = ("", "dec.", "generator.")
 
@@ -111,7 +114,7 @@ class HifiGanConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> HifiGanConfig:
         """From a transformers SpeechT5HifiGan config.json or a jik876 HiFi-GAN config.json (whose optional,
         flashrt-specific ``conv_post_bias: false`` describes VITS-style decoders)."""
-        if d.get("model_type") == "hifigan":
+        if d.get("model_type") in SPEECHT5_MODEL_TYPES:
             return cls(in_channels=d.get("model_in_dim", 80), layout="speecht5", conv_post_bias=True,
                        normalize_before=d.get("normalize_before", True), resblock="1",
                        leaky_relu_slope=d.get("leaky_relu_slope", 0.1),
@@ -230,10 +233,11 @@ _KEY = re.compile(r"^(dec\.|generator\.)?(conv_pre|ups\.0|upsampler\.0|resblocks
 
 
 def detect(source: CheckpointSource) -> bool:
-    """transformers model_type 'hifigan', a jik876 config (no 'activation'), or HiFi-GAN keys only."""
+    """A transformers SpeechT5HifiGan config (`SPEECHT5_MODEL_TYPES`), a jik876 config (no
+    'activation'), or HiFi-GAN keys only."""
     cfg = source.config or {}
     if cfg:
-        return cfg.get("model_type") == "hifigan" or ("upsample_rates" in cfg and "resblock" in cfg
+        return cfg.get("model_type") in SPEECHT5_MODEL_TYPES or ("upsample_rates" in cfg and "resblock" in cfg
                                                       and "activation" not in cfg and "model_type" not in cfg)
     found = {m.group(2).split(".")[0] for k in source.keys if (m := _KEY.match(k))}
     snake = any(".act." in k or k.endswith(".alpha") for k in source.keys)

@@ -97,6 +97,7 @@ def test_detection():
     assert detect(CheckpointSource(None, None, keys))
     assert not detect(CheckpointSource(None, None, keys | {"dec.resblocks.0.activations.0.act.alpha"}))
     assert detect(CheckpointSource(None, {"model_type": "hifigan"}, frozenset()))
+    assert detect(CheckpointSource(None, {"model_type": "speecht5_hifigan"}, frozenset()))  # transformers 5
     assert not detect(CheckpointSource(None, {"resblock": "1", "upsample_rates": [8], "activation": "snake"},
                                        frozenset()))
 
@@ -157,3 +158,15 @@ def test_in_memory_checkpoint_object():
     io = _io("hifigan_vits_tiny")
     voc = load_vocoder(ckpt, family="hifigan", config=VITS_TINY, batch=2, buckets=(37,))
     assert (voc(io["mel"]) - io["audio"]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["hifigan", "speecht5_hifigan"])
+def test_config_of_either_transformers_spelling_is_the_speecht5_layout(model_type):
+    """transformers 5.17 saves SpeechT5HifiGan as model_type "speecht5_hifigan" (the released checkpoint
+    says "hifigan"): both mean the `upsampler.*` layout with the config's own mel count, never jik876's
+    defaults."""
+    cfg = HifiGanConfig.from_dict({"model_type": model_type, "model_in_dim": 16, "normalize_before": False,
+                                   "upsample_initial_channel": 32, "upsample_rates": [4, 4],
+                                   "upsample_kernel_sizes": [8, 8], "resblock_kernel_sizes": [3, 5],
+                                   "resblock_dilation_sizes": [[1, 3], [1, 3]], "sampling_rate": 22050})
+    assert (cfg.layout, cfg.in_channels, cfg.sample_rate) == ("speecht5", 16, 22050)
