@@ -197,6 +197,8 @@ class VariantRun:
     def _camera_dir(self, n_cams: int) -> Path:
         """The checkpoint declaring `n_cams` cameras: the same weights and tokenizer (links), its own
         config and processors (lerobot's network size follows the config's cameras)."""
+        from flashrt.testing.synthetic.pi0 import write_metadata
+
         if n_cams == len(self.spec.cameras):
             return self.folder
         folder = self.folder.parent / f"{self.variant}-{n_cams}cam"
@@ -204,7 +206,7 @@ class VariantRun:
         for name in ("model.safetensors", "tokenizer.model"):
             if not (folder / name).exists():
                 os.symlink(self.folder / name, folder / name)
-        self.pb.write_metadata(folder, replace(self.spec, cameras=self.pb.CAMERAS[:n_cams]))
+        write_metadata(folder, replace(self.spec, cameras=self.pb.CAMERAS[:n_cams]))
         return folder
 
 
