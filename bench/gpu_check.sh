@@ -73,8 +73,8 @@ need bench/pi0_host_work.py
 need bench/orpheus_streams.py
 need bench/act_talk_gpu.py
 step install 25 "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .
-step info 8 "$PY" -m flashrt.cli info --device cuda
-step cuda-tests 80 "$PY" -m pytest -q -m cuda -p no:cacheprovider --ignore=tests/runtime/test_tensorrt.py tests
+step info 15 "$PY" -m flashrt.cli info --device cuda
+step cuda-tests 73 "$PY" -m pytest -q -m cuda -p no:cacheprovider --ignore=tests/runtime/test_tensorrt.py tests
 step bench-runtime-block 25 "$PY" bench/runtime_block.py --device cuda --out "$OUT/runtime-block"
 # the bench's own budget stays 15 s inside the step's limit, so it prints its JSON line before the kill
 PI0_GPU_LIMIT=100
