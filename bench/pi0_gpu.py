@@ -20,6 +20,11 @@ Metrics per variant and camera count:
   roofline         network FLOPs and minimum bytes per call -> achieved TFLOP/s and GB/s at replay p50
 Target (noted, not asserted): wall < 15 ms for 2 cameras on an H200.
 
+`--fp32-modules none` loads every module in bf16; the family's default ("lerobot") keeps the SigLIP tower,
+projector, norms and heads in IEEE float32 (TF32 off) as lerobot's bf16 recipe does. On the first H200 run
+(2026-12-04, default recipe) each camera added ~9.6 ms of replay (38.1 ms at 2 cameras, 47.7 at 3): the
+fp32 vision tower, by its FLOPs.
+
     python bench/pi0_gpu.py --out /tmp/pi0-gpu                        # H200: both variants, 1-3 cameras
     python bench/pi0_gpu.py --device cpu --preset tiny --iters 5       # CPU smoke test (trace backend)
 
@@ -137,8 +142,9 @@ class VariantRun:
         from flashrt.runner.policy import load_policy
 
         start = time.perf_counter()
+        extra = {"fp32_modules": self.args.fp32_modules} if self.args.fp32_modules else {}
         policy = load_policy(self.folder, device=self.args.device, precision=self.args.precision,
-                             backend=self.args.backend)
+                             backend=self.args.backend, **extra)
         _sync(self.args.device)
         capture = sum(policy.frontend.report()["capture_s"].values())
         self.setup |= {"load_s": time.perf_counter() - start - capture, "capture_s": capture,
@@ -272,6 +278,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=100, help="timed calls per measurement")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--precision", default=None, help="[bfloat16 on cuda, float32 on cpu]")
+    parser.add_argument("--fp32-modules", choices=("lerobot", "none"), default=None,
+                        help="a half precision's float32 modules: 'lerobot' (the family's default: vision, "
+                             "projector, norms and heads in IEEE fp32, as lerobot's bf16 recipe) or 'none' "
+                             "(all in --precision)")
     parser.add_argument("--backend", default=None, help="graph backend [cuda on cuda, trace on cpu]")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     parser.add_argument("--budget-s", type=float, default=170.0,
@@ -312,7 +322,8 @@ class Budget:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     budget = Budget(args.budget_s)
     record: dict[str, Any] = {"bench": "pi0_gpu", "status": "ok", "device": _device_name(args.device),
-                              "preset": args.preset, "precision": args.precision, "backend": args.backend,
+                              "preset": args.preset, "precision": args.precision,
+                              "fp32_modules": args.fp32_modules or "lerobot", "backend": args.backend,
                               "iters": args.iters, "budget_s": args.budget_s, "setup": {}, "rows": [],
                               "errors": []}
     for variant in args.variants.split(","):
