@@ -5,15 +5,22 @@ Every knob is a device tensor (written before the prefill replay, read by every 
 decode step serves every request: no recapture when a request changes its temperature or k.
 
 Randomness: no generator state and no RNG op in the graph (a CUDA graph would freeze its offsets, the
-trace backend refuses it). The uniform variate of rank r at step t is a 32-bit integer hash of
-(seed, t, r) (`hashed_uniform`), so a request's tokens depend only on its seed, reproducibly on any
+trace backend refuses it). The step's uniform variate u is a 32-bit integer hash of (seed, t)
+(`hashed_uniform`, column 0), so a request's tokens depend only on its seed, reproducibly on any
 backend, and a replay equals eager bit for bit.
 
 Semantics (as transformers' logits processors, in this order): repetition penalty over every token seen
 in the prompt and output (divide positive logits, multiply negative ones); temperature; top-k (k <= 0:
 off); top-p (keep the smallest set of top tokens whose probability reaches p, always the first); then
-Gumbel-max sampling over what is kept. Temperature 0 is greedy (`greedy_token`, its own graph).
-Sampling ranks only the top ``candidates`` tokens (default 1024; see `sample_token`).
+one draw from what is kept, renormalized, by its inverse CDF over the ranks (largest first): the first
+rank whose cumulative probability exceeds u times the kept total. Temperature 0 is greedy
+(`greedy_token`, its own graph). Sampling ranks only the top ``candidates`` tokens (default 1024; see
+`sample_token`).
+
+Why the inverse CDF and not Gumbel-max (argmax of score + Gumbel noise per rank, the form up to
+2026-12-04): the same distribution from one variate per row instead of one per candidate; the noise of
+720-1,024 columns (hash, two logs, add, argmax) was ~40 % of an 8-row sampled step on the CPU
+(issue #29). Seeded draws changed with it: a seed picks other tokens than it did before.
 
 Shapes: B batch, V vocabulary.
 """
@@ -59,15 +66,26 @@ def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 
     Only the ``candidates`` most likely tokens are ranked (`torch.topk`, not a sort of the vocabulary:
     about 10x cheaper on the CPU at V = 157k); probabilities still use the full distribution's
-    normalizer, so top-p is exact whenever the nucleus fits in the candidates (top-k is capped there)."""
+    normalizer, so top-p is exact whenever the nucleus fits in the candidates (top-k is capped there).
+
+    The kept ranks are a prefix (top-k and top-p both keep the most likely), so the draw counts the kept
+    ranks whose cumulative probability is at most u times the kept total; the count is capped at the last
+    rank of positive probability (u * total may round up to the total). A row at temperature 0 (NaN
+    probabilities; its caller takes the greedy token instead) draws rank 0, a valid index."""
     scaled = logits / temperature
     values, order = scaled.topk(min(candidates, logits.shape[-1]), dim=-1)  # descending
     ranks = torch.arange(values.shape[-1], device=logits.device)
     minus_inf = torch.full((), -torch.inf, device=logits.device)
     top = torch.where((ranks < top_k) | (top_k <= 0), values, minus_inf)
-    # top-p over what top-k kept, renormalized (as the reference chains them); else over everything
-    norm = torch.where(top_k > 0, top.logsumexp(-1, keepdim=True), scaled.logsumexp(-1, keepdim=True))
+    # top-p over what top-k kept, renormalized (as the reference chains them); else over everything (which
+    # the candidates are, reordered, where they hold the whole vocabulary: one logsumexp then, not two)
+    norm = top.logsumexp(-1, keepdim=True)
+    if values.shape[-1] < logits.shape[-1]:
+        norm = torch.where(top_k > 0, norm, scaled.logsumexp(-1, keepdim=True))
     probs = (top - norm).exp()
-    masked = torch.where((probs.cumsum(-1) - probs) < top_p, top, minus_inf)
-    gumbel = -torch.log(-torch.log(hashed_uniform(seed, step, values.shape[-1])))
-    return order.gather(-1, (masked + gumbel).argmax(-1, keepdim=True))
+    cum = probs.cumsum(-1)
+    kept = torch.where((cum - probs) < top_p, probs, torch.zeros((), device=logits.device))
+    kept_cum = kept.cumsum(-1)
+    target = hashed_uniform(seed, step, 1) * kept_cum[..., -1:]
+    last = ((kept > 0).sum(-1, keepdim=True) - 1).clamp_min(0)  # 0 for a row with no number (temperature 0)
+    return order.gather(-1, torch.minimum((kept_cum <= target).sum(-1, keepdim=True), last))

@@ -1,11 +1,11 @@
 """Device sampling against transformers' logits processors, in generate()'s order: repetition penalty
 (over prompt and output tokens), temperature, top-k, top-p; then the draw.
 
-The draw is Gumbel-max over what is kept, with the noise of rank r a hash of (seed, step, r)
-(`hashed_uniform`; ranks order the tempered logits, largest first). So for any seed the token
-`sample_token` must return is computable from transformers' processed scores and the same noise:
-the argmax over ranks of score + noise. Over many seeds every kept token gets its turn, so a token kept
-or dropped by mistake changes some draw."""
+The draw is the inverse CDF of what is kept over the ranks (the tempered logits, largest first), at
+the step's uniform u, a hash of (seed, step) (`hashed_uniform`). So for any seed the token
+`sample_token` must return is computable from transformers' processed scores and the same u: the first
+rank whose cumulative kept probability exceeds u times their total. Over many seeds every kept token
+gets its turn, so a token kept or dropped by mistake changes some draw."""
 
 import pytest
 import torch
@@ -46,8 +46,12 @@ def _reference_chain(temperature: float, top_k: int, top_p: float):
 
 
 def _expected_draw(scores: torch.Tensor, order: torch.Tensor, seed: int, step: int) -> int:
-    noise = -torch.log(-torch.log(hashed_uniform(torch.tensor([seed]), torch.tensor([step]), V)))
-    return int(order[0, (scores[0, order[0]] + noise[0]).argmax()])
+    """Inverse CDF in float64 over transformers' kept scores (softmax of the filtered scores)."""
+    probs = torch.softmax(scores[0, order[0]].double(), -1)
+    cum = probs.cumsum(-1)
+    u = float(hashed_uniform(torch.tensor([seed]), torch.tensor([step]), 1))
+    rank = min(int((cum <= u * float(cum[-1])).sum()), int((probs > 0).sum()) - 1)
+    return int(order[0, rank])
 
 
 def test_repetition_penalty_matches_transformers_over_prompt_and_output_tokens():
@@ -93,3 +97,20 @@ def test_the_cases_exercise_each_filter():
         differs["k_then_p"] |= not torch.equal(right, swapped.isfinite())
         differs["temperature_first"] |= not torch.equal(right, late.isfinite())
     assert all(differs.values()), differs
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 20, 0.8), (5.0, 0, 0.5), (2.5, 0, 0.5)])
+def test_draws_from_fewer_candidates_than_the_vocabulary_match_while_the_nucleus_fits(temperature, top_k,
+                                                                                     top_p):
+    """candidates < V ranks the top 48 only, with the full distribution's normalizer (the second logsumexp
+    of `sample_token`); where the kept set fits in them the draws are transformers' exactly. The hot cases
+    leave real mass past rank 48, so a normalizer over the candidates alone would change some draws."""
+    logits, history = _logits_and_history(1)
+    scores = _reference_chain(temperature, top_k, top_p)(history, logits.clone())
+    assert int(torch.isfinite(scores).sum()) <= 48, "the case must keep fewer tokens than the candidates"
+    penalized = penalize(logits, _seen(history), torch.tensor([PENALTY]))
+    order = (penalized / temperature).argsort(-1, descending=True)
+    knobs = torch.tensor([temperature]), torch.tensor([top_k]), torch.tensor([top_p])
+    drawn = [int(sample_token(penalized, *knobs, torch.tensor([s]), torch.tensor([s % 5]), candidates=48))
+             for s in SEEDS]
+    assert drawn == [_expected_draw(scores, order, s, s % 5) for s in SEEDS]
