@@ -14,6 +14,13 @@ alternating order, medians; load noise on a shared machine hits both sides alike
 * TTFA: time from the call to the first audio sample in hand (piper: the first sentence's
   AudioChunk, its only granularity; flashrt: the first chunk of ``tts.stream(text)``).
 
+Each timed call starts ``--gap-ms`` (default 100) after the previous one ended, so the two runtimes do
+not time each other's idle threads: onnxruntime's intra-op workers spin for a while after a run (and
+torch's OpenMP workers after a parallel region), taking the cores from whatever the process runs next.
+Back to back at two threads (``--gap-ms 0``, the protocol before 2026-12-04) flashrt's short text was
+timed beside piper's spinning workers (TTFA 39 ms against 23 with the gap) and piper's own consecutive
+calls found their workers awake (RTF 0.030 against 0.034); a program speaks with one runtime, not both.
+
 A quality gate runs first: with noise_scale = noise_w = 0 the flashrt audio of each text must match
 onnxruntime's within 1e-4 (max abs) with the same sample count.
 
@@ -82,8 +89,9 @@ def _gate(tts, piper) -> float:
     return worst
 
 
-def _time_piper(piper, text: str, rate: int) -> tuple[float, float, float]:
+def _time_piper(piper, text: str, rate: int, gap: float = 0.0) -> tuple[float, float, float]:
     """(TTFA s, RTF, CPU RTF): the CPU time of the whole text (this process, every thread) / audio."""
+    time.sleep(gap)
     start, cpu = time.perf_counter(), time.process_time()
     chunks = piper.synthesize(text)
     first = next(iter(chunks))
@@ -93,12 +101,14 @@ def _time_piper(piper, text: str, rate: int) -> tuple[float, float, float]:
     return ttfa, (time.perf_counter() - start) / seconds, (time.process_time() - cpu) / seconds
 
 
-def _time_flashrt(tts, text: str) -> tuple[float, float, float]:
+def _time_flashrt(tts, text: str, gap: float = 0.0) -> tuple[float, float, float]:
+    time.sleep(gap)
     start = time.perf_counter()
     stream = tts.stream(text)
     next(stream)
     ttfa = time.perf_counter() - start
     stream.close()
+    time.sleep(gap)
     start, cpu = time.perf_counter(), time.process_time()
     audio = tts(text)
     seconds = audio.size / tts.sample_rate
@@ -128,6 +138,8 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(TEXTS), help="one text only")
     parser.add_argument("--flashrt-threads", type=int, help="force flashrt's threads [auto, <= --threads]")
     parser.add_argument("--busy", action="store_true", help="a busy-looping process beside the run")
+    parser.add_argument("--gap-ms", type=float, default=100.0,
+                        help="idle time before each timed call (0: back to back, the old protocol)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with _busy(args.busy):
@@ -148,11 +160,12 @@ def run(args) -> None:
         for _ in range(4):  # warm both sides' shapes
             _time_piper(piper, text, tts.sample_rate), _time_flashrt(tts, text)
         p, f = [], []
+        gap, rate = args.gap_ms / 1e3, tts.sample_rate
         for i in range(args.pairs):
             if i % 2:
-                f.append(_time_flashrt(tts, text)), p.append(_time_piper(piper, text, tts.sample_rate))
+                f.append(_time_flashrt(tts, text, gap)), p.append(_time_piper(piper, text, rate, gap))
             else:
-                p.append(_time_piper(piper, text, tts.sample_rate)), f.append(_time_flashrt(tts, text))
+                p.append(_time_piper(piper, text, rate, gap)), f.append(_time_flashrt(tts, text, gap))
         rows[name] = {
             "piper_rtf": statistics.median(x[1] for x in p),
             "flashrt_rtf": statistics.median(x[1] for x in f),
@@ -181,6 +194,7 @@ def run(args) -> None:
                 "threads": args.threads,
                 "flashrt_threads": tts.threads,
                 "busy": args.busy,
+                "gap_ms": args.gap_ms,
                 "load_1min": os.getloadavg()[0],
                 "pairs": args.pairs,
                 "quality_max_abs": gate,
