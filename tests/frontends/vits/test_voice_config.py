@@ -175,3 +175,15 @@ def test_say_checks_the_text_before_loading_a_model(monkeypatch, capsys, tmp_pat
     monkeypatch.setattr(tts, "load_tts", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
     assert cli.main(["say", text, "-o", str(tmp_path / "x.wav")]) == 2
     assert "text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_half_precision_voice_is_refused_at_load_saying_why(precision):
+    """In bf16 this voice's durations came out NaN on a sentence (numpy's "repeats may not contain negative
+    values" deep in the expansion) and another was 18 dB from float32: refused at load, by name."""
+    from flashrt.errors import ConfigError
+    from flashrt.runner.tts import load_tts
+
+    with pytest.raises(ConfigError, match="float32 only"):
+        load_tts("en_US-joe-medium", precision=precision)
+    assert load_tts("en_US-joe-medium", precision="fp32").sample_rate == 22050
