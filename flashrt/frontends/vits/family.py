@@ -32,6 +32,7 @@ FAMILY = TtsFamily(
     name="vits",
     detect=detect,
     load=load,
-    options=("config", "conv", "phoneme_buckets", "frame_buckets", "capture", "threads", "slots", "g2pw_dir"),
+    options=("config", "conv", "phoneme_buckets", "frame_buckets", "capture", "threads", "slots", "g2pw_dir",
+             "decoder_precision"),
     doc="Piper / VITS voices (espeak-ng phonemes, VITS prior, HiFi-GAN decoder)",
 )

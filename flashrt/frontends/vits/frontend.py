@@ -300,8 +300,10 @@ class VitsFrontend:
         b, hop = self.buffers, self.cfg.hop_length
         z, out = b["dec_z"][..., :d], b["dec_audio"][:, : d * hop]
 
+        dec_dtype = next(self.decoder.parameters()).dtype  # bfloat16 beside a float32 prior, or the same
+
         def step() -> None:
-            out.copy_(self.decoder(z, ValidLength(b["dec_length"], d)))
+            out.copy_(self.decoder(z.to(dec_dtype), ValidLength(b["dec_length"], d)))
 
         return step
 
@@ -472,6 +474,7 @@ class VitsFrontend:
             "family": "vits",
             "device": str(self.device),
             "dtype": str(self.dtype).removeprefix("torch."),
+            "decoder_dtype": str(next(self.decoder.parameters()).dtype).removeprefix("torch."),
             "backend": self._backend.name,
             "phoneme_buckets": list(self.phoneme_buckets),
             "frame_buckets": list(self.frame_buckets),

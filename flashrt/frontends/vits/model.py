@@ -136,9 +136,12 @@ def load_weights(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     conv: str = "auto",
+    decoder_dtype: torch.dtype | None = None,
 ) -> tuple[VitsPrior, VitsDecoder]:
     """The prior and the decoder from a ``.onnx`` voice, a VITS training checkpoint (``.ckpt``, ``.pt``,
-    ``.safetensors``; lightning ``model_g.`` keys too) or an in-memory state dict, each mapped strictly."""
+    ``.safetensors``; lightning ``model_g.`` keys too) or an in-memory state dict, each mapped strictly.
+    ``decoder_dtype``: the decoder's own dtype (None: ``dtype``), e.g. bfloat16 beside a float32 prior."""
+    decoder_dtype = dtype if decoder_dtype is None else decoder_dtype
     state, name = _state(source)
     prior_state, dec_state = split_state(state)
     if not dec_state:
@@ -148,10 +151,10 @@ def load_weights(
     prior = load_module(lambda: VitsPrior(cfg), prior_ckpt, prior_weight_map(cfg), device=device, dtype=dtype)
     decoder = load_module(
         lambda: VitsDecoder(cfg.decoder), dec_ckpt, decoder_weight_map(cfg, dec_ckpt), device=device,
-        dtype=dtype,
+        dtype=decoder_dtype,
     )
     prior.pack()
     apply_conv_policy(decoder, CONV_POLICIES[conv])
-    for module in (prior, decoder):
-        ops.select(module, device, dtype)  # the one `flashrt.ops` pass (neither holds an op slot yet)
+    for module, module_dtype in ((prior, dtype), (decoder, decoder_dtype)):
+        ops.select(module, device, module_dtype)  # the one `flashrt.ops` pass (neither holds an op slot yet)
     return prior, decoder

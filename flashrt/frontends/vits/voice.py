@@ -358,6 +358,7 @@ def load_voice(
     threads: int | str | None = "auto",
     g2pw_dir: str | Path | None = None,
     slots: int = CAPACITY,
+    decoder_precision: str | None = None,
 ) -> VitsVoice:
     """Load a voice (folder, .onnx, catalogue or package name, looked up in `voices_dir` first; or a
     training checkpoint with `config`), map its weights strictly, build the frontend (graphs captured on
@@ -365,6 +366,10 @@ def load_voice(
     (`flashrt.runtime.threads`): ``"auto"`` = the cores free now, at most torch's setting (a busy peer
     core stalls every op of a multi-threaded pool); an int; None = torch's setting at each call.
     `precision`: "fp32" only (a half precision is refused: see the ConfigError's reason).
+    `decoder_precision`: the HiFi-GAN decoder's own, "fp32" (None: the default) or "bf16": ~1.6x faster
+    decodes on a CPU with AVX512-BF16 (oneDNN's bf16 convs), the prior and so the durations still float32;
+    its audio is not the float32 audio (mel-cepstral distortion and log-spectral distance to it in
+    docs/benchmarks/tts.md), so it is never the default.
     `g2pw_dir`: Chinese voices' g2pW model folder (default: a ``g2pW`` folder beside the voice, in the
     voices folders or the working directory, as piper keeps it; never downloaded). `slots`: requests a
     server interleaves at once (`serving_chain`; 1 serves them one after another)."""
@@ -380,7 +385,9 @@ def load_voice(
                           "precision the duration predictor and the flow lose what the durations need "
                           "(measured on en_US-joe-medium in bf16: 18 dB SNR to float32 on one sentence, "
                           "NaN durations on the next)")
-    prior, decoder = load_weights(files.weights, cfg, device=device, dtype=dtype, conv=conv)
+    decoder_dtype = _decoder_dtype(decoder_precision)
+    prior, decoder = load_weights(files.weights, cfg, device=device, dtype=dtype, conv=conv,
+                                  decoder_dtype=decoder_dtype)
     left, right = _context(cfg)
     fe = VitsFrontend(
         cfg,
@@ -398,6 +405,18 @@ def load_voice(
     return VitsVoice(fe, voice_json, name=files.weights.name.removesuffix(".onnx"),
                      threads=_threads_for(threads, device), g2p_dirs=_g2p_dirs(g2pw_dir, files, voices_dir),
                      slots=slots)
+
+
+DECODER_PRECISIONS = ("fp32", "bf16")
+
+
+def _decoder_dtype(precision: str | None) -> torch.dtype:
+    if precision is None:
+        return torch.float32
+    if precision not in DECODER_PRECISIONS:
+        raise ConfigError(f"decoder_precision {precision!r}: choose one of {DECODER_PRECISIONS} (a float16 "
+                          "decoder has no fast oneDNN conv on most CPUs)")
+    return compute_dtype(precision)
 
 
 def _g2p_dirs(given: str | Path | None, files: VoiceFiles, voices_dir) -> list[Path]:
