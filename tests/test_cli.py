@@ -82,6 +82,8 @@ CASES = {
     "say --out in a missing folder": (["say", "hello", "--out", "{t}/nonexistent_dir/x.wav"],
                                       ["nonexistent_dir", "does not exist"], []),
     "say --out is a folder": (["say", "hello", "--out", "{t}"], ["is a folder"], []),
+    "say unknown decoder precision": (["say", "hello", "--decoder-precision", "fp16", "-o", "{t}/x.wav"],
+                                      ["decoder_precision 'fp16'", "bf16"], []),
     "serve negative port": (["serve", "--port", "-5", "--no-warmup"], ["--port -5", "0..65535"], []),
     "serve port too large": (["serve", "--port", "70000", "--no-warmup"], ["--port 70000"], []),
     "serve zero max pending": (["serve", "--max-pending", "0", "--no-warmup"], ["--max-pending 0"], []),

@@ -47,3 +47,14 @@ def test_bf16_audio_is_within_a_quarter_of_the_voices_own_seed_to_seed_distance(
 def test_an_unknown_decoder_precision_is_refused():
     with pytest.raises(ConfigError, match="decoder_precision 'fp16'"):
         load_tts("en_US-joe-medium", decoder_precision="fp16")
+
+
+def test_say_speaks_with_a_bf16_decoder(tmp_path):
+    from typer.testing import CliRunner
+
+    from flashrt.cli import app
+
+    out = tmp_path / "x.wav"
+    result = CliRunner().invoke(app, ["say", "Hello there.", "--decoder-precision", "bf16", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.stat().st_size > 20_000
