@@ -32,6 +32,7 @@ it is in (closing the generator releases it). To serve many requests at once, ``
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ from flashrt.io.files import read_json
 from flashrt.io.inputs import SEED_MAX, check_seed, check_speed
 from flashrt.quant.precision import compute_dtype
 from flashrt.runtime.threads import CpuLoad, check_threads, choose_threads, torch_threads
+
+log = logging.getLogger(__name__)
 
 __all__ = ["VitsVoice", "VoiceFiles", "find_voice", "load_voice", "VOICE_PACKAGES", "MAX_TEXT"]
 
@@ -385,7 +388,7 @@ def load_voice(
                           "precision the duration predictor and the flow lose what the durations need "
                           "(measured on en_US-joe-medium in bf16: 18 dB SNR to float32 on one sentence, "
                           "NaN durations on the next)")
-    decoder_dtype = _decoder_dtype(decoder_precision)
+    decoder_dtype = _decoder_dtype(decoder_precision, device)
     prior, decoder = load_weights(files.weights, cfg, device=device, dtype=dtype, conv=conv,
                                   decoder_dtype=decoder_dtype)
     left, right = _context(cfg)
@@ -410,13 +413,21 @@ def load_voice(
 DECODER_PRECISIONS = ("fp32", "bf16")
 
 
-def _decoder_dtype(precision: str | None) -> torch.dtype:
+def _decoder_dtype(precision: str | None, device: torch.device) -> torch.dtype:
     if precision is None:
         return torch.float32
     if precision not in DECODER_PRECISIONS:
         raise ConfigError(f"decoder_precision {precision!r}: choose one of {DECODER_PRECISIONS} (a float16 "
                           "decoder has no fast oneDNN conv on most CPUs)")
-    return compute_dtype(precision)
+    dtype = compute_dtype(precision)
+    if dtype == torch.bfloat16 and device.type == "cpu":
+        from flashrt.nn.conv1d import _fused_bf16
+
+        if not _fused_bf16():
+            log.warning("decoder_precision='bf16': this CPU has no native bf16 convs (AVX512-BF16 or "
+                        "AVX-NE-CONVERT), so the decoder runs torch's portable bf16 kernels, likely slower "
+                        "than float32")
+    return dtype
 
 
 def _g2p_dirs(given: str | Path | None, files: VoiceFiles, voices_dir) -> list[Path]:
