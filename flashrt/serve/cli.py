@@ -56,6 +56,10 @@ def serve(
     threads: Annotated[int | None, typer.Option(
         help="torch CPU threads per op, at most [torch's default: every core]; each voice picks its own from "
         "the cores free at load (an Orpheus-style voice shares them between its LM and SNAC stages)")] = None,
+    decoder_precision: Annotated[str | None, typer.Option(
+        "--decoder-precision", help="Piper voices: 'bf16' runs each voice's HiFi-GAN decoder in bfloat16 "
+        "behind the float32 prior (~1.25x the throughput on CPUs with AVX512-BF16; not the float32 audio: "
+        "docs/benchmarks/tts.md)")] = None,
     ray: Annotated[bool, typer.Option(
         "--ray", help="deploy on Ray Serve instead: the voice's lm and vocoder stages and the ingress as "
         "deployments (flashrt.integrations.ray_serve; one Orpheus-style voice)")] = False,
@@ -67,6 +71,10 @@ def serve(
         help="with --ray: write Serve's YAML config (for 'serve deploy') to this path and exit")] = None,
 ) -> None:
     """Serve POST /v1/audio/speech, GET /v1/models, GET /health and GET /metrics (OpenAI-compatible)."""
+    if (ray or write_config is not None) and decoder_precision is not None:
+        from flashrt.errors import ConfigError
+
+        raise ConfigError("--decoder-precision applies to Piper voices; --ray serves one Orpheus-style voice")
     if ray or write_config is not None:
         from flashrt.integrations.ray_serve import serve_command
         from flashrt.serve.app import ServerLimits
@@ -107,7 +115,8 @@ def serve(
     try:
         voices = {}
         for name, source in sources.items():
-            extra = {**snac_options(snac_noise), **({"slots": slots} if slots is not None else {})}
+            extra = {**snac_options(snac_noise), **({"slots": slots} if slots is not None else {}),
+                     **({"decoder_precision": decoder_precision} if decoder_precision is not None else {})}
             model = load_tts(source, device=device, voices_dir=voices_dir, **extra)
             voices[name] = model
             if warmup:

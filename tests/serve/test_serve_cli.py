@@ -115,3 +115,20 @@ def test_threads_set_torchs_cpu_threads_before_the_voices_load(monkeypatch):
         assert seen == [1]
     finally:
         torch.set_num_threads(before)
+
+
+def test_decoder_precision_reaches_the_loader_only_when_asked_and_never_a_ray_deployment(capsys, monkeypatch):
+    seen = []
+
+    def fake_load(source, **kw):
+        seen.append(kw.get("decoder_precision", "absent"))
+        return _Voice()
+
+    monkeypatch.setattr("flashrt.runner.tts.load_tts", fake_load)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    assert main(["serve", "--port", "0", "--no-warmup", "--voice", "/srv/piper.onnx",
+                 "--decoder-precision", "bf16"]) == 0
+    assert main(["serve", "--port", "0", "--no-warmup", "--voice", "/srv/orpheus"]) == 0
+    assert seen == ["bf16", "absent"]
+    assert main(["serve", "--ray", "--voice", "/srv/orpheus", "--decoder-precision", "bf16"]) == 2
+    assert "Piper voices" in capsys.readouterr().err and len(seen) == 2
