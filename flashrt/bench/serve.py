@@ -74,6 +74,9 @@ def bench_serve(
     slots: Annotated[str | None, typer.Option(help="in-process server: requests a voice serves at once, "
                                               "one value or a list compared side by side (e.g. 1,8); "
                                               "Orpheus-style: decoded together; Piper: interleaved")] = None,
+    decoder_precision: Annotated[str | None, typer.Option(
+        "--decoder-precision", help="in-process server, Piper voice: 'bf16' decodes in bfloat16 "
+        "(`flashrt serve --decoder-precision`)")] = None,
 ) -> None:
     """Open-loop load against the speech server (`flashrt serve`; the policy server: `bench serve-policy`):
     goodput, TTFA and refusals against offered load."""
@@ -106,11 +109,11 @@ def bench_serve(
         fixed = {k: v for k, v in (("capacity_rps", capacity), ("deadline_ms", deadline_ms)) if v is not None}
         with torch_threads(threads):
             for n in slot_list:  # the same capacity, deadline and arrivals for every server compared
-                with _target(voice, url, max_pending, n) as target:
+                with _target(voice, url, max_pending, n, decoder_precision) as target:
                     base, served_name = target.url, target.name
                     run = asyncio.run(_measure(base, served_name, plan, record or fixed or None, target))
                 record = _merge(record, run, n, len(slot_list) > 1)
-        record["threads"] = threads
+        record["threads"], record["decoder_precision"] = threads, decoder_precision or "fp32"
     except (FlashRTError, ImportError) as exc:
         return _finish(_failure("serve", name, "speech", exc), folder)
     _render(record)
@@ -209,8 +212,11 @@ class _target:
     """(url, voice name, sample rate) of the server to measure; an in-process one is started and
     stopped around the run."""
 
-    def __init__(self, voice: str, url: str | None, max_pending: int, slots: int | None = None) -> None:
+    def __init__(self, voice: str, url: str | None, max_pending: int, slots: int | None = None,
+                 decoder_precision: str | None = None) -> None:
         self.voice, self.url, self.max_pending, self.slots = voice, url, max_pending, slots
+        self.options = {k: v for k, v in (("slots", slots), ("decoder_precision", decoder_precision))
+                        if v is not None}
         self.thread = self.server = self.model = None
         self.name = voice
 
@@ -222,7 +228,7 @@ class _target:
         from flashrt.serve.cli import voice_name
 
         self.name = voice_name(self.voice)
-        self.model = load_tts(self.voice, **({} if self.slots is None else {"slots": self.slots}))
+        self.model = load_tts(self.voice, **self.options)
         self._start()
         self.url = self.thread.url
         return self
