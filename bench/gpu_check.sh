@@ -79,8 +79,9 @@ step bench-runtime-block 25 "$PY" bench/runtime_block.py --device cuda --out "$O
 # the bench's own budget stays 15 s inside the step's limit, so it prints its JSON line before the kill
 PI0_GPU_LIMIT=100
 # 2 cameras (the target's case), both variants, every module in bf16: the first run (lerobot's recipe, fp32
-# SigLIP) measured 38.1 ms at 2 cameras and ~9.6 ms more per camera; the vision tower's dtype is the question
-step bench-pi0-gpu $PI0_GPU_LIMIT "$PY" bench/pi0_gpu.py --cameras 2 --fp32-modules none --iters 50 \
+# SigLIP) measured 38.1 ms at 2 cameras and ~9.6 ms more per camera; the vision tower's dtype is the question.
+# --kernel-profile: the eager sibling's top kernels by device time (where a replay's time goes)
+step bench-pi0-gpu $PI0_GPU_LIMIT "$PY" bench/pi0_gpu.py --cameras 2 --fp32-modules none --iters 50 --kernel-profile \
   --budget-s $((PI0_GPU_LIMIT - 15)) --out "$OUT"
 # host work per infer() outside the replay on the GPU (issue #17: <= 0.3 ms), tiny preset, allocations too
 step bench-pi0-host-work 17 "$PY" bench/pi0_host_work.py --device cuda --preset tiny --calls 50

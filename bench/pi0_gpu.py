@@ -20,6 +20,9 @@ Metrics per variant and camera count:
   roofline         network FLOPs and minimum bytes per call -> achieved TFLOP/s and GB/s at replay p50
 Target (noted, not asserted): wall < 15 ms for 2 cameras on an H200.
 
+`--kernel-profile` adds, per row, torch.profiler's top kernels by device time over three eager calls (the
+kernels a replay runs, each visible outside a graph) with launches per call.
+
 `--fp32-modules none` loads every module in bf16; the family's default ("lerobot") keeps the SigLIP tower,
 projector, norms and heads in IEEE float32 (TF32 off) as lerobot's bf16 recipe does. On the first H200 run
 (2026-12-04, default recipe) each camera added ~9.6 ms of replay (38.1 ms at 2 cameras, 47.7 at 3): the
@@ -109,6 +112,38 @@ def gate(a: Any, b: Any, obs: list[dict]) -> float:
     return max(float(np.abs(a.run(o, timer)["actions"] - b.run(o, timer)["actions"]).max()) for o in obs)
 
 
+def kernel_profile(run: Any, obs: list[dict], device: str, calls: int = 3, top: int = 15) -> dict[str, Any]:
+    """Where one call's device time goes, by kernel (CUDA; on the CPU by aten op), from torch.profiler over
+    ``calls`` calls of ``run`` (the eager sibling: the same kernels a replay runs, each visible): the
+    ``top`` names by time per call, with launches per call, and the total per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    run(obs[0])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        for i in range(calls):
+            run(obs[i % len(obs)])
+        _sync(device)
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", 0.0) if cuda else e.self_cpu_time_total
+        if us > 0 and (not cuda or getattr(e, "device_type", None) == torch_device_type_cuda()):
+            rows.append((us / calls / 1e3, e.count / calls, e.key))
+    rows.sort(reverse=True)
+    return {"by": "kernel" if cuda else "aten op", "calls": calls,
+            "total_ms_per_call": sum(r[0] for r in rows),
+            "top": [{"name": name[:120], "ms_per_call": ms, "launches_per_call": n}
+                    for ms, n, name in rows[:top]]}
+
+
+def torch_device_type_cuda() -> Any:
+    from torch.autograd import DeviceType
+
+    return DeviceType.CUDA
+
+
 def roofline(policy: Any, n_cams: int, bucket: int, replay_ms: float) -> dict[str, float]:
     from flashrt.frontends.pi0.model import bytes_per_step, flops_per_step
 
@@ -182,8 +217,20 @@ class VariantRun:
         wall = time_wall(lambda o: eager.run(o, _null_timer()), obs, max(a.iters // 4, 3), a.device)
         graph_p50 = statistics.median(time_wall(lambda o: ours.run(o, _null_timer()), obs,
                                                 max(a.iters // 4, 3), a.device))
-        return {"gate_max_abs": max_abs, "wall_p50_ms": statistics.median(wall),
-                "eager_over_graph": statistics.median(wall) / graph_p50}
+        out = {"gate_max_abs": max_abs, "wall_p50_ms": statistics.median(wall),
+               "eager_over_graph": statistics.median(wall) / graph_p50}
+        if a.kernel_profile:
+            try:  # never run on a GPU yet (2026-12-04): a profiler surprise costs the breakdown, not the row
+                kernels = kernel_profile(lambda o: eager.run(o, _null_timer()), obs, a.device)
+            except Exception as exc:  # noqa: BLE001
+                out["kernels"] = {"error": f"{type(exc).__name__}: {exc}"}
+                return out
+            out["kernels"] = kernels
+            head = ", ".join(f"{k['name'][:40]} {k['ms_per_call']:.2f} ms x{k['launches_per_call']:.0f}"
+                             for k in kernels["top"][:5])
+            print(f"{self.variant} eager, {kernels['total_ms_per_call']:.1f} ms of {kernels['by']} time per "
+                  f"call; top: {head}", file=sys.stderr)
+        return out
 
     def _lerobot(self, policy: Any, ours: Any, obs: list[dict], n_cams: int) -> dict[str, Any]:
         from flashrt.bench.registry import ReferenceUnavailable
@@ -278,6 +325,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=100, help="timed calls per measurement")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--precision", default=None, help="[bfloat16 on cuda, float32 on cpu]")
+    parser.add_argument("--kernel-profile", action="store_true",
+                        help="torch.profiler over 3 eager calls per row: the top kernels by device time "
+                             "(what a replay runs, each visible; the JSON row's eager.kernels)")
     parser.add_argument("--fp32-modules", choices=("lerobot", "none"), default=None,
                         help="a half precision's float32 modules: 'lerobot' (the family's default: vision, "
                              "projector, norms and heads in IEEE fp32, as lerobot's bf16 recipe) or 'none' "
