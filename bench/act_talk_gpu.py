@@ -9,6 +9,9 @@ cameras at 480 x 640, bf16, CUDA graphs; the Orpheus LM at Llama-3.2-3B size wit
 constrained to valid codes). Both setups of `flashrt bench act-and-talk` (`flashrt.bench.act_talk.run_setup`)
 on the same models: misses at the rate, step end after release p50/p99/max, speech RTF and underruns.
 ``--budget-s`` skips a setup that would start after that many seconds (reported); one JSON line last.
+``--fp32-modules none`` loads Pi0.5 all in bf16: the comparison of the two setups means something only
+where the policy's replanning replay fits the period (the first H200 run, with the fp32 SigLIP of the
+default recipe: misses on replanning ticks in both setups, p99 end after release ~60 ms at 50 Hz).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def _models(args: argparse.Namespace, tmp: Path):
     spec = SyntheticSpec("pi05", sizes, pb.CAMERAS[:2], preset.vocab, preset.storage)
     write_checkpoint(tmp / "pi05", spec, args.device)
     precision = "bfloat16" if args.device == "cuda" else "fp32"
-    policy = load_policy(tmp / "pi05", device=args.device, precision=precision)
+    extra = {"fp32_modules": args.fp32_modules} if args.fp32_modules else {}
+    policy = load_policy(tmp / "pi05", device=args.device, precision=precision, **extra)
     _Robot.observations = pb.observations(policy, 4, seed=0, frame=preset.frame)
     lm_cfg, snac_preset, layout = SIZES["full" if args.preset == "full" else "tiny"]
     dtype = compute_dtype("bf16" if args.device == "cuda" else "fp32")
@@ -79,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ticks", type=int, default=250)
     ap.add_argument("--frames", type=int, default=24, help="SNAC frames per sentence")
     ap.add_argument("--budget-s", type=float, default=25.0)
+    ap.add_argument("--fp32-modules", choices=("lerobot", "none"), default=None,
+                    help="Pi0.5's float32 modules in bf16 (`load_policy`): 'lerobot' (the family default: "
+                         "fp32 SigLIP) or 'none'; the first H200 run's replanning replay under 'lerobot' "
+                         "was longer than the 20 ms period, so both setups missed on replanning ticks")
     args = ap.parse_args(argv)
     from flashrt.bench.act_talk import SETUPS, run_setup
 

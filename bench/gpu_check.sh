@@ -100,7 +100,7 @@ step bench-tts-orpheus 75 "$PY" -m flashrt.cli bench tts-orpheus -p "$OUT/h200-b
 step bench-orpheus-streams 45 "$PY" bench/orpheus_streams.py --device cuda --preset full --streams 1,4,8,16 --budget-s 35
 # a robot that acts and talks (issue #31): full-size Pi0.5 at 50 Hz beside an Orpheus-3B-sized stream,
 # naive threads vs one Runtime (control on a high-priority CUDA stream): misses, RTF, underruns
-step bench-act-talk-gpu 55 "$PY" bench/act_talk_gpu.py --budget-s 40
+step bench-act-talk-gpu 55 "$PY" bench/act_talk_gpu.py --budget-s 40 --fp32-modules none
 if [ "$spent" -gt "$BUDGET" ]; then
   echo "gpu_check: step limits sum to ${spent}s, over the ${BUDGET}s budget"
   status=1
