@@ -9,9 +9,9 @@ cameras at 480 x 640, bf16, CUDA graphs; the Orpheus LM at Llama-3.2-3B size wit
 constrained to valid codes). Both setups of `flashrt bench act-and-talk` (`flashrt.bench.act_talk.run_setup`)
 on the same models: misses at the rate, step end after release p50/p99/max, speech RTF and underruns.
 ``--budget-s`` skips a setup that would start after that many seconds (reported); one JSON line last.
-``--fp32-modules none`` loads Pi0.5 all in bf16: the comparison of the two setups means something only
-where the policy's replanning replay fits the period (the first H200 run, with the fp32 SigLIP of the
-default recipe: misses on replanning ticks in both setups, p99 end after release ~60 ms at 50 Hz).
+``--fp32-modules none`` loads Pi0.5 all in bf16. The first H200 run used the default recipe (fp32 SigLIP,
+under which Pi0's replay at 2 cameras took 38 ms, longer than the 20 ms period): both setups missed
+(5 and 11 of 250 ticks, p99 end after release ~60 ms), which says little about scheduling yet.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=25.0)
     ap.add_argument("--fp32-modules", choices=("lerobot", "none"), default=None,
                     help="Pi0.5's float32 modules in bf16 (`load_policy`): 'lerobot' (the family default: "
-                         "fp32 SigLIP) or 'none'; the first H200 run's replanning replay under 'lerobot' "
-                         "was longer than the 20 ms period, so both setups missed on replanning ticks")
+                         "fp32 SigLIP) or 'none' (under 'lerobot' Pi0's replay at 2 cameras took 38 ms on an "
+                         "H200, longer than the 20 ms period)")
     args = ap.parse_args(argv)
     from flashrt.bench.act_talk import SETUPS, run_setup
 
