@@ -76,7 +76,7 @@ step install 25 "$PY" -m pip install -q --no-deps --no-build-isolation --no-inde
 step info 15 "$PY" -m flashrt.cli info --device cuda
 # measured on the first H200 run (2026-12-04): cuda-tests 47 s with the nvcc build, the Orpheus streams' load
 # 21-23 s and its four levels ~4 s; the pi0 step gets what they leave (write + load ~35 s per variant)
-step cuda-tests 65 "$PY" -m pytest -q -m cuda -p no:cacheprovider --ignore=tests/runtime/test_tensorrt.py tests
+step cuda-tests 63 "$PY" -m pytest -q -m cuda -p no:cacheprovider --ignore=tests/runtime/test_tensorrt.py tests
 step bench-runtime-block 25 "$PY" bench/runtime_block.py --device cuda --out "$OUT/runtime-block"
 # the bench's own budget stays 15 s inside the step's limit, so it prints its JSON line before the kill
 PI0_GPU_LIMIT=115
@@ -99,7 +99,7 @@ sed 's/^trace_len = .*/trace_len = 2/' profiles/h200-bf16.toml >"$OUT/h200-bf16-
 step bench-tts-orpheus 75 "$PY" -m flashrt.cli bench tts-orpheus -p "$OUT/h200-bf16-tts.toml" --iters 5 --warmup 1 --no-progress --out "$OUT/tts-orpheus"
 # many streams (issue #29): the same Orpheus-3B-sized random LM with 1, 4, 8, 16 streams decoding together
 # (slot-batched decode, one captured step per batch bucket): per-stream TTFA and RTF; budget inside the limit
-step bench-orpheus-streams 38 "$PY" bench/orpheus_streams.py --device cuda --preset full --streams 1,4,8,16 --budget-s 30
+step bench-orpheus-streams 40 "$PY" bench/orpheus_streams.py --device cuda --preset full --streams 1,4,8,16 --budget-s 30
 # a robot that acts and talks (issue #31): full-size Pi0.5 at 50 Hz beside an Orpheus-3B-sized stream,
 # naive threads vs one Runtime (control on a high-priority CUDA stream): misses, RTF, underruns
 step bench-act-talk-gpu 55 "$PY" bench/act_talk_gpu.py --budget-s 40 --fp32-modules none
