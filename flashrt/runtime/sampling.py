@@ -17,10 +17,9 @@ rank whose cumulative probability exceeds u times the kept total. Temperature 0 
 (`greedy_token`, its own graph). Sampling ranks only the top ``candidates`` tokens (default 1024; see
 `sample_token`).
 
-Why the inverse CDF and not Gumbel-max (argmax of score + Gumbel noise per rank, the form up to
-2026-12-04): the same distribution from one variate per row instead of one per candidate; the noise of
-720-1,024 columns (hash, two logs, add, argmax) was ~40 % of an 8-row sampled step on the CPU
-(issue #29). Seeded draws changed with it: a seed picks other tokens than it did before.
+Why the inverse CDF and not Gumbel-max (argmax of score + Gumbel noise per rank): the same
+distribution from one variate per row instead of one per candidate, whose noise (a hash, two logs, an
+add and an argmax over 720-1,024 columns) weighed on every sampled step.
 
 Shapes: B batch, V vocabulary.
 """

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.groot import assert_trace_replays_eager, fixture_obs, infer
 
 import flashrt
 from flashrt.errors import CheckpointError, InputError
@@ -63,19 +64,7 @@ def _load(case: str, **kw):
 
 
 def _obs(case: str) -> dict:
-    m = META[case]
-    return {
-        "images": {c: IO[f"{case}/image.{c}"].numpy() for c in m["cameras"]},
-        "state": IO[f"{case}/state"].numpy(),
-        "prompt": m["prompt"],
-    }
-
-
-def _infer(frontend, obs, noise=None, seed=None) -> np.ndarray:
-    bucket, checked = frontend.check(obs, noise)
-    frontend.write(bucket, checked, seed)
-    frontend.replay(bucket)
-    return frontend.read(checked)
+    return fixture_obs(IO, META, case)
 
 
 @pytest.fixture(scope="module")
@@ -126,13 +115,7 @@ def test_trace_replay_equals_eager_bit_for_bit(one_thread):
     step; the image slots found from the token ids on the device) and replays it bit for bit, in two
     buckets whose image tokens sit at different positions."""
     trace, eager = _load("two_cams", backend="trace"), _load("two_cams")
-    obs, buckets = _obs("two_cams"), set()
-    prompts = ("open the drawer", "a much longer prompt that lands in the next bucket ok")
-    for seed, prompt in enumerate(prompts):
-        buckets.add(trace.check(dict(obs, prompt=prompt))[0])
-        got = [_infer(f, dict(obs, prompt=prompt), seed=seed) for f in (trace, eager)]
-        assert np.array_equal(got[0], got[1]), (seed, prompt)
-    assert trace.report()["backend"] == "trace" and len(buckets) == 2
+    assert_trace_replays_eager(trace, eager, _obs("two_cams"))
 
 
 BAD = {
@@ -157,7 +140,7 @@ def test_bad_input_then_next_call_equals_fresh(fronts, name):
         f.check(BAD[name](obs))
     fresh = _load("two_cams")
     fresh.options = f.options
-    assert np.array_equal(_infer(f, obs, seed=7), _infer(fresh, obs, seed=7))
+    assert np.array_equal(infer(f, obs, seed=7), infer(fresh, obs, seed=7))
 
 
 def _copy(tmp_path: Path) -> Path:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from support.groot import assert_trace_replays_eager, fixture_obs, infer
 
 from flashrt.errors import CheckpointError, ConfigError, InputError
 from flashrt.frontends.groot import family
@@ -29,19 +30,7 @@ def _load(case: str, **kw):
 
 
 def _obs(case: str) -> dict:
-    m = META[case]
-    return {
-        "images": {c: IO[f"{case}/image.{c}"].numpy() for c in m["cameras"]},
-        "state": IO[f"{case}/state"].numpy(),
-        "prompt": m["prompt"],
-    }
-
-
-def _infer(frontend, obs, noise=None, seed=None) -> np.ndarray:
-    bucket, checked = frontend.check(obs, noise)
-    frontend.write(bucket, checked, seed)
-    frontend.replay(bucket)
-    return frontend.read(checked)
+    return fixture_obs(IO, META, case)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +65,7 @@ def test_the_loader_selects_the_kernel_row(fronts):
     chosen = fused.describe()["ops"]  # the one select pass: every text-layer op on its fused form
     assert all(set(chosen[n]) == {"fused"} for n in ("rms_norm", "add_rms_norm", "rope_qkv", "silu_mul"))
     obs = _obs(case)
-    assert np.array_equal(_infer(fused, obs, seed=3), _infer(fronts[case], obs, seed=3))
+    assert np.array_equal(infer(fused, obs, seed=3), infer(fronts[case], obs, seed=3))
     with pytest.raises(ConfigError, match="kernels="):
         _load(case, kernels="triton")
 
@@ -106,16 +95,7 @@ def test_trace_replay_equals_eager_bit_for_bit(one_thread, case):
     step) refusing host syncs and data-dependent shapes, and replays it bit for bit, in two buckets."""
     trace = _load(case, backend="trace")
     eager = _load(case)
-    obs = _obs(case)
-    buckets = set()
-    for seed, prompt in (
-        (0, "open the drawer"),
-        (1, "a much longer prompt that lands in the next bucket ok"),
-    ):
-        buckets.add(trace.check(dict(obs, prompt=prompt))[0])
-        got = [_infer(f, dict(obs, prompt=prompt), seed=seed) for f in (trace, eager)]
-        assert np.array_equal(got[0], got[1]), (seed, prompt)
-    assert trace.report()["backend"] == "trace" and len(buckets) == 2
+    assert_trace_replays_eager(trace, eager, _obs(case))
 
 
 BAD = {
@@ -137,7 +117,7 @@ def test_bad_input_then_next_call_equals_fresh(fronts, name):
     with pytest.raises(InputError):
         f.check(BAD[name](obs))
     fresh = _load("two_cams")
-    assert np.array_equal(_infer(f, obs, seed=7), _infer(fresh, obs, seed=7))
+    assert np.array_equal(infer(f, obs, seed=7), infer(fresh, obs, seed=7))
 
 
 def test_bad_noise_is_input_error(fronts):
@@ -150,7 +130,7 @@ def test_bad_noise_is_input_error(fronts):
 
 def test_seed_reproducible_and_noise_matters(fronts):
     f = fronts["one_cam"]
-    a, b, c = (_infer(f, _obs("one_cam"), seed=s) for s in (3, 3, 4))
+    a, b, c = (infer(f, _obs("one_cam"), seed=s) for s in (3, 3, 4))
     assert np.array_equal(a, b) and np.abs(a - c).max() > 1e-3
 
 
@@ -172,7 +152,7 @@ def test_embodiment_by_id_matches_by_name(fronts):
     f = family.load(CKPT, embodiment=3)
     assert f.embodiment.tag == "tag_b"
     obs = _obs("emb_b")
-    assert np.array_equal(_infer(f, obs, seed=1), _infer(fronts["emb_b"], obs, seed=1))
+    assert np.array_equal(infer(f, obs, seed=1), infer(fronts["emb_b"], obs, seed=1))
 
 
 def test_float_images_accepted_like_lerobot(fronts):
@@ -183,7 +163,7 @@ def test_float_images_accepted_like_lerobot(fronts):
     as_float = dict(obs, images={"front": torch.from_numpy(img).float() / 255.0})
     lerobot_u8 = (torch.from_numpy(img).float() / 255.0 * 255.0).to(torch.uint8).numpy()
     assert np.array_equal(
-        _infer(f, as_float, seed=0), _infer(f, dict(obs, images={"front": lerobot_u8}), seed=0)
+        infer(f, as_float, seed=0), infer(f, dict(obs, images={"front": lerobot_u8}), seed=0)
     )
 
 
@@ -205,7 +185,7 @@ def test_chunk_is_the_decoded_horizon(tmp_path, one_thread):
     )
     f = family.load(folder, embodiment="tag_a", cameras=["front"])
     assert f.chunk_size == 5 and f.n_action_steps == 5
-    actions = _infer(f, _obs("one_cam"), noise=IO["one_cam/noise"])
+    actions = infer(f, _obs("one_cam"), noise=IO["one_cam/noise"])
     assert np.abs(actions - IO["one_cam/actions"].numpy()[:5]).max() <= TOL
 
 
@@ -249,7 +229,7 @@ def test_frame_size_fixes_the_layout_under_albumentations(tmp_path, one_thread):
     assert f.describe()["image_size"] == [64, 96] and f.describe()["image_transform"] == "albumentations"
     obs = _obs("two_cams")
     obs["images"] = {c: IO["albu/60x80/frame"].numpy() for c in ("front", "wrist")}
-    assert _infer(f, obs, seed=0).shape == (8, 6)
+    assert infer(f, obs, seed=0).shape == (8, 6)
     obs["images"] = {c: IO["albu/96x64/frame"].numpy() for c in ("front", "wrist")}
     with pytest.raises(InputError, match="frame_size"):
         f.check(obs)
