@@ -111,13 +111,14 @@ def _load(checkpoint: str | None, frames: int, stream_chunk: int) -> _Models:
     from flashrt.frontends.orpheus.layout import ByteTokenizer
     from flashrt.frontends.orpheus.tts import ORPHEUS_SAMPLING, OrpheusTTS, frame_constraint
     from flashrt.runner.policy import load_policy
+    from flashrt.runner.stream import ChunkSchedule
     from flashrt.runtime.slots import SlotDecoder
 
     policy = load_policy(checkpoint or ensure_demo_checkpoint()[0])
     lm_cfg, snac_preset, layout = SIZES["cpu"]
     lm = random_lm(lm_cfg, 0, "cpu", torch.float32, cache_len=64 + 7 * frames + 8)
     voc = random_snac(snac_preset, layout.codebook_size, 1, "cpu", torch.float32, None)
-    voc.stream_chunk = stream_chunk
+    voc.schedule = ChunkSchedule(stream_chunk, stream_chunk)
     decoder = SlotDecoder(lm, (32, 64), (1,), max_new_tokens=7 * frames,
                           constraint=frame_constraint(layout)).capture()
     tts = OrpheusTTS(decoder, voc, layout, ByteTokenizer(layout.bos_token_id), sample_rate=24000,

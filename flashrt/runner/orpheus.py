@@ -35,11 +35,14 @@ from flashrt.runtime.slots import DEFAULT_BATCH_BUCKETS, SlotDecoder
 __all__ = ["OrpheusTTS", "load_orpheus", "load_snac", "snac_folder", "detect", "FAMILY", "ORPHEUS_SAMPLING",
            "to_pcm16", "frame_constraint", "chunk_plan", "stage_threads"]
 
+CPU_MAX_STREAM_CHUNK = 16  # SNAC frames a later stream window decodes at most on a CPU (`load_orpheus`)
+
 
 def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: str = "cpu",
                  precision: str = "fp32", backend: str | None = None, max_new_tokens: int = 1200,
                  cache_len: int = 2048, prompt_buckets: tuple[int, ...] = (32, 64, 128, 256),
-                 stream_chunk: int | None = None, frames_per_chunk: int | None = None, queue_size: int = 8,
+                 stream_chunk: int | None = None, max_stream_chunk: int | None = None,
+                 frames_per_chunk: int | None = None, queue_size: int = 8,
                  sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False,
                  snac_noise: str | None = None, slots: int = 8,
                  batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, vocoder: bool = True,
@@ -50,7 +53,11 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
     frames decoded per stream window (each window adds the decoder's context, 3 frames a side at
     24 kHz): fewer means earlier first audio and more decoding; None takes 1 on a GPU (first audio
     after 4 frames, 28 tokens, as Orpheus' own streamer) and 4 on a CPU (the windows cost ~2.5x less
-    there). ``frames_per_chunk``: frames per code chunk sent from the LM to SNAC (None: as the stream
+    there). ``max_stream_chunk``: the most frames a later window decodes, the windows growing as the
+    stream goes (each as long as the audio already sent: `flashrt.runtime.frontend.ChunkSchedule`), so
+    the first audio comes as early and a long request decodes fewer, longer windows; None takes
+    ``stream_chunk`` on a GPU (fixed windows, one captured size) and 16 on a CPU.
+    ``frames_per_chunk``: frames per code chunk sent from the LM to SNAC (None: as the stream
     windows fall due, `chunk_plan`). ``constrain_frames``: see `frame_constraint` (off: the reference
     samples freely).
     ``snac_noise``: the SNAC decoder's ``noise_mode`` (None: "off", which drops the released decoder's
@@ -73,29 +80,35 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                           backend=lm_backend(lm_graphs, backend, lm.device),
                           constraint=constraint).capture()
     snac_decoder, stack = (load_snac(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk,
-                                     snac_noise=snac_noise, slots=slots) if vocoder else (None, False))
+                                     max_stream_chunk=max_stream_chunk, snac_noise=snac_noise, slots=slots)
+                           if vocoder else (None, False))
     return OrpheusTTS(decoder, snac_decoder, layout, load_text_tokenizer(folder, layout), sample_rate=rate,
                       frames_per_chunk=frames_per_chunk, queue_size=queue_size,
                       sampling=sampling, stack_windows=stack, threads=threads)
 
 
 def load_snac(snac_dir: str | Path, *, device: str = "cpu", backend: str | None = None,
-              stream_chunk: int | None = None, snac_noise: str | None = None,
-              slots: int = 8) -> tuple[Any, bool]:
+              stream_chunk: int | None = None, max_stream_chunk: int | None = None,
+              snac_noise: str | None = None, slots: int = 8) -> tuple[Any, bool]:
     """The SNAC decoder as `load_orpheus` loads it (same options, same meaning) and whether its stream
     windows are stacked as rows of one replay: (vocoder, stack_windows)."""
+    cuda = torch.device(device).type == "cuda"
     if stream_chunk is None:
-        stream_chunk = 1 if torch.device(device).type == "cuda" else 4
+        stream_chunk = 1 if cuda else 4
+    if max_stream_chunk is None:
+        max_stream_chunk = stream_chunk if cuda else max(stream_chunk, CPU_MAX_STREAM_CHUNK)
     noise = {"noise_mode": snac_noise} if snac_noise is not None else None
     stack = snac_noise in (None, "off")  # seeded noise follows each window's own offset: one row each
     vocoder = flashrt.load_vocoder(snac_dir, device=device, backend=backend, stream_chunk=stream_chunk,
-                                   overrides=noise, batch=slots if stack else 1, stack_windows=stack)
+                                   max_stream_chunk=max_stream_chunk, overrides=noise,
+                                   batch=slots if stack else 1, stack_windows=stack)
     return vocoder, stack
 
 
 FAMILY = TtsFamily(
     name="orpheus", detect=detect, load=load_orpheus,
-    options=("snac", "max_new_tokens", "cache_len", "prompt_buckets", "stream_chunk", "frames_per_chunk",
+    options=("snac", "max_new_tokens", "cache_len", "prompt_buckets", "stream_chunk", "max_stream_chunk",
+             "frames_per_chunk",
              "queue_size", "sampling", "constrain_frames", "snac_noise", "slots", "batch_buckets",
              "lm_graphs", "threads"),
     doc="Orpheus-style LM (Llama/Qwen) emitting SNAC 24 kHz codes, streamed through the SNAC decoder")

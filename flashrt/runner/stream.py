@@ -12,7 +12,11 @@ before any buffer is touched) -> "h2d" (the bucket picked, the inputs written) -
 Streaming ``runner.stream(chunks) -> iterator of (B, n) audio``. Chunks may cut the signal anywhere:
 steps that do not yet make a whole frame in every input (a coarse code whose finer codes have not
 come, half an attention window) are held until they do. Whole frames are decoded ``chunk`` at a time
-in windows of ``L + chunk + R`` frames (L, R = the frontend's context). A window keeps only the
+in windows of ``L + chunk + R`` frames (L, R = the frontend's context). With ``max_chunk`` above
+``chunk`` the windows grow once the stream has started (`ChunkSchedule`: each window decodes as many
+frames as the stream has already emitted, from ``chunk`` up to ``max_chunk``): the first audio comes
+as early, and a long stream decodes fewer, longer windows (less overlap: a 4-frame chunk with 6 frames
+of context a side decodes 4x the frames it keeps). A window keeps only the
 outputs at least R frames from an artificial right edge and L from an artificial left edge; at the
 real start and end of the signal the window edges are the signal edges, so the concatenated stream
 equals the one-shot output up to float summation order. When the chunks run out, the held steps must
@@ -43,9 +47,9 @@ import torch
 
 from flashrt.errors import ConfigError, InputError
 from flashrt.profile import StageTimer
-from flashrt.runtime.frontend import StreamFrontend, Window
+from flashrt.runtime.frontend import ChunkSchedule, StreamFrontend, Window
 
-__all__ = ["StreamRunner", "Stream", "FrameQueue"]
+__all__ = ["StreamRunner", "Stream", "FrameQueue", "ChunkSchedule"]
 
 
 @dataclass
@@ -63,8 +67,8 @@ class FrameQueue:
     """Steps received but not yet decoded, for one stream: partial frames are held, and only what later
     windows still need is kept. Frames are counted from the start of the signal."""
 
-    def __init__(self, rates: Sequence[int], context: tuple[int, int], chunk: int) -> None:
-        self.rates, self.chunk = tuple(rates), chunk
+    def __init__(self, rates: Sequence[int], context: tuple[int, int], schedule: ChunkSchedule) -> None:
+        self.rates, self.schedule = tuple(rates), schedule
         self.left, self.right = context
         self.parts: list[list[torch.Tensor]] = [[] for _ in self.rates]
         self.steps = [0] * len(self.rates)   # steps received, per input
@@ -91,6 +95,11 @@ class FrameQueue:
             raise InputError(f"the stream ended with steps {self.steps} per input, which are not one whole "
                              f"number of frames at the rates {list(self.rates)}")
 
+    @property
+    def chunk(self) -> int:
+        """Frames the next window decodes (`ChunkSchedule`)."""
+        return self.schedule.chunk(self.emitted)
+
     def ready(self) -> bool:
         return self.total - self.emitted >= self.chunk + self.right
 
@@ -99,9 +108,9 @@ class FrameQueue:
 
     def next_window(self, final: bool) -> tuple[int, int, int]:
         """(start, stop, keep_until) frames: decode [start, stop), keep the audio of [emitted, keep)."""
-        start = max(0, self.emitted - self.left)
-        stop = min(self.total, self.emitted + self.chunk + self.right)
-        keep = self.total if final and stop == self.total else self.emitted + self.chunk
+        start, chunk = max(0, self.emitted - self.left), self.chunk
+        stop = min(self.total, self.emitted + chunk + self.right)
+        keep = self.total if final and stop == self.total else self.emitted + chunk
         return start, stop, keep
 
     def slice(self, start: int, stop: int) -> tuple[torch.Tensor, ...]:
@@ -124,21 +133,40 @@ class FrameQueue:
 
 class StreamRunner:
     """One-shot and streaming decode over a captured `StreamFrontend` (module docstring). ``chunk``:
-    frames decoded per stream window (each window holds ``context[0] + chunk + context[1]`` frames)."""
+    frames decoded per stream window (each window holds ``context[0] + chunk + context[1]`` frames);
+    ``max_chunk`` (None: ``chunk``): the most a later window decodes (`ChunkSchedule`)."""
 
-    def __init__(self, frontend: StreamFrontend, chunk: int, *, exact_stream: bool = False) -> None:
+    def __init__(self, frontend: StreamFrontend, chunk: int, *, max_chunk: int | None = None,
+                 exact_stream: bool = False) -> None:
         self.frontend = frontend
-        self.stream_chunk = int(chunk)
         self.exact_stream = bool(exact_stream)
         self._last: _RunLog | None = None
         self._lock = threading.Lock()   # one window at a time through the frontend's static buffers
-        if self.stream_chunk <= 0:
-            raise ConfigError(f"stream_chunk ({self.stream_chunk}) must be positive")
+        if int(chunk) <= 0:
+            raise ConfigError(f"stream_chunk ({chunk}) must be positive")
+        self.schedule = ChunkSchedule(int(chunk), int(chunk) if max_chunk is None else int(max_chunk))
+
+    @property
+    def stream_chunk(self) -> int:
+        """Frames the first stream window decodes."""
+        return self.schedule.first
+
+    @property
+    def max_stream_chunk(self) -> int:
+        """Frames the longest stream window decodes."""
+        return self.schedule.limit
 
     @property
     def stream_window(self) -> int:
+        """Frames of the longest stream window."""
         left, right = self.frontend.context
-        return left + self.stream_chunk + right
+        return left + self.schedule.limit + right
+
+    @property
+    def stream_windows(self) -> tuple[int, ...]:
+        """Frames of every full stream window (`ChunkSchedule.sizes` plus the context)."""
+        left, right = self.frontend.context
+        return tuple(left + chunk + right for chunk in self.schedule.sizes())
 
     # ------------------------------------------------------------------------------ one-shot
     def __call__(self, *inputs: Any, timer: StageTimer | None = None) -> torch.Tensor:
@@ -165,7 +193,7 @@ class StreamRunner:
         return self._last
 
     def _queue(self) -> FrameQueue:
-        return FrameQueue(self.frontend.rates, self.frontend.context, self.stream_chunk)
+        return FrameQueue(self.frontend.rates, self.frontend.context, self.schedule)
 
     def _decode(self, log: _RunLog, window: Window) -> torch.Tensor:
         """Write, replay and read one window; its audio samples [lo, hi) on the host. Windows are

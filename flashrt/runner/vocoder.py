@@ -8,8 +8,8 @@
     voc.report()                                                         # compute_ms, rtf, ttfa_ms
 
 ``load_vocoder(path_or_card, device="cpu", precision="fp32", backend=None, buckets=None, *, family=None,
-config=None, checkpoint=None, stream_chunk=None, batch=1, strict=False, capture=True,
-exact_stream=False, conv=None, overrides=None, allow_download=False)``:
+config=None, checkpoint=None, stream_chunk=None, max_stream_chunk=None, batch=1, strict=False,
+capture=True, exact_stream=False, conv=None, overrides=None, allow_download=False)``:
 
 * path_or_card: a folder, a file, a model card, or a hub id (``"hubertsiuzdak/snac_24khz"``) read from
   the local Hugging Face cache (``allow_download=True`` lets `huggingface_hub` fetch it; it honours
@@ -27,8 +27,10 @@ exact_stream=False, conv=None, overrides=None, allow_download=False)``:
   `flashrt.frontends.vocoders.frontend`), "trace", "cuda" (CUDA default), any registered graph backend,
   built for ``device`` (a frontend on cuda:1 captures on cuda:1).
 * buckets: frame counts (the card's ``[runtime] buckets``, else the family's, as a geometric ladder on a
-  graph backend: `flashrt.frontends.vocoders.frontend.ladder`); the stream window ``L + stream_chunk +
-  R`` is added. stream_chunk: frames per stream window (card, else family).
+  graph backend: `flashrt.frontends.vocoders.frontend.ladder`); the stream windows ``L + chunk + R``
+  are added. stream_chunk: frames of the first stream window (card, else family); max_stream_chunk
+  (card, else ``stream_chunk``): the most a later window decodes, the windows growing as the stream
+  goes (`flashrt.runner.stream.ChunkSchedule`: each as long as what was already emitted).
 * exact_stream: one-shot calls decode through the stream's windows, so ``stream()`` equals them bit
   for bit (see `flashrt.runner.stream`: summation order).
 """
@@ -41,11 +43,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from flashrt.errors import ConfigError
 from flashrt.frontends.vocoders import load_vocoder_module
 from flashrt.frontends.vocoders.base import VocoderFamily, VocoderSignature
 from flashrt.frontends.vocoders.frontend import VocoderFrontend
-from flashrt.runner.stream import StreamRunner
+from flashrt.runner.stream import ChunkSchedule, StreamRunner
 
 __all__ = ["Vocoder", "load_vocoder"]
 
@@ -65,6 +66,7 @@ class Vocoder(StreamRunner):
         backend: str | None = None,
         buckets: Sequence[int] | None = None,
         stream_chunk: int | None = None,
+        max_stream_chunk: int | None = None,
         batch: int = 1,
         strict: bool = False,
         dtype: torch.dtype = torch.float32,
@@ -74,13 +76,13 @@ class Vocoder(StreamRunner):
         stack_windows: bool = False,
     ) -> None:
         chunk = int(stream_chunk or family.default_stream_chunk)
-        if chunk <= 0:
-            raise ConfigError(f"stream_chunk ({chunk}) must be positive")
-        window = sum(family.signature(config).context) + chunk
+        schedule = ChunkSchedule(chunk, chunk if max_stream_chunk is None else int(max_stream_chunk))
+        context = sum(family.signature(config).context)
+        windows = tuple(context + size for size in schedule.sizes())
         fe = frontend(family, config, module, device=device, backend=backend, batch=batch, strict=strict,
-                      dtype=dtype, buckets=buckets, extra_buckets=(window,), exact_length=exact_length,
-                      stack_frames=window if stack_windows else None)
-        super().__init__(fe, chunk, exact_stream=exact_stream)
+                      dtype=dtype, buckets=buckets, extra_buckets=windows, exact_length=exact_length,
+                      stack_frames=windows[-1] if stack_windows else None)
+        super().__init__(fe, chunk, max_chunk=schedule.limit, exact_stream=exact_stream)
 
     def capture(self) -> Vocoder:
         """Allocate the buffers and capture the graphs (load time, not the hot path)."""
@@ -116,7 +118,11 @@ class Vocoder(StreamRunner):
     def describe(self) -> dict[str, Any]:
         """What was chosen at load, as a dict (as every family's `describe()`; `summary()` is the line)."""
         return {**self.frontend.describe(), "stream_chunk": self.stream_chunk,
-                "exact_stream": self.exact_stream}
+                "max_stream_chunk": self.max_stream_chunk, "exact_stream": self.exact_stream}
+
+    def _chunks(self) -> str:
+        first, limit = self.stream_chunk, self.max_stream_chunk
+        return str(first) if limit == first else f"{first} growing to {limit}"
 
     def summary(self) -> str:
         """`describe()` as one line for people."""
@@ -134,7 +140,7 @@ class Vocoder(StreamRunner):
         notes = "".join(f"; {note}" for note in d["notes"])
         warnings = "".join(f"; WARNING: {w}" for w in d["warnings"])
         return (f"{d['family']} vocoder: {d['sample_rate']} Hz, hop {d['hop_length']}, context "
-                f"{d['context']} frames, buckets {d['buckets']}, stream chunk {self.stream_chunk}"
+                f"{d['context']} frames, buckets {d['buckets']}, stream chunk {self._chunks()}"
                 f"{exact}, backend {d['backend']}{length}, {d['buffer_bytes']:,d} buffer bytes{convs}, "
                 f"{d['kernels_per_replay']:,d} kernels per replay{notes}{warnings}")
 
@@ -150,6 +156,7 @@ def load_vocoder(
     config: Any = None,
     checkpoint: Any = None,
     stream_chunk: int | None = None,
+    max_stream_chunk: int | None = None,
     batch: int = 1,
     stack_windows: bool = False,
     strict: bool = False,
@@ -169,6 +176,7 @@ def load_vocoder(
     runtime = loaded.runtime
     voc = Vocoder(loaded.family, loaded.config, loaded.module, device=device, backend=backend,
                   dtype=loaded.dtype, batch=batch, strict=strict, buckets=buckets or runtime.get("buckets"),
-                  stream_chunk=stream_chunk or runtime.get("stream_chunk"), exact_stream=exact_stream,
-                  stack_windows=stack_windows)
+                  stream_chunk=stream_chunk or runtime.get("stream_chunk"),
+                  max_stream_chunk=max_stream_chunk or runtime.get("max_stream_chunk"),
+                  exact_stream=exact_stream, stack_windows=stack_windows)
     return voc.capture() if capture else voc

@@ -45,9 +45,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from flashrt.errors import ConfigError
 from flashrt.runtime.buffers import Buffers
 
-__all__ = ["Frontend", "PolicyFrontend", "PolicyFamily", "StreamFrontend", "Window"]
+__all__ = ["Frontend", "PolicyFrontend", "PolicyFamily", "StreamFrontend", "Window", "ChunkSchedule"]
 
 
 @runtime_checkable
@@ -192,3 +193,34 @@ class StreamFrontend(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
     def report(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    """Frames a stream window decodes: ``first`` while nothing or little is out, then as many as the
+    stream has already emitted (so each window at most doubles what was sent: a consumer playing the
+    audio as it comes has the previous windows to play while the next is made), at most ``limit``.
+    ``limit == first``: every window decodes ``first`` frames."""
+
+    first: int
+    limit: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.first, bool) or isinstance(self.limit, bool) or self.first <= 0 \
+                or self.limit < self.first:
+            raise ConfigError(f"stream_chunk ({self.first}) must be positive and max_stream_chunk "
+                              f"({self.limit}) at least stream_chunk")
+
+    def chunk(self, emitted: int) -> int:
+        """Frames of the window after ``emitted`` frames were decoded."""
+        return min(self.limit, max(self.first, emitted))
+
+    def sizes(self) -> tuple[int, ...]:
+        """Every chunk a stream's windows decode before its end (the last one may be shorter)."""
+        sizes, emitted = [], 0
+        while not sizes or sizes[-1] < self.limit:
+            chunk = self.chunk(emitted)
+            if chunk not in sizes:
+                sizes.append(chunk)
+            emitted += chunk
+        return tuple(sizes)

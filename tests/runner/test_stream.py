@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashrt.errors import InputError
+from flashrt.errors import ConfigError, InputError
 from flashrt.profile import StageTimer
 from flashrt.runner.stream import StreamRunner
-from flashrt.runtime.frontend import StreamFrontend, Window
+from flashrt.runtime.frontend import ChunkSchedule, StreamFrontend, Window
 
 
 class ToyFrontend:
@@ -96,6 +96,38 @@ def test_windows_carry_context_and_absolute_offsets():
     runner = StreamRunner(fe, chunk=4)
     list(runner.stream([_signal(12)]))
     assert fe.windows == [(0, 5), (2, 7), (6, 6)]       # L + chunk + R at most, starting L frames back
+
+
+@pytest.mark.parametrize("steps", [1, 3, 7])
+def test_growing_windows_equal_one_shot_and_grow_as_the_audio_sent(steps):
+    """With max_chunk the first window is as early as before, each later one decodes as many frames as
+    the stream has already emitted (at most max_chunk): fewer windows, the same audio."""
+    fe = ToyFrontend()
+    runner = StreamRunner(fe, chunk=2, max_chunk=8)
+    assert runner.stream_windows == (5, 7, 11) and runner.stream_window == 11  # L + (2, 4, 8) + R
+    a, b = _signal(40, seed=steps)
+    whole = runner(a, b)
+    n = -(-40 // steps)
+    fe.windows.clear()
+    pieces = list(runner.stream(_cut((a, b), ([steps] * n, [2 * steps] * n))))
+    assert torch.equal(torch.cat(pieces, -1), whole)
+    kept = [p.shape[-1] // fe.hop for p in pieces]
+    assert sum(kept) == 40 and kept[:5] == [2, 2, 4, 8, 8]  # then 8s, the last one what is left
+    assert fe.windows[:3] == [(0, 3), (0, 5), (2, 7)]       # chunk + R from the start, then L + chunk + R
+    fixed = StreamRunner(ToyFrontend(), chunk=2)
+    assert len(list(fixed.stream([(a, b)]))) == 20 > len(pieces)
+
+
+def test_a_chunk_schedule_is_checked():
+    assert ChunkSchedule(4, 16).sizes() == (4, 8, 16)
+    assert ChunkSchedule(4, 12).sizes() == (4, 8, 12)
+    assert ChunkSchedule(3, 3).sizes() == (3,)
+    assert [ChunkSchedule(4, 16).chunk(e) for e in (0, 4, 8, 16, 32, 100)] == [4, 4, 8, 16, 16, 16]
+    for first, limit in ((0, 4), (4, 2), (True, 4)):
+        with pytest.raises(ConfigError, match="stream_chunk"):
+            ChunkSchedule(first, limit)
+    with pytest.raises(ConfigError, match="max_stream_chunk"):
+        StreamRunner(ToyFrontend(), chunk=4, max_chunk=3)
 
 
 def test_a_stream_ending_inside_a_frame_is_refused():

@@ -23,11 +23,15 @@ def _chunks(voc, codes, frames):
     return [tuple(c[..., i * r:(i + 1) * r] for c, r in zip(codes, rates)) for i in range(frames)]
 
 
-@pytest.mark.parametrize("backend", ["eager", "trace"])
-def test_streams_decoded_together_equal_each_alone(backend, one_thread):
-    alone = flashrt.load_vocoder(SNAC, backend=backend, stream_chunk=4)
-    together = flashrt.load_vocoder(SNAC, backend=backend, stream_chunk=4, batch=4, stack_windows=True)
-    lengths = (12, 7, 12)  # two alike, one shorter: windows of one length stack, the rest go alone
+@pytest.mark.parametrize("backend,grow", [("eager", None), ("trace", None), ("eager", 8), ("trace", 8)])
+def test_streams_decoded_together_equal_each_alone(backend, grow, one_thread):
+    """``grow``: windows growing from 4 frames to 8 (each graph backend bucket holds every window size)."""
+    alone = flashrt.load_vocoder(SNAC, backend=backend, stream_chunk=4, max_stream_chunk=grow)
+    together = flashrt.load_vocoder(SNAC, backend=backend, stream_chunk=4, max_stream_chunk=grow, batch=4,
+                                    stack_windows=True)
+    if grow:
+        assert set(together.stream_windows) <= set(together.buckets) and len(together.stream_windows) == 2
+    lengths = (12, 7, 12) if grow is None else (30, 7, 30)  # windows of one length stack, the rest alone
     codes = [_codes(alone, n, seed) for seed, n in enumerate(lengths)]
     want = [torch.cat(list(alone.stream(_chunks(alone, c, n))), -1) for c, n in zip(codes, lengths)]
     streams = [together.open() for _ in lengths]

@@ -63,11 +63,12 @@ from flashrt.frontends.orpheus.layout import (
 )
 from flashrt.io.inputs import check_seed
 from flashrt.runtime.decode import Generation, Sampling
+from flashrt.runtime.frontend import ChunkSchedule
 from flashrt.runtime.slots import Seat, SlotDecoder
 from flashrt.runtime.threads import CpuLoad, check_threads, choose_threads, torch_threads
 
-__all__ = ["OrpheusTTS", "ORPHEUS_SAMPLING", "to_pcm16", "frame_constraint", "chunk_plan", "lm_backend",
-           "stage_threads"]
+__all__ = ["OrpheusTTS", "ORPHEUS_SAMPLING", "to_pcm16", "frame_constraint", "chunk_plan", "ChunkPlan",
+           "lm_backend", "stage_threads"]
 
 ORPHEUS_SAMPLING = Sampling(temperature=0.6, top_p=0.8, repetition_penalty=1.3)  # the engine's defaults
 FORMATS = ("float32", "pcm16")
@@ -119,7 +120,7 @@ class _LMEngine:
         with torch_threads(self.tts.threads):
             seat = self.decoder.join(job.prompt, job.max_new_tokens, stops, job.sampling)
         job.generation = seat.generation
-        self.rows[request] = _Row(seat, FrameDecoder(self.tts.layout), self.tts.chunk_plan[0])
+        self.rows[request] = _Row(seat, FrameDecoder(self.tts.layout), self.tts.chunk_plan.first)
 
     def leave(self, request: Any) -> None:
         row = self.rows.pop(request, None)
@@ -153,7 +154,7 @@ class _LMEngine:
         if not seat.done and (job.oneshot or job.frames < row.due):
             return Emit(request)
         while row.due <= job.frames:
-            row.due += self.tts.chunk_plan[1]
+            row.due = self.tts.chunk_plan.next_due(row.due)
         codes = stack_frames(row.held) if row.held else None
         row.held = []
         return Emit(request, _Codes(codes, seat.done), done=seat.done)
@@ -316,24 +317,40 @@ class OrpheusTTS:
         self.chain.close()
 
 
-def chunk_plan(frames_per_chunk: int | None, vocoder: Any) -> tuple[int, int]:
-    """(frames of the first code chunk, frames of each later one) the lm stage sends the snac stage.
+@dataclass(frozen=True)
+class ChunkPlan:
+    """When the lm stage sends a request's held frames on: at ``first`` frames, then at each
+    `next_due` (the frame count the next chunk is due at)."""
 
-    None follows the vocoder's stream windows: its first window needs ``stream_chunk`` frames plus the
-    right context, each later one ``stream_chunk`` more, so each chunk makes exactly one window due and
-    no frame waits in a queue for a window that could already be decoded (sending frames one at a time
-    made the snac stage take a new request's first window one frame per call, behind every other
-    request's items). Without a vocoder (the split chain), one frame a chunk. An int: that many frames
-    a chunk."""
+    schedule: ChunkSchedule
+    right: int = 0  # frames a window waits for past the ones it keeps (the vocoder's right context)
+
+    @property
+    def first(self) -> int:
+        return self.schedule.chunk(0) + self.right
+
+    def next_due(self, due: int) -> int:
+        emitted = due - self.right  # what the vocoder's stream has decoded once this chunk's window ran
+        return emitted + self.schedule.chunk(emitted) + self.right
+
+
+def chunk_plan(frames_per_chunk: int | None, vocoder: Any) -> ChunkPlan:
+    """When the lm stage sends frames to the snac stage.
+
+    None follows the vocoder's stream windows (`flashrt.runner.stream.ChunkSchedule`): its first window
+    needs the first chunk plus the right context, each later one its own chunk more, so each code chunk
+    makes exactly one window due and no frame waits in a queue for a window that could already be
+    decoded (sending frames one at a time made the snac stage take a new request's first window one
+    frame per call, behind every other request's items). Without a vocoder (the split chain), one frame
+    a chunk. An int: that many frames a chunk."""
     if frames_per_chunk is not None:
         if isinstance(frames_per_chunk, bool) or not isinstance(frames_per_chunk, int) \
                 or frames_per_chunk < 1:
             raise ConfigError(f"frames_per_chunk must be a positive int or None, got {frames_per_chunk!r}")
-        return frames_per_chunk, frames_per_chunk
+        return ChunkPlan(ChunkSchedule(frames_per_chunk, frames_per_chunk))
     if vocoder is None:
-        return 1, 1
-    chunk, (_, right) = int(vocoder.stream_chunk), vocoder.frontend.context
-    return chunk + int(right), chunk
+        return ChunkPlan(ChunkSchedule(1, 1))
+    return ChunkPlan(vocoder.schedule, int(vocoder.frontend.context[1]))
 
 
 def lm_backend(lm_graphs: str | None, backend: str | None, device: torch.device) -> str | None:

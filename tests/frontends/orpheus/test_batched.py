@@ -120,17 +120,25 @@ def test_a_cancel_and_a_bad_token_end_only_their_own_requests(tts, io, monkeypat
 
 def test_each_code_chunk_the_lm_sends_makes_one_snac_window_due(tts):
     """The lm stage sends a request's frames as its SNAC stream's windows fall due (the first window's
-    chunk + right context, then a chunk each): every chunk gives audio at once, none waits in a queue
-    for the frames after it (one frame a chunk made the snac stage take a new request's first window
-    one frame per call, behind the other requests' items)."""
+    chunk + right context, then each window's own chunk, growing as the stream goes): every chunk gives
+    audio at once, none waits in a queue for the frames after it (one frame a chunk made the snac stage
+    take a new request's first window one frame per call, behind the other requests' items)."""
     chunk, (_, right) = tts.vocoder.stream_chunk, tts.vocoder.frontend.context
-    assert tts.chunk_plan == (chunk + right, chunk)
+    limit = tts.vocoder.max_stream_chunk
+    assert limit == 16 > chunk == 4  # the CPU default: windows grow from 4 frames to 16
+    plan = tts.chunk_plan
+    dues = [plan.first]
+    while len(dues) < 5:
+        dues.append(plan.next_due(dues[-1]))
+    assert dues == [n * chunk + right for n in (1, 2, 4, 8, 12)]
     before = tts.chain.stats()["stages"]
     audio = list(tts.stream(TEXTS[4], voice="leo", sampling=GREEDY))
     after = tts.chain.stats()["stages"]
     sent = after["lm"]["items"] - before["lm"]["items"]
     frames = tts.report()["frames"]
-    assert frames > chunk + right + chunk and sent == len(audio) == 1 + -(-(frames - chunk - right) // chunk)
+    while dues[-1] < frames:
+        dues.append(plan.next_due(dues[-1]))
+    assert frames > dues[2] and sent == len(audio) == 1 + sum(due < frames for due in dues)
 
 
 def test_the_cpu_lm_replays_a_traced_step_with_the_eager_steps_tokens(tts):
