@@ -48,6 +48,16 @@ def hashed_uniform(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tens
     return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))  # 23 bits: exact in float32, never 0 or 1
 
 
+def step_uniforms(seed: torch.Tensor, steps: int) -> torch.Tensor:
+    """(R, steps) float32: column t is row r's variate at step t, ``hashed_uniform(seed[r], t, 1)``,
+    bit for bit: a whole request's draws in one pass (the slot decoder tabulates them at join, so a
+    decode step gathers one value instead of hashing: ~45 ops on (R, 1) tensors)."""
+    t = torch.arange(steps, device=seed.device, dtype=torch.int64)
+    key = _mix32((seed[:, None] & _M32) ^ _mix32((t[None, :] + 0x3C6EF372) & _M32))
+    h = _mix32(key ^ _mix32(torch.zeros((), device=seed.device, dtype=torch.int64)))
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
+
+
 def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
     """Repetition penalty on the tokens marked in ``seen`` (B, V) bool; ``penalty`` (1,) (1.0: none)."""
     hit = torch.where(logits < 0, logits * penalty, logits / penalty)
@@ -60,8 +70,10 @@ def greedy_token(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                 seed: torch.Tensor, step: torch.Tensor, candidates: int = 1024) -> torch.Tensor:
-    """(B, V) -> (B, 1) int64 drawn after temperature, top-k and top-p (module docstring).
+                 seed: torch.Tensor, step: torch.Tensor, candidates: int = 1024,
+                 u: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, V) -> (B, 1) int64 drawn after temperature, top-k and top-p (module docstring). ``u``: the
+    rows' variates (B, 1) where the caller has them (`step_uniforms`); None: hashed from seed and step.
 
     Only the ``candidates`` most likely tokens are ranked (`torch.topk`, not a sort of the vocabulary:
     about 10x cheaper on the CPU at V = 157k); probabilities still use the full distribution's
@@ -85,6 +97,6 @@ def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     cum = probs.cumsum(-1)
     kept = torch.where((cum - probs) < top_p, probs, torch.zeros((), device=logits.device))
     kept_cum = kept.cumsum(-1)
-    target = hashed_uniform(seed, step, 1) * kept_cum[..., -1:]
+    target = (hashed_uniform(seed, step, 1) if u is None else u) * kept_cum[..., -1:]
     last = ((kept > 0).sum(-1, keepdim=True) - 1).clamp_min(0)  # 0 for a row with no number (temperature 0)
     return order.gather(-1, torch.minimum((kept_cum <= target).sum(-1, keepdim=True), last))

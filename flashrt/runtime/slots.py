@@ -62,13 +62,13 @@ from flashrt.runtime.buckets import GraphSet
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.decode import MODES, Generation, JoinedBuffers, Sampling, check_request
 from flashrt.runtime.graphs import backend_for_device
-from flashrt.runtime.sampling import greedy_token, penalize, sample_token
+from flashrt.runtime.sampling import greedy_token, penalize, sample_token, step_uniforms
 
 __all__ = ["SlotModel", "SlotIO", "Seat", "SlotDecoder", "DEFAULT_BATCH_BUCKETS"]
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8)
 KNOBS = ("temperature", "top_k", "top_p", "penalty", "seed")
-ROW_STATE = ("token", "position", "step", "seen", *KNOBS, "out")  # moved with a row when rows are packed
+ROW_STATE = ("token", "position", "step", "seen", *KNOBS, "uniform", "out")  # moved with a row when packed
 
 
 @runtime_checkable
@@ -93,8 +93,9 @@ class SlotIO:
     """The runner's buffers, by attribute. S rows, P the largest prompt bucket, V vocabulary, G max new
     tokens. Inputs (the joining request): prompt (1, P), length (1,), row (1,), join_* knobs; the host
     also writes ``active`` (S,) between replays. State (per row): token (S, 1), position, step, seed
-    (S,), seen (S, V), temperature, top_k, top_p, penalty (S, 1). Scratch: logits (S, V), join_logits
-    (1, V). Output: out (S, G), the tokens each row picked."""
+    (S,), seen (S, V), temperature, top_k, top_p, penalty (S, 1), uniform (S, G) (the variate of each
+    step, tabulated by the prefill). Scratch: logits (S, V), join_logits (1, V). Output: out (S, G), the
+    tokens each row picked."""
 
     def __init__(self, rows: int, prompt_len: int, vocab: int, max_new: int, device: torch.device) -> None:
         i64, f32 = torch.int64, torch.float32
@@ -117,6 +118,8 @@ class SlotIO:
             BufferSpec("top_p", (rows, 1), f32, "state"),
             BufferSpec("penalty", (rows, 1), f32, "state"),
             BufferSpec("seed", (rows,), i64, "state"),
+            BufferSpec("uniform", (rows, max_new), f32, "state",
+                       doc="each row's sampling variate per step (`step_uniforms` of its seed)"),
             BufferSpec("logits", (rows, vocab), f32, "scratch"),
             BufferSpec("join_logits", (1, vocab), f32, "scratch"),
             BufferSpec("out", (rows, max_new), i64, "output", doc="tokens picked so far, per row"),
@@ -222,9 +225,12 @@ class SlotDecoder:
                     1, prompt, valid.expand_as(prompt))
                 seen = counts > 0
             step = torch.zeros(1, dtype=torch.int64, device=row.device)
-            chosen = self._pick(io.join_logits, seen, step, *(io[f"join_{k}"] for k in KNOBS), greedy=False)
+            uniform = step_uniforms(io.join_seed, io.uniform.shape[1])
+            chosen = self._pick(io.join_logits, seen, step, *(io[f"join_{k}"] for k in KNOBS),
+                                uniform[:, :1], greedy=False)
             for name in KNOBS:
                 io[name].index_copy_(0, row, io[f"join_{name}"])
+            io.uniform.index_copy_(0, row, uniform)
             if self.penalty:
                 seen = seen.scatter(1, chosen, torch.ones_like(chosen, dtype=torch.bool))  # traceable (jit)
             io.seen.index_copy_(0, row, seen)
@@ -243,7 +249,8 @@ class SlotDecoder:
             advance = active.to(torch.int64)
             io.position[:rows].add_(advance)
             knobs = (io[k][:rows] for k in KNOBS)
-            chosen = self._pick(io.logits[:rows], io.seen[:rows], step, *knobs, greedy=mode == "greedy")
+            u = io.uniform[:rows].gather(1, step[:, None].clamp(max=io.uniform.shape[1] - 1))
+            chosen = self._pick(io.logits[:rows], io.seen[:rows], step, *knobs, u, greedy=mode == "greedy")
             chosen = torch.where(active[:, None], chosen, io.token[:rows])
             io.token[:rows].copy_(chosen)
             at = step[:, None].clamp(max=io.out.shape[1] - 1)
@@ -257,15 +264,16 @@ class SlotDecoder:
 
     def _pick(self, logits: torch.Tensor, seen: torch.Tensor, step: torch.Tensor, temperature: torch.Tensor,
               top_k: torch.Tensor, top_p: torch.Tensor, penalty: torch.Tensor, seed: torch.Tensor,
-              greedy: bool) -> torch.Tensor:
-        """(R, V) logits of R rows at their steps (R,) -> (R, 1) tokens, each row with its own knobs."""
+              u: torch.Tensor, greedy: bool) -> torch.Tensor:
+        """(R, V) logits of R rows at their steps (R,) -> (R, 1) tokens, each row with its own knobs and
+        its variate ``u`` (R, 1) of this step."""
         if self.penalty:
             logits = penalize(logits, seen, penalty)
         if self.constraint is not None:
             logits = self.constraint(logits, step[:, None])
         chosen = greedy_token(logits)
         if not greedy:
-            drawn = sample_token(logits, temperature, top_k, top_p, seed, step, self.candidates)
+            drawn = sample_token(logits, temperature, top_k, top_p, seed, step, self.candidates, u=u)
             chosen = torch.where(temperature > 0, drawn, chosen)
         return chosen
 

@@ -20,10 +20,12 @@ PINNED = {
     ("pi0-fast", "cuda"): {"pi0-fast prefill": 557, "pi0-fast decode/token": 253},  # prefill samples: +4
     ("pi0-fast", "cuda-aten"): {"pi0-fast prefill": 978, "pi0-fast decode/token": 417},
     # the sampled token by its inverse CDF (2026-12-04, runtime/sampling.py): 4 kernels more than Gumbel-max
-    ("lm", "cuda"): {"orpheus-lm prefill": 797, "orpheus-lm decode/token @1": 449,
-                     "orpheus-lm decode/step @8": 449},
-    ("lm", "cuda-aten"): {"orpheus-lm prefill": 1420, "orpheus-lm decode/token @1": 1072,
-                          "orpheus-lm decode/step @8": 1072},
+    # the slot decoder's variates tabulated at join (runtime/slots.py, step_uniforms): a decode step
+    # gathers its u (-48 kernels), the prefill fills the row's table (+2)
+    ("lm", "cuda"): {"orpheus-lm prefill": 799, "orpheus-lm decode/token @1": 401,
+                     "orpheus-lm decode/step @8": 401},
+    ("lm", "cuda-aten"): {"orpheus-lm prefill": 1422, "orpheus-lm decode/token @1": 1024,
+                          "orpheus-lm decode/step @8": 1024},
 }
 
 

@@ -10,7 +10,7 @@ gets its turn, so a token kept or dropped by mistake changes some draw."""
 import pytest
 import torch
 
-from flashrt.runtime.sampling import hashed_uniform, penalize, sample_token
+from flashrt.runtime.sampling import hashed_uniform, penalize, sample_token, step_uniforms
 
 transformers = pytest.importorskip("transformers")
 
@@ -114,3 +114,13 @@ def test_draws_from_fewer_candidates_than_the_vocabulary_match_while_the_nucleus
     drawn = [int(sample_token(penalized, *knobs, torch.tensor([s]), torch.tensor([s % 5]), candidates=48))
              for s in SEEDS]
     assert drawn == [_expected_draw(scores, order, s, s % 5) for s in SEEDS]
+
+
+def test_step_uniforms_tabulate_the_hashed_variate_of_every_step():
+    """The slot decoder's table of a request's variates (filled at join) holds, bit for bit, what
+    `hashed_uniform` gives at each step, so a row draws the same tokens as the hashing runners."""
+    for seed in (0, 3, 0xFFFFFFFF, 123456789):
+        table = step_uniforms(torch.tensor([seed]), 40)
+        hashed = torch.cat([hashed_uniform(torch.tensor([seed]), torch.tensor([t]), 1) for t in range(40)], 1)
+        assert table.shape == (1, 40) and torch.equal(table, hashed)
+    assert not torch.equal(step_uniforms(torch.tensor([1]), 8), step_uniforms(torch.tensor([2]), 8))
