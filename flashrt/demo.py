@@ -239,6 +239,7 @@ def demo(rate_hz: float = 20.0, seconds: float = 5.0, device: str = "auto", back
     voice       the narrating voice (anything `flashrt.load_tts` takes)
     """
     from flashrt.runner.policy import load_policy
+    from flashrt.runtime.heap import settle
 
     if not rate_hz > 0 or not seconds > 0:
         raise ConfigError(f"--rate-hz and --seconds must be positive numbers, got {rate_hz} and {seconds}")
@@ -255,10 +256,11 @@ def demo(rate_hz: float = 20.0, seconds: float = 5.0, device: str = "auto", back
             if not quiet:
                 _print_talk(result)
             return result
+        heap = settle()  # once loaded, before the loop (flashrt.runtime.heap)
         record = _measure(policy, rate_hz, seconds)
     result = {"generated": generated, "load_s": load_s, **_summarize(record, rate_hz),
               "device": str(policy.frontend.device), "backend": policy.frontend.report()["backend"],
-              "threads": threads}
+              "threads": threads, "heap": heap.to_dict()}
     if not quiet:
         _print_report(policy.info(), result)
     return result

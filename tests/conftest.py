@@ -9,6 +9,7 @@ with a custom reason cannot name its module; the install is broken either way). 
 undeclared package (one that lives only in the reference environment, e.g. lerobot) stays a skip.
 """
 
+import gc
 import os
 import re
 import sys
@@ -24,6 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 EXTRA = "test"
 _CLEAN = (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED)
 _IMPORT_SKIP = re.compile(r"could not import '([\w.]+)'")
+
+
+@pytest.fixture(autouse=True)
+def _heap_unfrozen():
+    """The servers, the demo and the loop bench freeze the heap once loaded (`flashrt.runtime.heap`);
+    in the suite's one process each test's objects go back to the collector after it."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ def test_demo_runs_the_loop_and_reports(tmp_path, capsys):
     assert result["generated"] and result["ticks"] == 20 and result["step"]["count"] == 20
     assert result["replan"]["count"] == 20 // SIZES.n_action_steps
     assert result["step"]["deadline_ms"] == 25.0 and result["backend"] == "eager"
+    assert result["heap"]["frozen"] > 0 and result["heap"]["collect_ms"] >= 0  # settled before the loop
     assert torch.get_num_threads() == threads
     again = demo(rate_hz=20.0, seconds=0.25, device="cpu", checkpoint=str(folder), quiet=True)
     assert not again["generated"] and again["ticks"] == 5

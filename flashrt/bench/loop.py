@@ -250,6 +250,7 @@ def run_loop_benchmark(name: str, profile: Any, config: LoopConfig, checkpoint: 
     from flashrt.bench.env import environment
     from flashrt.bench.harness import BenchOptions, build_adapter, freeze_trace, torch_threads
     from flashrt.bench.profiles import check_device
+    from flashrt.runtime.heap import settle
 
     device, cold = check_device(profile), {}
     with torch_threads(profile.device.threads):
@@ -257,12 +258,13 @@ def run_loop_benchmark(name: str, profile: Any, config: LoopConfig, checkpoint: 
         policy = _policy_of(adapter, name)
         trace = freeze_trace(adapter, profile, None)
         warm_up(policy, trace[0], config.warmup)
+        heap = settle()  # what a control loop does once set up (flashrt.runtime.heap)
         with BackgroundLoad(config.load_workers, config.load_kind):
             ticks, summary = _timed_loop(policy, trace, config)
             sides = _async_side(policy, trace, config) if config.async_mode else {}
     return {"schema": "flashrt.loop.result/1", "kind": "loop", "benchmark": name, "status": "ok",
             "profile": profile.to_dict(), "trace": trace.record(), "cold_start_ms": cold,
-            "loop": summary, "ticks": _columns(ticks), **sides, "env": environment()}
+            "loop": summary, "ticks": _columns(ticks), **sides, "heap": heap.to_dict(), "env": environment()}
 
 
 def _timed_loop(policy: Any, trace: Any, config: LoopConfig) -> tuple[list[Tick], dict[str, Any]]:

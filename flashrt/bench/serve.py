@@ -217,7 +217,7 @@ class _target:
         self.voice, self.url, self.max_pending, self.slots = voice, url, max_pending, slots
         self.options = {k: v for k, v in (("slots", slots), ("decoder_precision", decoder_precision))
                         if v is not None}
-        self.thread = self.server = self.model = None
+        self.thread = self.server = self.model = self.heap = None
         self.name = voice
 
     def __enter__(self) -> _target:
@@ -225,10 +225,12 @@ class _target:
             self.url = self.url.rstrip("/")
             return self
         from flashrt.runner.tts import load_tts
+        from flashrt.runtime.heap import settle
         from flashrt.serve.cli import voice_name
 
         self.name = voice_name(self.voice)
         self.model = load_tts(self.voice, **self.options)
+        self.heap = settle()  # as `flashrt serve` does once its voices are loaded (flashrt.runtime.heap)
         self._start()
         self.url = self.thread.url
         return self
@@ -287,6 +289,7 @@ async def _measure(url: str, voice: str, plan: _Plan, baseline: dict[str, Any] |
                                                       "slow_consumer": plan.slow_every,
                                                       "slow_hold_s": plan.slow_hold_s},
         "modes": {},
+        "heap": target.heap.to_dict() if target is not None and target.heap is not None else None,
     }
     levels = plan.arrivals(capacity)
     for mode in plan.modes:

@@ -95,11 +95,13 @@ def _load(plan: _Plan, prof: Any, device: str, tmp: Path) -> Any:
 
 def _measure(plan: _Plan, prof: Any, device: str, tmp: Path) -> dict[str, Any]:
     from flashrt.bench.adapters.pi0 import PRESETS, observations
+    from flashrt.runtime.heap import settle
     from flashrt.serve.policy_server import PolicyServer
 
     start = time.perf_counter()
     policy = _load(plan, prof, device, tmp)
     load_s = time.perf_counter() - start
+    heap = settle()  # as `flashrt serve-policy` does once its policy is loaded (flashrt.runtime.heap)
     messages = [{**{k: o[k] for k in ("images", "state", "prompt")}, "noise": o["noise"]}
                 for o in observations(policy, plan.robots, 0, PRESETS[prof.shapes.preset].frame)]
     servers = {"batched": PolicyServer(policy, port=0, max_batch=plan.max_batch,
@@ -126,7 +128,7 @@ def _measure(plan: _Plan, prof: Any, device: str, tmp: Path) -> dict[str, Any]:
             "profile": {"name": prof.name, "preset": prof.shapes.preset, "backend": prof.runtime.backend},
             "robots": plan.robots, "requests_per_round": plan.requests, "rounds": plan.rounds,
             "batches": list(policy.batches), "batch_window_ms": plan.window_ms, "load_s": load_s,
-            "gate": gate, "modes": report, "speedup": speedup,
+            "gate": gate, "modes": report, "speedup": speedup, "heap": heap.to_dict(),
             "status": "ok" if gate["passed"] else "gated-out"}
 
 

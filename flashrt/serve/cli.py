@@ -94,6 +94,7 @@ def serve(
 
     from flashrt.runner.tts import load_tts, snac_options
     from flashrt.runtime.device import resolve_device
+    from flashrt.runtime.heap import settle
     from flashrt.serve.app import ServerLimits, SpeechServer, build_app
 
     check_options(port, max_pending, queue_size, send_timeout, ttfa_deadline_ms)  # before any voice loads
@@ -122,6 +123,7 @@ def serve(
             if warmup:
                 for _ in model.stream("Ready."):
                     pass
+        typer.echo(f"flashrt serve: {settle().summary()}", err=True)
         limits = ServerLimits(max_pending=max_pending, queue_size=queue_size, send_timeout_s=send_timeout,
                               ttfa_deadline_ms=ttfa_deadline_ms)
         server = SpeechServer(voices, limits, api_key=api_key)

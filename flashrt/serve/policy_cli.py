@@ -55,6 +55,7 @@ def serve_policy(
     """Serve one policy to openpi-client over websockets (msgpack + numpy, metadata on connect)."""
     from flashrt.errors import ConfigError
     from flashrt.runner.policy import batch_ladder, cli_options, detect_family, load_policy
+    from flashrt.runtime.heap import settle
     from flashrt.serve.policy_server import PolicyServer
 
     if not 0 <= port < 65536:
@@ -91,6 +92,7 @@ def serve_policy(
                          **cli_options(tokenizer, embodiment))
     if policy.cannot_batch:
         typer.echo(f"flashrt serve-policy: one request at a time ({policy.cannot_batch})", err=True)
+    typer.echo(f"flashrt serve-policy: {settle().summary()}", err=True)
     limit = None if max_message_mb is None else int(max_message_mb * 2**20)
     held = None if max_held_mb is None else int(max_held_mb * 2**20)
     server = PolicyServer(policy, host, port, max_message_bytes=limit, max_connections=max_connections,

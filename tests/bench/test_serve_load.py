@@ -184,6 +184,7 @@ def test_an_end_to_end_run_accounts_for_every_request(toy, tmp_path, capsys):
     record = json.loads((tmp_path / "results.json").read_text())
     assert record["capacity_rps"] > 0 and record["deadline_ms"] > 0
     assert record["single_stream"]["cold"]["status"] == 200 and len(record["single_stream"]["warm"]) == 2
+    assert record["heap"]["frozen"] > 0  # the in-process server settled its heap once the voice loaded
     for levels in record["modes"].values():
         assert [lv["load"] for lv in levels] == [1.0, 3.0]
         _check_accounting(levels, 6)
