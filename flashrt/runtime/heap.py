@@ -6,9 +6,10 @@ CPython's cyclic collector runs a full (generation 2) collection now and then, a
 allocation counts, not by the caller, and a full collection walks every tracked object. A process
 holding torch, numpy and a loaded model tracks ~300k objects: a full collection took 130-145 ms on the
 2-core CPU VM (2026-12-04; the tiny Orpheus voice or the Pi0.5 demo policy loaded alike), a
-stop-the-world pause inside a control tick (seven ticks at 50 Hz) or a request's first audio. Six of
-them ran during one `flashrt bench serve` process (17-208 ms each), one after the heap was settled
-(47 ms: the objects the bench's own client and plots made since).
+stop-the-world pause inside a control tick (seven ticks at 50 Hz) or a request's first audio. During
+one `flashrt bench serve` run of the tiny Orpheus voice (1-8x load, 48 requests a level) one full
+collection ran after the load, twice over: 203 and 213 ms unsettled, 34 and 36 ms settled (it walked
+only what the bench's own client and plots had made since).
 
 `settle` runs one full collection, then `gc.freeze()`: every object alive moves to the permanent
 generation, which later collections, full ones included, do not walk. What a process loads at start
