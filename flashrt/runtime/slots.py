@@ -67,6 +67,7 @@ from flashrt.runtime.sampling import greedy_token, penalize, sample_token, step_
 __all__ = ["SlotModel", "SlotIO", "Seat", "SlotDecoder", "DEFAULT_BATCH_BUCKETS"]
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8)
+FIRST_RANK_BACKENDS = ("eager", "jit")  # run a step's Python branches at replay (not trace, not CUDA graphs)
 KNOBS = ("temperature", "top_k", "top_p", "penalty", "seed")
 ROW_STATE = ("token", "position", "step", "seen", *KNOBS, "uniform", "out")  # moved with a row when packed
 
@@ -174,6 +175,9 @@ class SlotDecoder:
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be positive, got {max_new_tokens}")
         self.backend = backend_for_device(backend, model.device)
+        # rank the first few tokens and all candidates only when a row keeps more (a host-read branch:
+        # backends that run Python control flow, on the CPU; `flashrt.runtime.sampling.sample_token`)
+        self.first_ranks = self.backend.name in FIRST_RANK_BACKENDS and model.device.type == "cpu"
         self.io = SlotIO(model.batch, self.buckets[-1], model.vocab_size, self.max_new_tokens, model.device)
         self.graph_buffers = JoinedBuffers(self.io.buffers, getattr(model, "buffers", None))
         self.prefills = GraphSet(self.backend, self._prefill_body, self.buckets, buffers=self.graph_buffers,
@@ -273,7 +277,8 @@ class SlotDecoder:
             logits = self.constraint(logits, step[:, None])
         chosen = greedy_token(logits)
         if not greedy:
-            drawn = sample_token(logits, temperature, top_k, top_p, seed, step, self.candidates, u=u)
+            drawn = sample_token(logits, temperature, top_k, top_p, seed, step, self.candidates, u=u,
+                                 first=self.first_ranks)
             chosen = torch.where(temperature > 0, drawn, chosen)
         return chosen
 
