@@ -83,13 +83,15 @@ def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     Only the ``candidates`` most likely tokens are ranked (`torch.topk`, not a sort of the vocabulary:
     about 10x cheaper on the CPU at V = 157k); probabilities still use the full distribution's
     normalizer, so top-p is exact whenever the nucleus fits in the candidates (top-k is capped there).
-    Ranks are canonical (`rank`: value descending, ties by token id), so the draw does not depend on
-    how many were ranked as long as the kept ones were.
 
     ``first`` (CPU graph backends that run Python control flow: eager, jit): rank only the
     `FIRST_RANKS` most likely tokens, and the ``candidates`` only when some row keeps more than those
-    (`draw_first`). The same tokens as without it, bit for bit; a data-dependent branch (a host read),
-    so never inside a CUDA graph or the trace backend. With a peaked distribution (a trained LM at
+    (`draw_first`), both in canonical order (`rank`: value descending, ties by token id, so the draw
+    does not depend on how many were ranked as long as the kept ones were). The same tokens as without
+    it, bit for bit, except where two kept candidates hold the very same value (``torch.topk`` orders
+    such ties as it likes; the canonical order needs a stable sort, which the ONNX export has no
+    translation for). A data-dependent branch (a host read), so never inside a CUDA graph or the trace
+    backend. With a peaked distribution (a trained LM at
     Orpheus' temperature 0.6 and top-p 0.8 keeps a handful) the 8-row step of a 720-token vocabulary
     ranked 32 tokens instead of 720 (topk 70 -> 16 us), of a 157k one 1.9 instead of 6.3 ms.
 
@@ -103,12 +105,15 @@ def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     ranked = min(int(candidates), logits.shape[-1])
     if first and ranked > FIRST_RANKS:
         return scripted_draw_first()(scaled, norm, top_k, top_p, u, FIRST_RANKS, ranked)
-    return draw(scaled, norm, top_k, top_p, u, ranked, FIRST_RANKS)[0]
+    return draw(scaled, norm, top_k, top_p, u, ranked, FIRST_RANKS, False)[0]
 
 
-def rank(scaled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` largest of each row (B, V) and their token ids, value descending, ties by ascending id
-    (canonical: the same whatever ``k``, where the k-th value is not tied with the next)."""
+def rank(scaled: torch.Tensor, k: int, canonical: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest of each row (B, V) and their token ids, value descending; ``canonical``: ties by
+    ascending id (the same whatever ``k``, where the k-th value is not tied with the next), else in
+    ``torch.topk``'s order."""
+    if not canonical:
+        return scaled.topk(k, dim=-1)
     if k >= scaled.shape[-1]:
         return torch.sort(scaled, dim=-1, descending=True, stable=True)
     values, order = scaled.topk(k, dim=-1)
@@ -119,13 +124,13 @@ def rank(scaled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def draw(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor,
-         k: int, head: int) -> tuple[torch.Tensor, torch.Tensor]:
+         k: int, head: int, canonical: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens (B, 1), fits (B, 1)) from the ``k`` best ranks (`sample_token`); ``norm`` the full
     distribution's logsumexp (B, 1). ``fits``: these ranks decide the row's draw (without top-k: its
     kept mass reaches top_p within them; with one: its top-k is at most k). A top-k of at most ``head``
     (`FIRST_RANKS`) is normalized over the first ``head`` ranks whatever ``k``, so a draw of that many
     ranks equals one of more, bit for bit."""
-    values, order = rank(scaled, k)
+    values, order = rank(scaled, k, canonical)
     ranks = torch.arange(values.shape[-1], device=scaled.device)
     minus_inf = torch.full((), -torch.inf, device=scaled.device)
     top = torch.where((ranks < top_k) | (top_k <= 0), values, minus_inf)
@@ -147,10 +152,10 @@ def draw_first(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, to
                u: torch.Tensor, first: int, k: int) -> torch.Tensor:
     """`draw` over the ``first`` best ranks when every row fits in them, else over ``k`` (run as
     TorchScript, `scripted_draw_first`: a traced step keeps the branch)."""
-    tokens, fits = draw(scaled, norm, top_k, top_p, u, first, first)
+    tokens, fits = draw(scaled, norm, top_k, top_p, u, first, first, True)
     if bool(fits.all()):
         return tokens
-    return draw(scaled, norm, top_k, top_p, u, k, first)[0]
+    return draw(scaled, norm, top_k, top_p, u, k, first, True)[0]
 
 
 @functools.cache

@@ -10,7 +10,7 @@ gets its turn, so a token kept or dropped by mistake changes some draw."""
 import pytest
 import torch
 
-from flashrt.runtime.sampling import FIRST_RANKS, hashed_uniform, penalize, sample_token, step_uniforms
+from flashrt.runtime.sampling import FIRST_RANKS, draw, hashed_uniform, penalize, sample_token, step_uniforms
 
 transformers = pytest.importorskip("transformers")
 
@@ -129,28 +129,36 @@ def test_step_uniforms_tabulate_the_hashed_variate_of_every_step():
 @pytest.mark.parametrize("vocab,candidates", [(720, 1024), (2000, 256), (300, 48)])
 def test_ranking_the_first_few_draws_the_same_tokens_as_ranking_all(vocab, candidates):
     """``first=True`` ranks FIRST_RANKS tokens and falls back to the candidates when a row keeps more:
-    bit for bit the tokens of ranking them all, on peaked rows (the fast branch) and flat ones (the
-    fallback), with top-k below, at and above FIRST_RANKS, alone and batched, eager and traced."""
+    bit for bit the tokens of ranking them all in canonical order (ties by token id), on peaked rows (the
+    fast branch) and flat ones (the fallback), with top-k below, at and above FIRST_RANKS and tied
+    logits, alone and batched, eager and traced; without ties ``first=False`` (topk's order) agrees."""
     g = torch.Generator().manual_seed(vocab)
     seen = {True: 0, False: 0}
     for trial in range(60):
         rows = 1 + trial % 8
         sharp = torch.rand((rows, 1), generator=g) * 12          # 0: flat rows, 12: one token dominates
-        logits = torch.randn((rows, vocab), generator=g) * sharp
-        logits[:, ::97] = logits[:, :1]                           # ties
+        plain = torch.randn((rows, vocab), generator=g) * sharp
+        tied = plain.clone()
+        tied[:, ::97] = tied[:, :1]
         ks = [0, 5, FIRST_RANKS, FIRST_RANKS + 1, 100]
         knobs = (torch.rand((rows, 1), generator=g) + 0.3,
                  torch.tensor([[ks[(trial + r) % 5]] for r in range(rows)]),
                  torch.rand((rows, 1), generator=g) * 0.99 + 0.01)
         seed, step = torch.arange(rows) + trial, torch.full((rows,), trial)
-        full = sample_token(logits, *knobs, seed, step, candidates=candidates)
-        fast = sample_token(logits, *knobs, seed, step, candidates=candidates, first=True)
-        assert torch.equal(full, fast), trial
-        for r in range(rows):  # each row alone draws what it draws in the batch
-            alone = sample_token(logits[r:r + 1], *(k[r:r + 1] for k in knobs), seed[r:r + 1], step[r:r + 1],
-                                 candidates=candidates, first=True)
-            assert torch.equal(alone, full[r:r + 1])
-        mass = (logits / knobs[0]).softmax(-1).sort(-1, descending=True).values[:, :FIRST_RANKS].sum(-1)
+        u = hashed_uniform(seed, step, 1)
+        for logits in (plain, tied):
+            scaled = logits / knobs[0]
+            every = draw(scaled, scaled.logsumexp(-1, keepdim=True), knobs[1], knobs[2], u,
+                         min(candidates, vocab), FIRST_RANKS, True)[0]
+            fast = sample_token(logits, *knobs, seed, step, candidates=candidates, first=True)
+            assert torch.equal(fast, every), trial
+            for r in range(rows):  # each row alone draws what it draws in the batch
+                alone = sample_token(logits[r:r + 1], *(k[r:r + 1] for k in knobs), seed[r:r + 1],
+                                     step[r:r + 1], candidates=candidates, first=True)
+                assert torch.equal(alone, fast[r:r + 1])
+        assert torch.equal(sample_token(plain, *knobs, seed, step, candidates=candidates),  # no ties
+                           sample_token(plain, *knobs, seed, step, candidates=candidates, first=True))
+        mass = (plain / knobs[0]).softmax(-1).sort(-1, descending=True).values[:, :FIRST_RANKS].sum(-1)
         top_k = knobs[1][:, 0]
         seen[bool(torch.where(top_k > 0, top_k <= FIRST_RANKS, mass >= knobs[2][:, 0]).all())] += 1
     assert seen[True] and seen[False]  # both branches ran
@@ -163,6 +171,6 @@ def test_ranking_the_first_few_draws_the_same_tokens_as_ranking_all(vocab, candi
             torch.zeros((rows, 1), dtype=torch.int64), torch.full((rows, 1), 0.8), torch.arange(rows),
             torch.zeros(rows, dtype=torch.int64))
     traced = torch.jit.trace(step_fn, args, check_trace=False)
-    for sharpness in (12.0, 0.0):  # the traced step keeps the branch: peaked, then flat
+    for sharpness in (12.0, 0.05, 0.0):  # the traced step keeps the branch: peaked, flat, all tied
         lg = torch.randn(rows, vocab, generator=g) * sharpness
-        assert torch.equal(traced(lg, *args[1:]), sample_token(lg, *args[1:], candidates=candidates))
+        assert torch.equal(traced(lg, *args[1:]), step_fn(lg, *args[1:]))
