@@ -15,7 +15,9 @@ off); top-p (keep the smallest set of top tokens whose probability reaches p, al
 one draw from what is kept, renormalized, by its inverse CDF over the ranks (largest first): the first
 rank whose cumulative probability exceeds u times the kept total. Temperature 0 is greedy
 (`greedy_token`, its own graph). Sampling ranks only the top ``candidates`` tokens (default 1024; see
-`sample_token`).
+`sample_token`), and on the CPU backends that run a step's branches only the first `FIRST_RANKS` while
+every row's kept set fits in them (``first=True``). The slot decoder tabulates a request's variates
+when it joins (`step_uniforms`), the same values as the hash.
 
 Why the inverse CDF and not Gumbel-max (argmax of score + Gumbel noise per rank): the same
 distribution from one variate per row instead of one per candidate, whose noise (a hash, two logs, an
