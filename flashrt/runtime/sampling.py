@@ -16,7 +16,7 @@ one draw from what is kept, renormalized, by its inverse CDF over the ranks (lar
 rank whose cumulative probability exceeds u times the kept total. Temperature 0 is greedy
 (`greedy_token`, its own graph). Sampling ranks only the top ``candidates`` tokens (default 1024; see
 `sample_token`), and on the CPU backends that run a step's branches only the first `FIRST_RANKS` while
-every row's kept set fits in them (``first=True``). The slot decoder tabulates a request's variates
+every row's kept set fits in them (``first=``). The slot decoder tabulates a request's variates
 when it joins (`step_uniforms`), the same values as the hash.
 
 Why the inverse CDF and not Gumbel-max (argmax of score + Gumbel noise per rank): the same
@@ -35,7 +35,8 @@ from typing import Any
 import torch
 
 _M32 = 0xFFFFFFFF
-FIRST_RANKS = 32  # ranks a `sample_token(first=True)` tries before its candidates
+FIRST_RANKS = 32  # ranks a `sample_token(first=...)` tries before its candidates
+FIRST_PAUSE = 8  # steps a `sample_token(first=...)` ranks every candidate after a try that fell short
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -78,7 +79,7 @@ def greedy_token(logits: torch.Tensor) -> torch.Tensor:
 
 def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                  seed: torch.Tensor, step: torch.Tensor, candidates: int = 1024,
-                 u: torch.Tensor | None = None, first: bool = False) -> torch.Tensor:
+                 u: torch.Tensor | None = None, first: torch.Tensor | None = None) -> torch.Tensor:
     """(B, V) -> (B, 1) int64 drawn after temperature, top-k and top-p (module docstring). ``u``: the
     rows' variates (B, 1) where the caller has them (`step_uniforms`); None: hashed from seed and step.
 
@@ -86,16 +87,18 @@ def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     about 10x cheaper on the CPU at V = 157k); probabilities still use the full distribution's
     normalizer, so top-p is exact whenever the nucleus fits in the candidates (top-k is capped there).
 
-    ``first`` (CPU graph backends that run Python control flow: eager, jit): rank only the
-    `FIRST_RANKS` most likely tokens, and the ``candidates`` only when some row keeps more than those
-    (`draw_first`), both in canonical order (`rank`: value descending, ties by token id, so the draw
-    does not depend on how many were ranked as long as the kept ones were). The same tokens as without
-    it, bit for bit, except where two kept candidates hold the very same value (``torch.topk`` orders
-    such ties as it likes; the canonical order needs a stable sort, which the ONNX export has no
-    translation for). A data-dependent branch (a host read), so never inside a CUDA graph or the trace
-    backend. With a peaked distribution (a trained LM at
-    Orpheus' temperature 0.6 and top-p 0.8 keeps a handful) the 8-row step of a 720-token vocabulary
-    ranked 32 tokens instead of 720 (topk 70 -> 16 us), of a 157k one 1.9 instead of 6.3 ms.
+    ``first`` (a (1,) int64 counter buffer, zero at the start; CPU graph backends that run Python
+    control flow: eager, jit): rank only the `FIRST_RANKS` most likely tokens, and the ``candidates``
+    only when some row keeps more than those (`draw_first`). After such a step the next `FIRST_PAUSE`
+    steps rank the candidates at once (counted down in ``first``), so a flat distribution, where the
+    try always falls short, pays for it one step in nine. Both paths rank in canonical order (`rank`:
+    value descending, ties by token id), so the draw does not depend on how many were ranked as long as
+    the kept ones were: the same tokens as without ``first``, bit for bit, except where two kept
+    candidates hold the very same value (``torch.topk`` orders such ties as it likes; the canonical
+    order needs a stable sort, which the ONNX export has no translation for). A data-dependent branch
+    (a host read), so never inside a CUDA graph or the trace backend. With a peaked distribution (a
+    trained LM at Orpheus' temperature 0.6 and top-p 0.8 keeps a handful) the 8-row step of a 720-token
+    vocabulary ranked 32 tokens instead of 720 (topk 70 -> 16 us), of a 157k one 1.9 instead of 6.3 ms.
 
     The kept ranks are a prefix (top-k and top-p both keep the most likely), so the draw counts the kept
     ranks whose cumulative probability is at most u times the kept total; the count is capped at the last
@@ -105,8 +108,8 @@ def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     u = hashed_uniform(seed, step, 1) if u is None else u
     norm = scaled.logsumexp(-1, keepdim=True)
     ranked = min(int(candidates), logits.shape[-1])
-    if first and ranked > FIRST_RANKS:
-        return scripted_draw_first()(scaled, norm, top_k, top_p, u, FIRST_RANKS, ranked)
+    if first is not None and ranked > FIRST_RANKS:
+        return scripted_draw_first()(scaled, norm, top_k, top_p, u, first, FIRST_RANKS, ranked, FIRST_PAUSE)
     return draw(scaled, norm, top_k, top_p, u, ranked, FIRST_RANKS, False)[0]
 
 
@@ -151,12 +154,17 @@ def draw(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, top_p: t
 
 
 def draw_first(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-               u: torch.Tensor, first: int, k: int) -> torch.Tensor:
-    """`draw` over the ``first`` best ranks when every row fits in them, else over ``k`` (run as
-    TorchScript, `scripted_draw_first`: a traced step keeps the branch)."""
+               u: torch.Tensor, pause: torch.Tensor, first: int, k: int, steps: int) -> torch.Tensor:
+    """`draw` over the ``first`` best ranks when every row fits in them, else over ``k``; while the
+    counter ``pause`` (1,) is above zero, over ``k`` at once (counted down; set to ``steps`` when a try
+    falls short). Run as TorchScript (`scripted_draw_first`): a traced step keeps the branches."""
+    if bool(pause[0] > 0):
+        pause.sub_(1)
+        return draw(scaled, norm, top_k, top_p, u, k, first, True)[0]
     tokens, fits = draw(scaled, norm, top_k, top_p, u, first, first, True)
     if bool(fits.all()):
         return tokens
+    pause.fill_(steps)
     return draw(scaled, norm, top_k, top_p, u, k, first, True)[0]
 
 

@@ -110,6 +110,8 @@ class SlotIO:
             BufferSpec("join_penalty", (1, 1), f32, "input", low=1e-6),
             BufferSpec("join_seed", (1,), i64, "input"),
             BufferSpec("active", (rows,), torch.bool, "input", doc="rows that advance in a decode replay"),
+            BufferSpec("rank_pause", (1,), i64, "state",
+                       doc="steps left that rank every candidate at once (`sample_token`'s ``first``)"),
             BufferSpec("token", (rows, 1), i64, "state", doc="last picked token of each row"),
             BufferSpec("position", (rows,), i64, "state", doc="cache slot of each row's `token`"),
             BufferSpec("step", (rows,), i64, "state", doc="index of each row's next output token"),
@@ -278,7 +280,7 @@ class SlotDecoder:
         chosen = greedy_token(logits)
         if not greedy:
             drawn = sample_token(logits, temperature, top_k, top_p, seed, step, self.candidates, u=u,
-                                 first=self.first_ranks)
+                                 first=self.io.rank_pause if self.first_ranks else None)
             chosen = torch.where(temperature > 0, drawn, chosen)
         return chosen
 

@@ -10,7 +10,15 @@ gets its turn, so a token kept or dropped by mistake changes some draw."""
 import pytest
 import torch
 
-from flashrt.runtime.sampling import FIRST_RANKS, draw, hashed_uniform, penalize, sample_token, step_uniforms
+from flashrt.runtime.sampling import (
+    FIRST_PAUSE,
+    FIRST_RANKS,
+    draw,
+    hashed_uniform,
+    penalize,
+    sample_token,
+    step_uniforms,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -126,9 +134,13 @@ def test_step_uniforms_tabulate_the_hashed_variate_of_every_step():
     assert not torch.equal(step_uniforms(torch.tensor([1]), 8), step_uniforms(torch.tensor([2]), 8))
 
 
+def _fresh() -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int64)
+
+
 @pytest.mark.parametrize("vocab,candidates", [(720, 1024), (2000, 256), (300, 48)])
 def test_ranking_the_first_few_draws_the_same_tokens_as_ranking_all(vocab, candidates):
-    """``first=True`` ranks FIRST_RANKS tokens and falls back to the candidates when a row keeps more:
+    """``first=`` ranks FIRST_RANKS tokens and falls back to the candidates when a row keeps more:
     bit for bit the tokens of ranking them all in canonical order (ties by token id), on peaked rows (the
     fast branch) and flat ones (the fallback), with top-k below, at and above FIRST_RANKS and tied
     logits, alone and batched, eager and traced; without ties ``first=False`` (topk's order) agrees."""
@@ -150,21 +162,21 @@ def test_ranking_the_first_few_draws_the_same_tokens_as_ranking_all(vocab, candi
             scaled = logits / knobs[0]
             every = draw(scaled, scaled.logsumexp(-1, keepdim=True), knobs[1], knobs[2], u,
                          min(candidates, vocab), FIRST_RANKS, True)[0]
-            fast = sample_token(logits, *knobs, seed, step, candidates=candidates, first=True)
+            fast = sample_token(logits, *knobs, seed, step, candidates=candidates, first=_fresh())
             assert torch.equal(fast, every), trial
             for r in range(rows):  # each row alone draws what it draws in the batch
                 alone = sample_token(logits[r:r + 1], *(k[r:r + 1] for k in knobs), seed[r:r + 1],
-                                     step[r:r + 1], candidates=candidates, first=True)
+                                     step[r:r + 1], candidates=candidates, first=_fresh())
                 assert torch.equal(alone, fast[r:r + 1])
         assert torch.equal(sample_token(plain, *knobs, seed, step, candidates=candidates),  # no ties
-                           sample_token(plain, *knobs, seed, step, candidates=candidates, first=True))
+                           sample_token(plain, *knobs, seed, step, candidates=candidates, first=_fresh()))
         mass = (plain / knobs[0]).softmax(-1).sort(-1, descending=True).values[:, :FIRST_RANKS].sum(-1)
         top_k = knobs[1][:, 0]
         seen[bool(torch.where(top_k > 0, top_k <= FIRST_RANKS, mass >= knobs[2][:, 0]).all())] += 1
     assert seen[True] and seen[False]  # both branches ran
 
     def step_fn(lg, t, k, p, s, st):
-        return sample_token(lg, t, k, p, s, st, candidates=candidates, first=True)
+        return sample_token(lg, t, k, p, s, st, candidates=candidates, first=_fresh())
 
     rows = 4
     args = (torch.randn(rows, vocab, generator=g) * 12, torch.full((rows, 1), 0.6),
@@ -174,3 +186,20 @@ def test_ranking_the_first_few_draws_the_same_tokens_as_ranking_all(vocab, candi
     for sharpness in (12.0, 0.05, 0.0):  # the traced step keeps the branch: peaked, flat, all tied
         lg = torch.randn(rows, vocab, generator=g) * sharpness
         assert torch.equal(traced(lg, *args[1:]), step_fn(lg, *args[1:]))
+
+
+def test_a_try_that_falls_short_pauses_the_first_ranks():
+    """After a step whose kept set did not fit in FIRST_RANKS, the next FIRST_PAUSE steps rank every
+    candidate at once (counted down in the caller's buffer), then it tries again; the tokens are the
+    same either way."""
+    g = torch.Generator().manual_seed(5)
+    knobs = (torch.full((2, 1), 1.0), torch.zeros((2, 1), dtype=torch.int64), torch.full((2, 1), 0.95))
+    pause = _fresh()
+    flat, peaked = torch.randn(2, 500, generator=g) * 0.01, torch.randn(2, 500, generator=g) * 30
+    counts = []
+    for t, logits in enumerate([flat] + [peaked] * (FIRST_PAUSE + 1)):
+        seed, step = torch.arange(2), torch.full((2,), t)
+        drawn = sample_token(logits, *knobs, seed, step, first=pause)
+        assert torch.equal(drawn, sample_token(logits, *knobs, seed, step, first=_fresh()))
+        counts.append(int(pause))
+    assert counts == [FIRST_PAUSE, *range(FIRST_PAUSE - 1, -1, -1), 0]
