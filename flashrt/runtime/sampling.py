@@ -48,22 +48,29 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def _step_key(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The hash of (seed, step), elementwise over broadcast int64 tensors."""
+    return _mix32((seed & _M32) ^ _mix32((step + 0x3C6EF372) & _M32))
+
+
+def _unit(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> float32 in (0, 1): 23 bits, exact in float32, never 0 or 1."""
+    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
+
+
 def hashed_uniform(seed: torch.Tensor, step: torch.Tensor, n: int) -> torch.Tensor:
     """(1, n) float32 uniforms in (0, 1) depending only on seed (1,), step (1,) and the column index."""
-    key = _mix32((seed & _M32) ^ _mix32((step + 0x3C6EF372) & _M32))
     cols = torch.arange(n, device=seed.device, dtype=torch.int64)
-    h = _mix32(key[:, None] ^ _mix32(cols)[None, :])
-    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))  # 23 bits: exact in float32, never 0 or 1
+    return _unit(_mix32(_step_key(seed, step)[:, None] ^ _mix32(cols)[None, :]))
 
 
 def step_uniforms(seed: torch.Tensor, steps: int) -> torch.Tensor:
     """(R, steps) float32: column t is row r's variate at step t, ``hashed_uniform(seed[r], t, 1)``,
-    bit for bit: a whole request's draws in one pass (the slot decoder tabulates them at join, so a
-    decode step gathers one value instead of hashing: ~45 ops on (R, 1) tensors)."""
+    bit for bit (column 0's mix is zero): a whole request's draws in one pass (the slot decoder
+    tabulates them at join, so a decode step gathers one value instead of hashing: ~45 ops on (R, 1)
+    tensors)."""
     t = torch.arange(steps, device=seed.device, dtype=torch.int64)
-    key = _mix32((seed[:, None] & _M32) ^ _mix32((t[None, :] + 0x3C6EF372) & _M32))
-    h = _mix32(key ^ _mix32(torch.zeros((), device=seed.device, dtype=torch.int64)))
-    return ((h >> 9).float() + 0.5) * (1.0 / (1 << 23))
+    return _unit(_mix32(_step_key(seed[:, None], t[None, :])))
 
 
 def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
@@ -130,9 +137,9 @@ def rank(scaled: torch.Tensor, k: int, canonical: bool) -> tuple[torch.Tensor, t
 
 def draw(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor,
          k: int, head: int, canonical: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens (B, 1), fits (B, 1)) from the ``k`` best ranks (`sample_token`); ``norm`` the full
-    distribution's logsumexp (B, 1). ``fits``: these ranks decide the row's draw (without top-k: its
-    kept mass reaches top_p within them; with one: its top-k is at most k). A top-k of at most ``head``
+    """(tokens (B, 1), mass (B, 1)) from the ``k`` best ranks (`sample_token`); ``norm`` the full
+    distribution's logsumexp (B, 1); ``mass`` the probability of these ranks (a view, no work: what
+    `draw_first` decides by). A top-k of at most ``head``
     (`FIRST_RANKS`) is normalized over the first ``head`` ranks whatever ``k``, so a draw of that many
     ranks equals one of more, bit for bit."""
     values, order = rank(scaled, k, canonical)
@@ -147,10 +154,7 @@ def draw(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, top_p: t
     kept_cum = kept.cumsum(-1)
     target = u * kept_cum[:, -1:]
     last = ((kept > 0).sum(-1, keepdim=True) - 1).clamp_min(0)  # 0 for a row with no number (temperature 0)
-    # a row without top-k keeps nothing past these ranks once their mass reaches top_p; a row with one
-    # fits when its top-k does (its probabilities are normalized over its top-k, all of which it needs)
-    fits = torch.where(top_k > 0, top_k <= values.shape[-1], cum[:, -1:] >= top_p)
-    return order.gather(-1, torch.minimum((kept_cum <= target).sum(-1, keepdim=True), last)), fits
+    return order.gather(-1, torch.minimum((kept_cum <= target).sum(-1, keepdim=True), last)), cum[:, -1:]
 
 
 def draw_first(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
@@ -161,8 +165,10 @@ def draw_first(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, to
     if bool(pause[0] > 0):
         pause.sub_(1)
         return draw(scaled, norm, top_k, top_p, u, k, first, True)[0]
-    tokens, fits = draw(scaled, norm, top_k, top_p, u, first, first, True)
-    if bool(fits.all()):
+    tokens, mass = draw(scaled, norm, top_k, top_p, u, first, first, True)
+    # a row without top-k keeps nothing past these ranks once their mass reaches top_p; a row with one
+    # fits when its top-k does (its probabilities are normalized over its top-k, all of which it needs)
+    if bool(torch.where(top_k > 0, top_k <= first, mass >= top_p).all()):
         return tokens
     pause.fill_(steps)
     return draw(scaled, norm, top_k, top_p, u, k, first, True)[0]

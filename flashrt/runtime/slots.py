@@ -255,11 +255,12 @@ class SlotDecoder:
             advance = active.to(torch.int64)
             io.position[:rows].add_(advance)
             knobs = (io[k][:rows] for k in KNOBS)
-            u = io.uniform[:rows].gather(1, step[:, None].clamp(max=io.uniform.shape[1] - 1))
-            chosen = self._pick(io.logits[:rows], io.seen[:rows], step, *knobs, u, greedy=mode == "greedy")
+            greedy = mode == "greedy"
+            at = step[:, None].clamp(max=io.out.shape[1] - 1)
+            u = None if greedy else io.uniform[:rows].gather(1, at)
+            chosen = self._pick(io.logits[:rows], io.seen[:rows], step, *knobs, u, greedy=greedy)
             chosen = torch.where(active[:, None], chosen, io.token[:rows])
             io.token[:rows].copy_(chosen)
-            at = step[:, None].clamp(max=io.out.shape[1] - 1)
             out = io.out[:rows]
             out.scatter_(1, at, torch.where(active[:, None], chosen, out.gather(1, at)))
             if self.penalty:
@@ -270,9 +271,9 @@ class SlotDecoder:
 
     def _pick(self, logits: torch.Tensor, seen: torch.Tensor, step: torch.Tensor, temperature: torch.Tensor,
               top_k: torch.Tensor, top_p: torch.Tensor, penalty: torch.Tensor, seed: torch.Tensor,
-              u: torch.Tensor, greedy: bool) -> torch.Tensor:
+              u: torch.Tensor | None, greedy: bool) -> torch.Tensor:
         """(R, V) logits of R rows at their steps (R,) -> (R, 1) tokens, each row with its own knobs and
-        its variate ``u`` (R, 1) of this step."""
+        its variate ``u`` (R, 1) of this step (sampled graphs; None in greedy ones)."""
         if self.penalty:
             logits = penalize(logits, seen, penalty)
         if self.constraint is not None:

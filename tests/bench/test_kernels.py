@@ -17,16 +17,16 @@ PINNED = {
     ("pi05", "cuda-aten"): {"pi05-base": 6814},
     ("groot", "cuda"): {"groot-n1.7": 2381},
     ("groot", "cuda-aten"): {"groot-n1.7": 2861},
-    ("pi0-fast", "cuda"): {"pi0-fast prefill": 564, "pi0-fast decode/token": 253},  # prefill samples: +4
-    ("pi0-fast", "cuda-aten"): {"pi0-fast prefill": 985, "pi0-fast decode/token": 417},
+    ("pi0-fast", "cuda"): {"pi0-fast prefill": 560, "pi0-fast decode/token": 253},  # prefill samples: +4
+    ("pi0-fast", "cuda-aten"): {"pi0-fast prefill": 981, "pi0-fast decode/token": 417},
     # the sampled token by its inverse CDF (2026-12-04, runtime/sampling.py): 4 kernels more than Gumbel-max
     # the slot decoder's variates tabulated at join (runtime/slots.py, step_uniforms): a decode step
     # gathers its u (-48 kernels), the prefill fills the row's table (+2); then a top-k normalizer shared
-    # by any number of ranks (runtime/sampling.py `draw`): +7 per draw
-    ("lm", "cuda"): {"orpheus-lm prefill": 806, "orpheus-lm decode/token @1": 408,
-                     "orpheus-lm decode/step @8": 408},
-    ("lm", "cuda-aten"): {"orpheus-lm prefill": 1429, "orpheus-lm decode/token @1": 1031,
-                          "orpheus-lm decode/step @8": 1031},
+    # by any number of ranks (runtime/sampling.py `draw`): +3 per draw
+    ("lm", "cuda"): {"orpheus-lm prefill": 790, "orpheus-lm decode/token @1": 403,
+                     "orpheus-lm decode/step @8": 403},
+    ("lm", "cuda-aten"): {"orpheus-lm prefill": 1413, "orpheus-lm decode/token @1": 1026,
+                          "orpheus-lm decode/step @8": 1026},
 }
 
 
