@@ -32,6 +32,9 @@ flashrt's voice loads with ``threads="auto"`` (the cores free at load, at most `
 behaviour at ``--threads 2``). ``--busy`` starts one busy-looping process for the whole run (before
 the voices load; killed at the end): the shared-machine case where a peer core is taken.
 
+``--backend jit``: flashrt's prior (text encoder, duration predictor, flow) replays in TorchScript, the
+decoder eager (`flashrt.frontends.vits.frontend.DECODE_BACKEND`); the same audio bit for bit.
+
     OMP_NUM_THREADS=1 .venv/bin/python bench/tts_vs_piper.py [--threads 1] [--pairs 7] [--busy]
 
 Prints a table on stderr, then ONE JSON line on stdout.
@@ -149,6 +152,8 @@ def main() -> None:
     parser.add_argument("--busy", action="store_true", help="a busy-looping process beside the run")
     parser.add_argument("--decoder-precision", default="fp32", choices=("fp32", "bf16"),
                         help="flashrt's decoder (bf16: the gate checks sample counts and reports the MCD)")
+    parser.add_argument("--backend", default="eager", choices=("eager", "jit"),
+                        help="flashrt's graph backend (jit: the prior in TorchScript, the decoder eager)")
     parser.add_argument("--gap-ms", type=float, default=100.0,
                         help="idle time before each timed call (0: back to back, the old protocol)")
     args = parser.parse_args()
@@ -161,8 +166,9 @@ def run(args) -> None:
     import flashrt
 
     tts = flashrt.load_tts("en_US-joe-medium", threads=args.flashrt_threads or "auto",
-                           decoder_precision=args.decoder_precision)
-    print(f"flashrt threads: {tts.threads}, decoder {args.decoder_precision}", file=sys.stderr)
+                           decoder_precision=args.decoder_precision, backend=args.backend)
+    print(f"flashrt threads: {tts.threads}, decoder {args.decoder_precision}, backend {args.backend}",
+          file=sys.stderr)
     piper = _piper(args.threads)
     gate = _gate(tts, piper, exact=args.decoder_precision == "fp32")
     rows = {}
@@ -208,6 +214,7 @@ def run(args) -> None:
                 "busy": args.busy,
                 "gap_ms": args.gap_ms,
                 "decoder_precision": args.decoder_precision,
+                "backend": args.backend,
                 "load_1min": os.getloadavg()[0],
                 "pairs": args.pairs,
                 "quality_max_abs": gate,

@@ -10,23 +10,44 @@ activation or the residual add fused into the GEMM's epilogue.
 Runs the packed form on CPU float32 weights where oneDNN is built in; anything else (another dtype, a
 GPU) runs the same math unfused (`F.linear`, then the activation or the add). The packed weight is derived
 state: rebuild the `PackedLinear` when the source weight changes. Export (`flashrt.runtime.onnx_export`)
-records the fused ops as their aten compositions.
+records the fused ops as their aten compositions. Under `torch.jit.trace` (the `jit` graph backend) the
+packed call goes through a TorchScript function (`traceable`): the tracer cannot record the op's empty
+``Scalar?[]`` argument itself, and records a call of the function instead (same op, same values).
 
 Shape legend: M rows (time steps), K inputs, N outputs.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["PackedLinear", "ACTIVATIONS"]
+__all__ = ["PackedLinear", "ACTIVATIONS", "traceable"]
 
 _MK = getattr(torch.ops, "mkldnn", None) if torch.backends.mkldnn.is_available() else None
 _LINEAR = getattr(_MK, "_linear_pointwise", None)
 _REORDER = getattr(_MK, "_reorder_linear_weight", None)
 
 ACTIVATIONS = {"none": lambda y: y, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu}
+
+_TRACEABLE = """
+def linear(x: Tensor, w: Tensor, b: Optional[Tensor], act: str) -> Tensor:
+    scalars: List[Optional[number]] = []
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, act, scalars, "")
+
+def linear_add(x: Tensor, other: Tensor, w: Tensor, b: Optional[Tensor]) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, other, w, b, "add")
+"""
+
+
+@functools.cache
+def traceable() -> Any:
+    """The packed calls as TorchScript functions (``linear``, ``linear_add``), compiled once on first use:
+    what a `torch.jit.trace` records in their place (module docstring)."""
+    return torch.jit.CompilationUnit(_TRACEABLE)
 
 
 class PackedLinear:
@@ -61,6 +82,10 @@ class PackedLinear:
         if other is not None and self.act != "none":
             raise ValueError("PackedLinear: a residual add takes no activation")
         if self.packed is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+            if torch.jit.is_tracing():
+                fns = traceable()
+                return fns.linear(x, self.packed, b, self.act) if other is None else \
+                    fns.linear_add(x, other, self.packed, b)
             if other is None:
                 return _LINEAR(x, self.packed, b, self.act, [], "")
             return _LINEAR.binary(x, other, self.packed, b, "add")

@@ -36,3 +36,21 @@ def test_other_dtypes_run_the_unfused_math():
     assert lin.packed is None
     x = torch.randn(3, 5, dtype=torch.float64)
     assert torch.equal(lin(x), torch.sigmoid(torch.nn.functional.linear(x, w, b)))
+
+
+def test_a_trace_records_the_packed_call_with_the_same_values():
+    """Under `torch.jit.trace` the packed call runs through TorchScript functions the tracer records
+    (it cannot record the op's empty scalar list itself); the traced graph computes the same values."""
+    w, b = torch.randn(6, 4), torch.randn(6)
+    lin, add = PackedLinear(w, b, "sigmoid"), PackedLinear(w, b)
+    if lin.packed is None:
+        pytest.skip("no oneDNN packed GEMM in this torch build")
+    x, other = torch.randn(3, 4), torch.randn(3, 6)
+
+    def fn(inputs):
+        return lin(inputs[0]) + add(inputs[0], other=inputs[1])
+
+    traced = torch.jit.trace(fn, ([x, other, lin.packed, add.packed],), check_trace=False)
+    assert "prim::CallFunction" in str(traced.graph)
+    x2 = torch.randn(3, 4)
+    assert torch.equal(traced([x2, other, lin.packed, add.packed]), fn([x2, other]))

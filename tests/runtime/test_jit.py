@@ -108,3 +108,47 @@ def test_jit_runs_on_the_cpu_only():
     with pytest.raises(ConfigError, match="does not run on cuda"):
         backend_for_device("jit", torch.device("cuda"))
 
+
+
+def test_onednn_packed_weights_become_inputs_and_replay_eager_bit_for_bit():
+    """A step over oneDNN-packed weights (no storage: never a graph constant) is traced with them as
+    extra inputs, collected by one eager run; replays equal eager's results bit for bit."""
+    from flashrt.nn.packed_linear import PackedLinear
+
+    if PackedLinear(torch.zeros(2, 2)).packed is None:
+        pytest.skip("no oneDNN packed GEMM in this torch build")
+    gen = torch.Generator().manual_seed(3)
+    first = PackedLinear(torch.randn(12, 8, generator=gen), torch.randn(12, generator=gen), "tanh")
+    second = PackedLinear(torch.randn(8, 12, generator=gen), torch.randn(8, generator=gen))
+    bufs = {"x": torch.randn(5, 8, generator=gen), "y": torch.zeros(5, 8)}
+
+    def step():
+        h = first(bufs["x"])
+        bufs["y"].copy_(second(h, other=bufs["x"]))
+
+    graph = get_backend("jit", warmup=0).capture(step, bufs)
+    for _ in range(3):
+        bufs["x"].copy_(torch.randn(5, 8, generator=gen))
+        graph.replay()
+        want = second(first(bufs["x"]), other=bufs["x"])
+        assert torch.equal(bufs["y"], want)
+
+
+def test_a_write_into_a_view_taken_before_capture_is_refused():
+    """The graph would hold such a view as a constant and may drop the write: capture says so."""
+    bufs = {"x": torch.zeros(4), "y": torch.zeros(4)}
+    out = bufs["y"][:2]
+
+    def outside():
+        out.copy_(bufs["x"][:2] + 1)
+
+    with pytest.raises(CaptureError, match="inside the step"):
+        get_backend("jit").capture(outside, bufs)
+
+    def inside():
+        bufs["y"][:2].copy_(bufs["x"][:2] + 1)
+
+    graph = get_backend("jit", warmup=0).capture(inside, bufs)
+    bufs["x"].fill_(2.0)
+    graph.replay()
+    assert bufs["y"].tolist() == [3.0, 3.0, 0.0, 0.0]

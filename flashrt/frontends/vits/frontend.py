@@ -45,6 +45,12 @@ from flashrt.nn.audio import ValidLength
 from flashrt.runtime.buffers import Buffers, BufferSpec
 from flashrt.runtime.graphs import GraphSet, backend_for_device
 
+# The decoder's backend where it is not the prior's: under `jit` the prior's small ops replay in TorchScript
+# (no Python per op, the GIL released; the same ops, bit for bit) while the decoder stays eager: its
+# stages run in reused buffers and cache-sized tiles only in plain eager calls (`VitsDecoder`), which is
+# worth more than the interpreter at its few large convs.
+DECODE_BACKEND = {"jit": "eager"}
+
 __all__ = [
     "VitsFrontend",
     "Checked",
@@ -55,6 +61,7 @@ __all__ = [
     "RecordedNoise",
     "PHONEME_BUCKETS",
     "FRAME_BUCKETS",
+    "DECODE_BACKEND",
 ]
 
 
@@ -211,6 +218,8 @@ class VitsFrontend:
         if cfg.n_speakers > 1:
             self._base_bias = decoder.conv_pre.bias.detach().clone()
         self._backend = backend_for_device(backend, self.device)
+        decode_backend = DECODE_BACKEND.get(self._backend.name, backend)
+        self._decode_backend = backend_for_device(decode_backend, self.device)
         self.encode_graphs = GraphSet(
             self._backend,
             self._build_encode,
@@ -226,7 +235,7 @@ class VitsFrontend:
             max_graphs=max(16, len(self.frame_buckets)),
         )
         self.decode_graphs = GraphSet(
-            self._backend,
+            self._decode_backend,
             self._build_decode,
             self.decode_buckets,
             buffers=self.buffers,
@@ -263,47 +272,44 @@ class VitsFrontend:
 
     # ---------------------------------------------------------------------------------- captures
 
+    # The step bodies take their views of the buffers inside the step: the jit backend holds tensors made
+    # before capture as constants, and a write into a constant may be dropped (`flashrt.runtime.jit`).
+
     def _build_encode(self, p: int):
         b, index = self.buffers, relative_index(p, self.cfg.window_size, self.device)
-        ids, mask, noise = b["enc_ids"][:, :p], b["enc_mask"][..., :p], b["enc_noise"][..., :p]
-        m_out, logs_out, w_out = b["enc_m"][..., :p], b["enc_logs"][..., :p], b["enc_durations"][:, :p]
-
-        g = b["speaker"] if self.cfg.n_speakers > 1 else None
+        speaker = self.cfg.n_speakers > 1
 
         def step() -> None:
+            g = b["speaker"] if speaker else None
+            ids, mask, noise = b["enc_ids"][:, :p], b["enc_mask"][..., :p], b["enc_noise"][..., :p]
             m, logs, w = self.prior.encode(ids, mask, noise, b["scales"], index, g)
-            m_out.copy_(m)
-            logs_out.copy_(logs)
-            w_out.copy_(w)
+            b["enc_m"][..., :p].copy_(m)
+            b["enc_logs"][..., :p].copy_(logs)
+            b["enc_durations"][:, :p].copy_(w)
 
         return step
 
     def _build_flow(self, f: int):
         b = self.buffers
-        index, mask, noise, z_out = (
-            b["flow_index"][:f],
-            b["flow_mask"][..., :f],
-            b["flow_noise"][..., :f],
-            b["flow_z"][..., :f],
-        )
-
-        g = b["speaker"] if self.cfg.n_speakers > 1 else None
+        speaker = self.cfg.n_speakers > 1
 
         def step() -> None:
+            g = b["speaker"] if speaker else None
+            index = b["flow_index"][:f]
             m = b["enc_m"].index_select(2, index)
             logs = b["enc_logs"].index_select(2, index)
-            z_out.copy_(self.prior.latent(m, logs, noise, b["scales"], mask, g))
+            z = self.prior.latent(m, logs, b["flow_noise"][..., :f], b["scales"], b["flow_mask"][..., :f], g)
+            b["flow_z"][..., :f].copy_(z)
 
         return step
 
     def _build_decode(self, d: int):
         b, hop = self.buffers, self.cfg.hop_length
-        z, out = b["dec_z"][..., :d], b["dec_audio"][:, : d * hop]
-
         dec_dtype = next(self.decoder.parameters()).dtype  # bfloat16 beside a float32 prior, or the same
 
         def step() -> None:
-            out.copy_(self.decoder(z.to(dec_dtype), ValidLength(b["dec_length"], d)))
+            z = b["dec_z"][..., :d].to(dec_dtype)
+            b["dec_audio"][:, : d * hop].copy_(self.decoder(z, ValidLength(b["dec_length"], d)))
 
         return step
 
@@ -476,6 +482,7 @@ class VitsFrontend:
             "dtype": str(self.dtype).removeprefix("torch."),
             "decoder_dtype": str(next(self.decoder.parameters()).dtype).removeprefix("torch."),
             "backend": self._backend.name,
+            "decode_backend": self._decode_backend.name,
             "phoneme_buckets": list(self.phoneme_buckets),
             "frame_buckets": list(self.frame_buckets),
             "decode_buckets": list(self.decode_buckets),

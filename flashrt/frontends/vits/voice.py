@@ -373,6 +373,11 @@ def load_voice(
     decodes on a CPU with AVX512-BF16 (oneDNN's bf16 convs), the prior and so the durations still float32;
     its audio is not the float32 audio (mel-cepstral distortion and log-spectral distance to it in
     docs/benchmarks/tts.md), so it is never the default.
+    `backend`: the graph backend (None: the device's default, eager on the CPU); "jit" replays the prior
+    (text encoder, duration predictor, flow) in TorchScript, the same ops bit for bit without Python per
+    op and with the GIL released, and keeps the decoder eager (`frontend.DECODE_BACKEND`); each bucket's
+    first use then also pays a trace (~0.3 s), so it suits a voice that keeps speaking (a server), not a
+    one-shot `say` (docs/benchmarks/tts.md).
     `g2pw_dir`: Chinese voices' g2pW model folder (default: a ``g2pW`` folder beside the voice, in the
     voices folders or the working directory, as piper keeps it; never downloaded). `slots`: requests a
     server interleaves at once (`serving_chain`; 1 serves them one after another)."""

@@ -222,6 +222,24 @@ def test_trace_backend_holds_every_stage(voice, session):
     assert report["encode"]["captured"] == [32] and report["flow"]["captured"] == [96]
 
 
+def test_jit_prior_replays_the_eager_voice_bit_for_bit(voice):
+    """backend="jit": the encoder, duration predictor and flow replay in TorchScript (their oneDNN-packed
+    weights as graph inputs) while the decoder stays eager (its buffers and tiles); one-shot and stream
+    audio equal the eager voice's bit for bit, noise on, on two lengths and buckets."""
+    from flashrt.frontends.vits.voice import load_voice
+
+    jit = load_voice("en_US-joe-medium", backend="jit")
+    described = jit.frontend.describe()
+    assert (described["backend"], described["decode_backend"]) == ("jit", "eager")
+    for text in (SENTENCES["short"], SENTENCES["punctuation"]):
+        assert jit(text, seed=7).tobytes() == voice(text, seed=7).tobytes()
+        streamed = [c.tobytes() for c in jit.stream(text, seed=7)]
+        assert streamed == [c.tobytes() for c in voice.stream(text, seed=7)]
+    report = jit.frontend.report()
+    assert [report[s]["backend"] for s in ("encode", "flow", "decode")] == ["jit", "jit", "eager"]
+    assert report["encode"]["captured"] and report["flow"]["captured"]
+
+
 def test_bad_inputs_are_refused_before_any_buffer(voice):
     fe = voice.frontend
     before = fe.buffers["enc_ids"].clone()
