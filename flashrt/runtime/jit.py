@@ -31,10 +31,17 @@ What it holds and when it is valid:
   step): the GIL is released once for the whole block. A thread replaying step by step takes the GIL
   back after every step, and while another thread runs Python it waits up to the switch interval
   (5 ms) each time; the slot decoder replays its blocks this way (`flashrt.runtime.slots`).
-* Capture runs ``fn`` for real (the trace), then replays it ``warmup`` more times so the interpreter's
-  profiling runs are done before the first timed replay: fn's effects on its buffers happen
-  ``1 + warmup`` times at capture, as with the `trace` and `cuda` backends (up to two more for a step
-  with oneDNN-packed weights: the trace that met one, the run collecting them).
+* Replays run the interpreter without its executor's optimizing passes (`torch.jit.optimized_execution`
+  off, thread-local, for the replay's duration only). With the fusers off they gained nothing on these
+  steps, measured interleaved in one process: the tiny Orpheus LM's 7-step block 2.91 / 2.82 ms
+  optimized vs 2.92 / 2.81 unoptimized at one row, 4.26 / 4.49 vs 4.28 / 4.42 at eight; but the
+  profiling executor must first run each graph twice, slowly (a Piper text encoder: ~175 ms each,
+  against ~17 after), which capture paid as warm-ups: a Piper voice's first call with its prior on jit
+  0.71-0.92 -> 0.40-0.50 s, the tiny Orpheus LM's load 2.8-3.2 -> 1.9-2.0 s.
+* Capture runs ``fn`` for real (the trace), then replays it ``warmup`` more times (default 0): fn's
+  effects on its buffers happen ``1 + warmup`` times at capture, as with the `trace` and `cuda` backends
+  (up to two more for a step with oneDNN-packed weights: the trace that met one, the run collecting
+  them).
 
 Replays run the same aten ops on the same tensors as eager (TorchScript's CPU fusers are off by
 default and the other passes do not change values), so results equal eager bit for bit; tests check
@@ -72,8 +79,13 @@ class JitGraph:
         with a Python-busy thread beside it waits up to the interpreter's switch interval, 5 ms,
         every time)."""
         self._guard.check()
-        with torch.no_grad():
-            self._loop(int(times), self._inputs)
+        optimize = torch._C._get_graph_executor_optimize()  # thread-local (module docstring)
+        torch._C._set_graph_executor_optimize(False)
+        try:
+            with torch.no_grad():
+                self._loop(int(times), self._inputs)
+        finally:
+            torch._C._set_graph_executor_optimize(optimize)
 
     def check(self) -> None:
         self._guard.check()
@@ -84,7 +96,7 @@ class JitBackend:
 
     name = "jit"
 
-    def __init__(self, warmup: int = 2) -> None:
+    def __init__(self, warmup: int = 0) -> None:
         self.warmup = int(warmup)
 
     def capture(self, fn: CaptureFn, buffers: Any = None) -> JitGraph:
