@@ -152,3 +152,22 @@ def test_a_write_into_a_view_taken_before_capture_is_refused():
     bufs["x"].fill_(2.0)
     graph.replay()
     assert bufs["y"].tolist() == [3.0, 3.0, 0.0, 0.0]
+
+
+def test_replays_run_unoptimized_and_leave_the_threads_executor_setting_as_it_was():
+    """A replay switches TorchScript's optimizing executor off for itself only (thread-local): the
+    caller's setting is back after a replay, and after one that raises."""
+    bufs = {"x": torch.arange(4.0), "i": torch.zeros(1, dtype=torch.int64), "y": torch.zeros(1)}
+
+    def step():
+        bufs["y"].copy_(bufs["x"].index_select(0, bufs["i"]))
+
+    graph = get_backend("jit").capture(step, bufs)
+    assert torch._C._get_graph_executor_optimize()
+    bufs["i"].fill_(3)
+    graph.replay()
+    assert bufs["y"].item() == 3.0 and torch._C._get_graph_executor_optimize()
+    bufs["i"].fill_(9)  # out of range: the replay raises
+    with pytest.raises(RuntimeError):
+        graph.replay()
+    assert torch._C._get_graph_executor_optimize()
