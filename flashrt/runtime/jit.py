@@ -65,6 +65,7 @@ __all__ = ["JitBackend", "JitGraph", "opaque_operands"]
 
 _OPAQUE_CONSTANT = "Unsupported value kind: Tensor"  # the tracer, meeting a oneDNN-packed constant
 
+
 class JitGraph:
     """A traced step over its named buffers (module docstring)."""
 
