@@ -15,14 +15,16 @@ What it holds and when it is valid:
   They are checked on every replay (moved storage: CaptureError, as the other backends).
 * Every other tensor ``fn`` touches (weights, tables, constants) is a constant of the graph, frozen at
   capture (the interpreter may fold ops on constants): re-capture after changing a weight. Weights
-  must not require grad (CaptureError: freeze the module; the loaders do). A oneDNN-packed weight
-  (`flashrt.nn.packed_linear`; ``is_mkldnn``, no storage) cannot be a graph constant: when the trace
-  meets one, the step is run once more eagerly to collect every such weight it uses
-  (`opaque_operands`), and traced again with them as extra inputs, held by the graph.
-* A constant is never written: the interpreter may drop an in-place write into one, since nothing of
-  the graph reads it back. So ``fn`` must take its views of the buffers inside the step
-  (``buffers["x"][:n].copy_(y)``), not close over views made before capture; capture refuses a step
-  that writes into a tensor that is not one of its buffers (CaptureError, `_writes_to_constants`).
+  must not require grad (CaptureError: freeze the module; the loaders do).
+* Two kinds of tensor ``fn`` touches cannot be constants and become extra inputs, held by the graph
+  (`extra_operands`): oneDNN-packed weights (`flashrt.nn.packed_linear`; ``is_mkldnn``, no storage: the
+  tracer refuses them), and views of the buffers taken before capture (a step built with
+  ``out = buffers["y"][:n]`` outside and ``out.copy_(...)`` inside): as constants, reads of them could be
+  folded and writes into them were dropped without a word (nothing of the graph reads them back). The
+  trace collects them as it goes (a `TorchFunctionMode`: any tensor passed to a torch call that is
+  oneDNN-packed, or shares a buffer's storage but was not made during the step), and the step is traced
+  again with them as inputs; a trace stopped by a packed weight is followed by one eager run that
+  collects them all first.
 * Python values and control flow are frozen at capture, as for every backend (`flashrt.runtime.graphs`):
   the tracer's warnings (mostly shape checks, static here) are not shown; a step that reads a tensor's
   value on the host would be frozen silently, so a graph body is checked under the `trace` backend,
@@ -40,8 +42,8 @@ What it holds and when it is valid:
   0.71-0.92 -> 0.40-0.50 s, the tiny Orpheus LM's load 2.8-3.2 -> 1.9-2.0 s.
 * Capture runs ``fn`` for real (the trace), then replays it ``warmup`` more times (default 0): fn's
   effects on its buffers happen ``1 + warmup`` times at capture, as with the `trace` and `cuda` backends
-  (up to two more for a step with oneDNN-packed weights: the trace that met one, the run collecting
-  them).
+  (up to two more for a step with extra operands: the trace that found them, or the one a packed weight
+  stopped and the eager run after it).
 
 Replays run the same aten ops on the same tensors as eager (TorchScript's CPU fusers are off by
 default and the other passes do not change values), so results equal eager bit for bit; tests check
@@ -61,7 +63,7 @@ from torch.utils._pytree import tree_leaves
 from flashrt.errors import CaptureError
 from flashrt.runtime.graphs import BufferGuard, CaptureFn, named_tensors
 
-__all__ = ["JitBackend", "JitGraph", "opaque_operands"]
+__all__ = ["JitBackend", "JitGraph", "extra_operands"]
 
 _OPAQUE_CONSTANT = "Unsupported value kind: Tensor"  # the tracer, meeting a oneDNN-packed constant
 
@@ -110,18 +112,12 @@ class JitBackend:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.trace: see the module docstring
             warnings.simplefilter("ignore", torch.jit.TracerWarning)  # shape checks: static here
-            try:
-                traced, outside = _trace(fn, inputs)
-            except RuntimeError as exc:
-                if _OPAQUE_CONSTANT not in str(exc):
-                    raise
-                inputs = inputs + opaque_operands(fn)  # oneDNN-packed weights: inputs, not constants
-                traced, outside = _trace(fn, inputs)
-            if outside:
-                raise CaptureError(
-                    f"the step writes in place ({', '.join(outside)}) into a view of its buffers taken "
-                    "before capture: the jit graph holds such a view as a constant and may drop the "
-                    "writes. Take the views of the buffers inside the step.")
+            traced, extra = _trace(fn, inputs)
+            if extra or traced is None:  # packed weights, views taken before capture: inputs (docstring)
+                inputs = inputs + extra
+                traced, extra = _trace(fn, inputs)
+                if extra or traced is None:
+                    raise CaptureError("the jit trace kept finding operands that cannot be constants")
             loop = torch.jit.script(_Loop(traced))
         graph = JitGraph(loop, inputs, BufferGuard(buffers))
         for _ in range(self.warmup):
@@ -129,13 +125,15 @@ class JitBackend:
         return graph
 
 
-def _trace(fn: CaptureFn, inputs: list[torch.Tensor]) -> tuple[Any, list[str]]:
-    """(the traced step, the in-place calls it made into views of its buffers taken before the step)."""
+def _trace(fn: CaptureFn, inputs: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    """(the traced step, or None where a packed weight stopped it; the extra operands found)."""
     try:
-        with torch.no_grad(), _Writes(inputs) as writes:
+        with torch.no_grad(), _Operands(inputs) as seen:
             traced = torch.jit.trace(_Step(fn, inputs[0]), (inputs,), check_trace=False)
-        return traced, sorted(set(writes.outside))
+        return traced, seen.extra()
     except RuntimeError as exc:
+        if _OPAQUE_CONSTANT in str(exc):
+            return None, extra_operands(fn, inputs)
         if "requires grad" not in str(exc):
             raise
         raise CaptureError("the jit backend holds the step's weights as constants, which must not "
@@ -143,54 +141,38 @@ def _trace(fn: CaptureFn, inputs: list[torch.Tensor]) -> tuple[Any, list[str]]:
 
 
 class _Operands(TorchFunctionMode):
-    """Collects the oneDNN-packed tensors passed to any torch call, in first-use order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: dict[int, torch.Tensor] = {}
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        for t in tree_leaves((args, kwargs or {})):
-            if isinstance(t, torch.Tensor) and t.is_mkldnn:
-                self.found.setdefault(id(t), t)
-        return func(*args, **(kwargs or {}))
-
-
-def opaque_operands(fn: CaptureFn) -> list[torch.Tensor]:
-    """The oneDNN-packed tensors (no storage: never a graph constant) ``fn`` passes to torch calls, found
-    by running it once eagerly."""
-    with torch.no_grad(), _Operands() as seen:
-        fn()
-    return list(seen.found.values())
-
-
-class _Writes(TorchFunctionMode):
-    """Names the in-place torch calls (a name ending in ``_``, ``__setitem__``, an ``out=``) whose target
-    shares storage with a named buffer but was not made during the step: a view taken before capture,
-    which the trace holds as a constant (module docstring). The step's own tensors are the outputs of
-    the torch calls it makes (views of the buffers included) and the buffers themselves."""
+    """Collects, in first-use order, the tensors passed to torch calls that cannot be graph constants
+    (module docstring): oneDNN-packed ones, and ones sharing a buffer's storage that the step did not
+    make. The step's own tensors are the buffers and the outputs of the torch calls it makes."""
 
     def __init__(self, inputs: list[torch.Tensor]) -> None:
         super().__init__()
-        self.made = {id(t): t for t in inputs}  # kept alive while tracing: ids are not reused
+        self.made = {id(t): t for t in inputs}  # kept alive while collecting: ids are not reused
         self.storages = {t.untyped_storage().data_ptr() for t in inputs if not t.is_mkldnn}
-        self.outside: list[str] = []
+        self.found: dict[int, torch.Tensor] = {}
+
+    def extra(self) -> list[torch.Tensor]:
+        return list(self.found.values())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        target = kwargs.get("out")
-        in_place = name == "__setitem__" or name.endswith("_") and not name.startswith("_")
-        if target is None and args and in_place:
-            target = args[0]
-        if isinstance(target, torch.Tensor) and id(target) not in self.made and not target.is_mkldnn \
-                and target.untyped_storage().data_ptr() in self.storages:
-            self.outside.append(name)
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and id(t) not in self.made and id(t) not in self.found \
+                    and (t.is_mkldnn or t.untyped_storage().data_ptr() in self.storages):
+                self.found[id(t)] = t
         result = func(*args, **kwargs)
         for t in tree_leaves(result):
             if isinstance(t, torch.Tensor):
                 self.made.setdefault(id(t), t)
         return result
+
+
+def extra_operands(fn: CaptureFn, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors ``fn`` passes to torch calls that cannot be constants of a graph over ``inputs``
+    (module docstring), found by running it once eagerly."""
+    with torch.no_grad(), _Operands(inputs) as seen:
+        fn()
+    return seen.extra()
 
 
 class _Step(torch.nn.Module):

@@ -272,44 +272,47 @@ class VitsFrontend:
 
     # ---------------------------------------------------------------------------------- captures
 
-    # The step bodies take their views of the buffers inside the step: the jit backend holds tensors made
-    # before capture as constants, and a write into a constant may be dropped (`flashrt.runtime.jit`).
-
     def _build_encode(self, p: int):
         b, index = self.buffers, relative_index(p, self.cfg.window_size, self.device)
-        speaker = self.cfg.n_speakers > 1
+        ids, mask, noise = b["enc_ids"][:, :p], b["enc_mask"][..., :p], b["enc_noise"][..., :p]
+        m_out, logs_out, w_out = b["enc_m"][..., :p], b["enc_logs"][..., :p], b["enc_durations"][:, :p]
+
+        g = b["speaker"] if self.cfg.n_speakers > 1 else None
 
         def step() -> None:
-            g = b["speaker"] if speaker else None
-            ids, mask, noise = b["enc_ids"][:, :p], b["enc_mask"][..., :p], b["enc_noise"][..., :p]
             m, logs, w = self.prior.encode(ids, mask, noise, b["scales"], index, g)
-            b["enc_m"][..., :p].copy_(m)
-            b["enc_logs"][..., :p].copy_(logs)
-            b["enc_durations"][:, :p].copy_(w)
+            m_out.copy_(m)
+            logs_out.copy_(logs)
+            w_out.copy_(w)
 
         return step
 
     def _build_flow(self, f: int):
         b = self.buffers
-        speaker = self.cfg.n_speakers > 1
+        index, mask, noise, z_out = (
+            b["flow_index"][:f],
+            b["flow_mask"][..., :f],
+            b["flow_noise"][..., :f],
+            b["flow_z"][..., :f],
+        )
+
+        g = b["speaker"] if self.cfg.n_speakers > 1 else None
 
         def step() -> None:
-            g = b["speaker"] if speaker else None
-            index = b["flow_index"][:f]
             m = b["enc_m"].index_select(2, index)
             logs = b["enc_logs"].index_select(2, index)
-            z = self.prior.latent(m, logs, b["flow_noise"][..., :f], b["scales"], b["flow_mask"][..., :f], g)
-            b["flow_z"][..., :f].copy_(z)
+            z_out.copy_(self.prior.latent(m, logs, noise, b["scales"], mask, g))
 
         return step
 
     def _build_decode(self, d: int):
         b, hop = self.buffers, self.cfg.hop_length
+        z, out = b["dec_z"][..., :d], b["dec_audio"][:, : d * hop]
+
         dec_dtype = next(self.decoder.parameters()).dtype  # bfloat16 beside a float32 prior, or the same
 
         def step() -> None:
-            z = b["dec_z"][..., :d].to(dec_dtype)
-            b["dec_audio"][:, : d * hop].copy_(self.decoder(z, ValidLength(b["dec_length"], d)))
+            out.copy_(self.decoder(z.to(dec_dtype), ValidLength(b["dec_length"], d)))
 
         return step
 
