@@ -23,7 +23,7 @@ TOL = 1e-5
 # Vocos-EnCodec tiny: onnxruntime's DFT/Exp kernels land 3.1e-5 from eager (peak 2.2, so 1.4e-5 relative),
 # the same with ORT's graph optimizations off; eager itself is 2.6e-6 from the vocos package there.
 TOLS = {"vocos_encodec_tiny": 5e-5}
-STREAMED = {"hifigan_v1_tiny", "vocos_mel_tiny", "bigvgan_tiny_plain"}
+STREAMED = {"hifigan_v1_tiny", "vocos_mel_tiny"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,9 +48,9 @@ def _inputs(name: str) -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.parametrize("name", ["hifigan_v1_tiny", "speecht5_hifigan_tiny", "vocos_mel_tiny",
-                                  "vocos_encodec_tiny", "bigvgan_tiny_plain", "snac_24khz_tiny",
-                                  "snac_32khz_tiny"])
+                                  "vocos_encodec_tiny", "snac_24khz_tiny", "snac_32khz_tiny"])
 def test_vocoder_onnxrt_equals_eager(name):
+    """(BigVGAN: `test_bigvgan_onnxrt_is_as_close_to_float64_as_eager`, which also holds it to eager.)"""
     tol = TOLS.get(name, TOL)
     voc = flashrt.load_vocoder(VOCODERS / name, buckets=(64,), batch=2, backend="onnxrt")
     ref = flashrt.load_vocoder(VOCODERS / name, buckets=(64,), batch=2, backend="eager")
@@ -102,7 +102,8 @@ def test_bigvgan_onnxrt_is_as_close_to_float64_as_eager():
     plain dilated / transposed convs, not the `invariant` policy's forms) must be no further from it than
     twice eager (measured at `tiny`, 64 frames: 4.9e-6 vs 5.7e-6; at `base` 200 frames see
     bench/onnxrt_f64_parity.py). And onnxruntime's convs sum in an order that does not depend on where a
-    window starts: streamed equals one shot bit for bit."""
+    window starts: streamed equals one shot bit for bit. Both float32 forms also agree within `TOL` (each
+    graph of a BigVGAN exports in ~20 s on 2 cores: the family's one onnxrt test)."""
     from flashrt.frontends.vocoders import get_family, prepare_module
     from flashrt.runner.vocoder import Vocoder
     from flashrt.testing.synthetic.vocoders import random_module
@@ -119,9 +120,11 @@ def test_bigvgan_onnxrt_is_as_close_to_float64_as_eager():
         mel = torch.randn(1, cfg.num_mels, frames, generator=g)
         with torch.no_grad():
             exact = m64(mel.double())
-        one = onnx(mel)
+        one, ref = onnx(mel), eager(mel)
+        assert (one - ref).abs().max() <= TOL
         far["onnxrt"] = max(far["onnxrt"], float((one.double() - exact).abs().max()))
-        far["eager"] = max(far["eager"], float((eager(mel).double() - exact).abs().max()))
+        far["eager"] = max(far["eager"], float((ref.double() - exact).abs().max()))
         streamed = torch.cat(list(onnx.stream(mel[..., i:i + 7] for i in range(0, frames, 7))), -1)
         assert torch.equal(streamed, one)
     assert far["eager"] > 1e-7 and far["onnxrt"] <= 2 * far["eager"], far
+    assert onnx.report()["graphs"]["backend"] == "onnxrt"

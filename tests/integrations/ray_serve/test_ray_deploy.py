@@ -263,14 +263,22 @@ def test_openpi_client_gets_the_actions_of_serve_policy(ray_policy, local_policy
     refused message answered as text (the client raises it) on a connection that then serves on."""
     openpi = pytest.importorskip("openpi_client.websocket_client_policy",
                                  reason="openpi-client (the test extra) is not installed")
+    url, _ = ray_policy
+    on_ray = openpi.WebsocketClientPolicy(host=url.replace("http://", "ws://"))
+    served = openpi.WebsocketClientPolicy(host=f"ws://127.0.0.1:{local_policy.port}")
+    try:
+        _same_actions(on_ray, served, url)
+    finally:  # an open websocket is an ongoing request: Serve would wait its graceful-shutdown timeout
+        on_ray._ws.close()
+        served._ws.close()
+
+
+def _same_actions(on_ray, served, url):
     from websockets.sync.client import connect
 
     from flashrt.demo import ToyRobot
     from flashrt.serve.wire import unpackb
 
-    url, _ = ray_policy
-    on_ray = openpi.WebsocketClientPolicy(host=url.replace("http://", "ws://"))
-    served = openpi.WebsocketClientPolicy(host=f"ws://127.0.0.1:{local_policy.port}")
     assert on_ray.get_server_metadata() == served.get_server_metadata()
     robot = ToyRobot()
     for seed in (1, 2, 3):
