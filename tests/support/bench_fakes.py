@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,17 @@ class FakeImpl:
                 raise RuntimeError(f"injected failure at call {call}")
             y = x * 2 + self.offset
         if self.leak_bytes:
-            self.hoard.append(b"\x01" * self.leak_bytes)
+            self.hoard.append(_resident(self.leak_bytes))
         return {"y": y}
+
+
+def _resident(size: int) -> mmap.mmap:
+    """``size`` bytes of fresh anonymous pages, written (resident): the process's RSS grows by them
+    whatever its heap holds (a bytes object of the same size may reuse free heap pages that are resident
+    already, and then the RSS does not move: a process that ran other tests first has plenty)."""
+    pages = mmap.mmap(-1, size)
+    pages.write(b"\x01" * size)
+    return pages
 
 
 class FakeBenchmark(FakeImpl):
