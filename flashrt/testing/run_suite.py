@@ -1,8 +1,8 @@
 """The project's test command: ruff on the tree, then pytest. Run from the repository root.
 
 pytest runs in `WORKERS` processes (pytest-xdist, the test extra) where the machine has the cores:
-serially the suite keeps one core of two busy (most tests are small models, bound by dispatch, not
-FLOPs), so two workers take ~0.6 of the serial wall time on a 2-core machine. ``--dist loadfile``
+serially the suite keeps about one core busy (most tests are small models, bound by dispatch, not
+FLOPs; docs/contributing.md has the times). ``--dist loadfile``
 keeps each test file in one worker, so a module's fixtures (a Ray cluster, a server on a fixed port,
 an exported graph) exist once. Options given after the command come later on pytest's command line
 and win (``-n 0``: serially).

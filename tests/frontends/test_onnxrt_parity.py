@@ -102,8 +102,8 @@ def test_bigvgan_onnxrt_is_as_close_to_float64_as_eager():
     plain dilated / transposed convs, not the `invariant` policy's forms) must be no further from it than
     twice eager (measured at `tiny`, 64 frames: 4.9e-6 vs 5.7e-6; at `base` 200 frames see
     bench/onnxrt_f64_parity.py). And onnxruntime's convs sum in an order that does not depend on where a
-    window starts: streamed equals one shot bit for bit. Both float32 forms also agree within `TOL` (each
-    graph of a BigVGAN exports in ~20 s on 2 cores: the family's one onnxrt test)."""
+    window starts: streamed equals one shot bit for bit. Both float32 forms also agree within `TOL` (the
+    family's one onnxrt test: its graphs are the slowest of the vocoders to export)."""
     from flashrt.frontends.vocoders import get_family, prepare_module
     from flashrt.runner.vocoder import Vocoder
     from flashrt.testing.synthetic.vocoders import random_module
