@@ -389,7 +389,7 @@ def _render(record: dict[str, Any]) -> None:
     for mode, levels in record["modes"].items():
         table = Table(title=f"admission {mode}")
         for col in ("load", "offered", "goodput", "served", "on time", "refused", "errors", "timeouts",
-                    "apart", "TTFA p50", "TTFA p99", "total p99", "RTF p50", "lag p99"):
+                    "apart", "TTFA p50", "TTFA p99", "total p99", "RTF p50", "stalled", "lag p99"):
             table.add_column(col, justify="right")
         for lv in levels:
             apart = lv["cancelled"] + lv["slow"] + lv["unsent"]
@@ -397,14 +397,15 @@ def _render(record: dict[str, Any]) -> None:
                           str(lv["on_time"]), str(sum(lv["refused"].values())), str(lv["errors"]),
                           str(lv["timeouts"]), str(apart), _fmt(lv["ttfa_ms"]["p50"]),
                           _fmt(lv["ttfa_ms"]["p99"]), _fmt(lv["total_ms"]["p99"]), _fmt(lv["rtf"]["p50"], 3),
-                          _fmt(lv["client_lag_ms"]["p99"]))
+                          str(lv["stalled"]), _fmt(lv["client_lag_ms"]["p99"]))
         console.print(table)
         codes = [f"{lv['load']:.3g}x {_refusals(lv['refused'])}" for lv in levels if lv["refused"]]
         if codes:
             console.print(f"refused by code: {'; '.join(codes)}")
     console.print("apart: clients that hang up or read nothing on purpose, or were not sent before the "
-                  "level's cap (out of goodput's denominator); lag: how late the client sent a request "
-                  "against its schedule (ms)")
+                  "level's cap (out of goodput's denominator); stalled: served requests whose playback, "
+                  "started at the first audio, ran dry before the next bytes came; lag: how late the "
+                  "client sent a request against its schedule (ms)")
 
 
 def _refusals(refused: dict[str, int]) -> str:

@@ -19,6 +19,10 @@ Protocol (the seed's fair-measurement rules):
   were sent are ``unsent`` (also apart).
 - Per level: TTFA and whole-request percentiles over the served, RTF (request time / audio seconds),
   refusals by code, errors, timeouts, and the server's own per-stage statistics from ``/health``.
+- Playback (`playback_stalls`): a listener who starts playing at the first audio byte and plays each
+  byte at the format's rate; ``stall_ms`` is how long the audio ran dry before the next bytes came, in
+  all, and ``stalls`` how often. Reported apart from goodput (the deadline is the first audio's): a
+  server that answers early and then starves its streams shows here.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Arrival", "Outcome", "LevelResult", "poisson_schedule", "poisson_arrivals", "parse_trace",
-           "summarize", "run_request", "run_level", "single_stream", "TEXTS"]
+           "summarize", "run_request", "run_level", "single_stream", "playback_stalls", "TEXTS"]
 
 TEXTS = (
     "The robot picked up the red cube.",
@@ -79,6 +83,8 @@ class Outcome:
     error: str | None = None          # "timeout", "cancelled", "slow", "unsent", or the exception's class
     deadline_ms: float | None = None  # its own TTFA deadline (None: the level's)
     lag_ms: float | None = None       # how late the client sent it against its schedule
+    stall_ms: float | None = None     # playback ran dry this long in all (`playback_stalls`; served only)
+    stalls: int = 0                   # ... this many times
 
     @property
     def served(self) -> bool:
@@ -163,6 +169,24 @@ def _number(item: dict[str, Any], key: str, minimum: float, required: bool = Fal
     return float(value)
 
 
+def playback_stalls(chunks: Sequence[tuple[float, int]], bytes_per_s: float) -> tuple[float, int]:
+    """(ms the audio ran dry in all, times it did) for ``chunks`` (arrival s, bytes) in arrival order,
+    played from the first one's arrival at ``bytes_per_s``: the bytes received before a chunk last until
+    the playback start + their duration + the stalls so far; a chunk that comes later stalls playback
+    until it does."""
+    if not bytes_per_s > 0:
+        raise ValueError(f"bytes_per_s must be positive, got {bytes_per_s}")
+    if not chunks:
+        return 0.0, 0
+    start, played, stalled, stalls = chunks[0][0], 0, 0.0, 0
+    for t, size in chunks:
+        dry = start + played / bytes_per_s + stalled
+        if t > dry:
+            stalled, stalls = stalled + (t - dry), stalls + 1
+        played += size
+    return stalled * 1e3, stalls
+
+
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p90": None, "p99": None, "max": None, "count": 0}
@@ -192,6 +216,8 @@ class LevelResult:
     total_ms: dict[str, Any] = field(default_factory=dict)
     rtf: dict[str, Any] = field(default_factory=dict)
     client_lag_ms: dict[str, Any] = field(default_factory=dict)
+    stalled: int = 0                # served requests whose playback ran dry at least once
+    stall_ms: dict[str, Any] = field(default_factory=dict)  # over the served
     wall_s: float = 0.0
     server: dict[str, Any] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -227,6 +253,8 @@ def summarize(load: float, rate: float, outcomes: Sequence[Outcome], deadline_ms
                        _percentiles([o.ttfa_ms for o in served if o.ttfa_ms is not None]),
                        _percentiles([o.total_ms for o in served]), _percentiles(rtf),
                        _percentiles([o.lag_ms for o in outcomes if o.lag_ms is not None]),
+                       stalled=sum(1 for o in served if o.stalls),
+                       stall_ms=_percentiles([o.stall_ms for o in served if o.stall_ms is not None]),
                        requests=[asdict(o) for o in outcomes])
 
 
@@ -264,15 +292,21 @@ async def _exchange(client: Any, url: str, body: dict[str, Any], outcome: Outcom
             await asyncio.sleep(slow_hold_s)
             outcome.error = "slow"
             return
+        chunks: list[tuple[float, int]] = []
         async for chunk in response.aiter_bytes():
-            if outcome.ttfa_ms is None and chunk:
-                outcome.ttfa_ms = (time.perf_counter() - start) * 1e3
+            if not chunk:
+                continue
+            now = time.perf_counter()
+            if outcome.ttfa_ms is None:
+                outcome.ttfa_ms = (now - start) * 1e3
+            chunks.append((now, len(chunk)))
             outcome.bytes += len(chunk)
-            if behaviour.hang_up and outcome.ttfa_ms is not None:
+            if behaviour.hang_up:
                 outcome.error = "cancelled"  # a client that hangs up after its first audio
                 return
         outcome.total_ms = (time.perf_counter() - start) * 1e3
         outcome.audio_s = outcome.bytes / bytes_per_s
+        outcome.stall_ms, outcome.stalls = playback_stalls(chunks, bytes_per_s)
 
 
 def _error_code(data: bytes) -> str | None:

@@ -15,6 +15,7 @@ from flashrt.bench.serve_load import (  # noqa: E402
     Arrival,
     Outcome,
     parse_trace,
+    playback_stalls,
     poisson_arrivals,
     poisson_schedule,
     summarize,
@@ -88,6 +89,29 @@ def _write(tmp_path, text):
     path = tmp_path / "trace.jsonl"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def test_playback_runs_dry_only_when_the_bytes_come_after_the_audio_before_them_ends():
+    # 100 bytes a second: each 100-byte chunk plays for 1 s from when playback reaches it
+    assert playback_stalls([(0.0, 100), (0.5, 100), (1.9, 100)], 100.0) == (0.0, 0)
+    ms, n = playback_stalls([(0.0, 100), (1.5, 100), (2.0, 100)], 100.0)  # dry 1.0-1.5, then in time
+    assert n == 1 and ms == pytest.approx(500.0)
+    ms, n = playback_stalls([(0.0, 100), (1.5, 100), (3.0, 100)], 100.0)  # the stall delays the next end
+    assert n == 2 and ms == pytest.approx(1000.0)
+    ms, n = playback_stalls([(5.0, 50), (5.2, 50), (6.1, 100)], 100.0)  # starts at the first byte: 5.0
+    assert n == 1 and ms == pytest.approx(100.0)
+    assert playback_stalls([], 100.0) == (0.0, 0) and playback_stalls([(2.0, 10)], 100.0) == (0.0, 0)
+    with pytest.raises(ValueError):
+        playback_stalls([(0.0, 1)], 0.0)
+
+
+def test_stalls_are_counted_over_the_served_apart_from_goodput():
+    stalled = Outcome(0, 0.0, status=200, ttfa_ms=50.0, total_ms=900.0, audio_s=0.5, stall_ms=300.0, stalls=2)
+    smooth = Outcome(1, 0.0, status=200, ttfa_ms=50.0, total_ms=300.0, audio_s=1.0, stall_ms=0.0)
+    cut = Outcome(2, 0.0, status=200, ttfa_ms=50.0, error="cancelled")
+    level = summarize(1.0, 1.0, [stalled, smooth, cut], deadline_ms=100.0)
+    assert level.goodput == 1.0 and level.stalled == 1
+    assert level.stall_ms["count"] == 2 and level.stall_ms["max"] == 300.0
 
 
 def test_a_trace_is_parsed_and_sorted(tmp_path):
@@ -190,6 +214,7 @@ def test_an_end_to_end_run_accounts_for_every_request(toy, tmp_path, capsys):
         _check_accounting(levels, 6)
         for lv in levels:
             assert lv["cancelled"] == 2 and lv["slow"] == 1 and lv["errors"] == 0 and lv["timeouts"] == 0
+            assert all(r["stall_ms"] is not None for r in lv["requests"] if _category(r) == "served")
             assert lv["server"]["outcomes"].get("done", 0) >= lv["served"]  # this level's, not cumulative
             assert sum(lv["server"]["outcomes"].values()) <= 6 and "speech" in lv["server"]["stages"]
     assert "admission on" in err and "goodput deadline" in err
@@ -265,6 +290,43 @@ def slow_toy():
     register_tts_family(TtsFamily("slow-toy-serve", detect, lambda source, **o: _Slow()))
     yield
     unregister_tts_family("slow-toy-serve")
+
+
+class _Starving:
+    """Chunks of 50 ms of audio, 120 ms apart: slower than playback, so every stream runs dry."""
+
+    sample_rate = 8000
+
+    def stream(self, text, seed=None, speed=1.0):
+        import time
+
+        for i in range(4):
+            if i:
+                time.sleep(0.12)
+            yield np.full(400, 0.1, dtype=np.float32)
+
+
+def test_a_voice_slower_than_playback_stalls_every_stream(tmp_path, capsys):
+    def detect(source):
+        if not str(source).startswith("starving"):
+            raise CheckpointError(f"{source}: not a starving toy voice")
+
+    register_tts_family(TtsFamily("starving-serve", detect, lambda source, **o: _Starving()))
+    try:
+        from flashrt.cli import main
+
+        code = main(["bench", "serve", "--voice", "starving", "--warm", "1", "--no-plot", "--timeout", "20",
+                     "--level-cap", "60", "--loads", "0.5", "--requests", "3", "--out", str(tmp_path)])
+    finally:
+        unregister_tts_family("starving-serve")
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    (level,) = json.loads((tmp_path / "results.json").read_text())["modes"]["off"]
+    served = [r for r in level["requests"] if _category(r) == "served"]
+    assert served and level["stalled"] == len(served)
+    # 0.2 s of audio whose last bytes are made 0.36 s after the first: playback runs dry at least once
+    assert all(r["stalls"] >= 1 and r["stall_ms"] > 0 for r in served), served
+    assert "stalled" in err
 
 
 def test_a_restart_mid_level_cuts_what_is_in_flight_cleanly_and_serves_what_comes_after(slow_toy, tmp_path,
