@@ -77,21 +77,35 @@ def _demo_version(folder: Path) -> str | None:
 
 def ensure_demo_checkpoint(folder: Path | None = None) -> tuple[Path, bool]:
     """The demo checkpoint dir, (re)generated atomically (temp dir + rename) when absent or from another
-    demo version. -> (dir, created)."""
+    demo version. -> (dir, created). Another process generating the same folder at the same time (two
+    `flashrt demo` on a fresh machine): whichever renames first wins, and the other uses its folder
+    rather than removing it under it."""
     folder = Path(folder) if folder is not None else default_checkpoint_dir()
-    if _demo_version(folder) == DEMO_VERSION and (folder / "model.safetensors").is_file():
+    if _current(folder):
         return folder, False
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".tmp"))
     try:
         write_demo_checkpoint(tmp)
+        if _current(folder):  # made by another process while this one wrote its own
+            return folder, False
         if folder.exists():
             shutil.rmtree(folder)
-        os.replace(tmp, folder)
+        try:
+            os.replace(tmp, folder)
+        except OSError:  # another process renamed its own into place first
+            if not _current(folder):
+                raise
+            return folder, False
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return folder, True
+
+
+def _current(folder: Path) -> bool:
+    """A complete demo checkpoint of this demo version is in ``folder``."""
+    return _demo_version(folder) == DEMO_VERSION and (folder / "model.safetensors").is_file()
 
 
 # ------------------------------------------------------------------------------------------ the loop

@@ -85,6 +85,26 @@ def test_never_overwrites_a_foreign_folder(tmp_path):
     assert ensure_demo_checkpoint(old) == (old, True)  # an older demo version is regenerated
 
 
+def test_a_checkpoint_made_by_another_process_meanwhile_is_used_not_removed(tmp_path, monkeypatch):
+    """Two processes generate the same folder at once: the one that finishes second uses the first's
+    folder (never removes it under its user) and reports it as not created."""
+    import flashrt.demo as demo_module
+
+    folder, real_write, first = tmp_path / "demo", demo_module.write_demo_checkpoint, []
+
+    def other_process_finishes_first(tmp):
+        monkeypatch.setattr(demo_module, "write_demo_checkpoint", real_write)
+        first.append(demo_module.ensure_demo_checkpoint(folder))
+        first.append((folder / "model.safetensors").stat().st_ino)
+        return real_write(tmp)
+
+    monkeypatch.setattr(demo_module, "write_demo_checkpoint", other_process_finishes_first)
+    assert demo_module.ensure_demo_checkpoint(folder) == (folder, False)
+    assert first[0] == (folder, True)
+    assert (folder / "model.safetensors").stat().st_ino == first[1]  # the first's files, not replaced
+    assert not list(tmp_path.glob("demo.tmp*"))  # the second's temp folder is gone
+
+
 def test_demo_talk_narrates_beside_the_loop_and_writes_the_wav(tmp_path, capsys):
     """`flashrt demo --talk`: the loop runs as a control lane, a real voice narrates; the WAV holds
     every sentence spoken (Python's wave reads its true length), the report accounts for both lanes."""
