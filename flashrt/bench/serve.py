@@ -122,6 +122,7 @@ def bench_serve(
     line = {"bench": "serve", "voice": record["voice"], "capacity_rps": record["capacity_rps"],
             "deadline_ms": record["deadline_ms"], "trace": record["trace"],
             "goodput": {m: [lv["goodput"] for lv in r] for m, r in record["modes"].items()},
+            "stalled": {m: [lv["stalled"] for lv in r] for m, r in record["modes"].items()},
             "loads": [lv["load"] for lv in next(iter(record["modes"].values()))], "status": "ok"}
     _finish({**record, "line": line}, folder, files)
 

@@ -324,6 +324,7 @@ def test_a_voice_slower_than_playback_stalls_every_stream(tmp_path, capsys):
     (level,) = json.loads((tmp_path / "results.json").read_text())["modes"]["off"]
     served = [r for r in level["requests"] if _category(r) == "served"]
     assert served and level["stalled"] == len(served)
+    assert json.loads(out.strip().splitlines()[-1])["stalled"] == {"off": [len(served)]}
     # 0.2 s of audio whose last bytes are made 0.36 s after the first: playback runs dry at least once
     assert all(r["stalls"] >= 1 and r["stall_ms"] > 0 for r in served), served
     assert "stalled" in err
