@@ -7,9 +7,11 @@ One `OrpheusTTS` (random seeded weights, `flashrt.bench.adapters.tts_orpheus` si
 LM for "full") with as many decode rows as the largest stream count (`flashrt.runtime.slots`): N client
 threads each stream one utterance of ``--frames`` frames at once (decoding constrained to valid codes,
 so every utterance has exactly that length). Per level: TTFA p50/p99 (call -> first audio chunk), RTF
-per stream p50/p99 (wall time / audio), aggregate audio seconds per second, and the decode replays per
-batch bucket. Levels stop when ``--budget-s`` is spent (the JSON line still prints). No graph is
-captured after load (checked: the level fails otherwise).
+per stream p50/p99 (wall time / audio), playback stalls (each stream played from its first chunk as it
+arrives, `flashrt.bench.serve_load.playback_stalls`: the streams that ran dry, stall ms p50/p99),
+aggregate audio seconds per second, and the decode replays per batch bucket. Levels stop when
+``--budget-s`` is spent (the JSON line still prints). No graph is captured after load (checked: the
+level fails otherwise).
 """
 
 from __future__ import annotations
@@ -44,21 +46,26 @@ def _build(preset: str, device: str, rows: int, frames: int, backend: str | None
 def _level(tts, n: int, frames: int) -> dict:
     texts = ("Hello there, how are you today?", "The quick brown fox jumps over the lazy dog.",
              "Streaming speech, one frame at a time.", "Set up once, replay forever.")
-    ttfa, rtf, audio, errors = [], [], [], []
+    from flashrt.bench.serve_load import playback_stalls
+
+    ttfa, rtf, audio, stalls, errors = [], [], [], [], []
     lock = threading.Lock()
 
     def client(k: int) -> None:
         start = time.perf_counter()
         try:
-            first, samples = None, 0
+            first, samples, chunks = None, 0, []
             for chunk in tts.stream(texts[k % 4], seed=k, max_new_tokens=7 * frames):
-                first = first if first is not None else time.perf_counter() - start
+                now = time.perf_counter()
+                first = first if first is not None else now - start
                 samples += chunk.shape[-1]
+                chunks.append((now, chunk.shape[-1]))
             wall = time.perf_counter() - start
             with lock:
                 ttfa.append(first * 1e3)
                 rtf.append(wall / (samples / tts.sample_rate))
                 audio.append(samples / tts.sample_rate)
+                stalls.append(playback_stalls(chunks, tts.sample_rate))
         except Exception as exc:  # noqa: BLE001 - reported in the row
             with lock:
                 errors.append(repr(exc))
@@ -75,6 +82,8 @@ def _level(tts, n: int, frames: int) -> dict:
     pct = lambda xs, q: float(np.percentile(xs, q)) if xs else None  # noqa: E731
     return {"streams": n, "served": len(ttfa), "errors": errors[:3], "ttfa_ms_p50": pct(ttfa, 50),
             "ttfa_ms_p99": pct(ttfa, 99), "rtf_p50": pct(rtf, 50), "rtf_p99": pct(rtf, 99),
+            "stalled": sum(1 for _, dry in stalls if dry), "stall_ms_p50": pct([ms for ms, _ in stalls], 50),
+            "stall_ms_p99": pct([ms for ms, _ in stalls], 99),
             "audio_s_per_s": sum(audio) / wall if wall else None, "wall_s": wall, "replays": buckets}
 
 
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"streams {n:3d}: served {row['served']}/{n}, TTFA p50 {row['ttfa_ms_p50']:.0f} ms "
               f"p99 {row['ttfa_ms_p99']:.0f} ms, RTF p50 {row['rtf_p50']:.3f} p99 {row['rtf_p99']:.3f}, "
+              f"stalled {row['stalled']}/{row['served']}, "
               f"{row['audio_s_per_s']:.2f} audio s/s, replays {row['replays']}", file=sys.stderr)
     tts.close()
     ok = all(r.get("served") == r["streams"] and not r.get("recaptured") for r in rows if "skipped" not in r)

@@ -18,3 +18,4 @@ def test_a_tiny_run_serves_every_stream_and_prints_the_json_line():
     assert line["status"] == "ok" and [lv["streams"] for lv in line["levels"]] == [1, 3]
     three = line["levels"][1]
     assert three["served"] == 3 and not three["recaptured"] and three["ttfa_ms_p99"] > 0
+    assert 0 <= three["stalled"] <= 3 and three["stall_ms_p99"] >= three["stall_ms_p50"] >= 0
