@@ -34,12 +34,10 @@ What it holds and when it is valid:
   back after every step, and while another thread runs Python it waits up to the switch interval
   (5 ms) each time; the slot decoder replays its blocks this way (`flashrt.runtime.slots`).
 * Replays run the interpreter without its executor's optimizing passes (`torch.jit.optimized_execution`
-  off, thread-local, for the replay's duration only). With the fusers off they gained nothing on these
-  steps, measured interleaved in one process: the tiny Orpheus LM's 7-step block 2.91 / 2.82 ms
-  optimized vs 2.92 / 2.81 unoptimized at one row, 4.26 / 4.49 vs 4.28 / 4.42 at eight; but the
-  profiling executor must first run each graph twice, slowly (a Piper text encoder: ~175 ms each,
-  against ~17 after), which capture paid as warm-ups: a Piper voice's first call with its prior on jit
-  0.71-0.92 -> 0.40-0.50 s, the tiny Orpheus LM's load 2.8-3.2 -> 1.9-2.0 s.
+  off, thread-local, for the replay's duration only). With the fusers off those passes gave these steps
+  nothing measurable, while the profiling executor must first run each graph twice, several times
+  slower than after, which capture paid as warm-ups (the figures: docs/architecture.md and the TTS
+  benchmarks page).
 * Capture runs ``fn`` for real (the trace), then replays it ``warmup`` more times (default 0): fn's
   effects on its buffers happen ``1 + warmup`` times at capture, as with the `trace` and `cuda` backends
   (up to two more for a step with extra operands: the trace that found them, or the one a packed weight
@@ -82,13 +80,8 @@ class JitGraph:
         with a Python-busy thread beside it waits up to the interpreter's switch interval, 5 ms,
         every time)."""
         self._guard.check()
-        optimize = torch._C._get_graph_executor_optimize()  # thread-local (module docstring)
-        torch._C._set_graph_executor_optimize(False)
-        try:
-            with torch.no_grad():
-                self._loop(int(times), self._inputs)
-        finally:
-            torch._C._set_graph_executor_optimize(optimize)
+        with torch.jit.optimized_execution(False), torch.no_grad():  # thread-local (module docstring)
+            self._loop(int(times), self._inputs)
 
     def check(self) -> None:
         self._guard.check()
