@@ -86,9 +86,11 @@ def greedy_token(logits: torch.Tensor) -> torch.Tensor:
 
 def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                  seed: torch.Tensor, step: torch.Tensor, candidates: int = 1024,
-                 u: torch.Tensor | None = None, first: torch.Tensor | None = None) -> torch.Tensor:
+                 u: torch.Tensor | None = None, first: torch.Tensor | None = None,
+                 used: torch.Tensor | None = None) -> torch.Tensor:
     """(B, V) -> (B, 1) int64 drawn after temperature, top-k and top-p (module docstring). ``u``: the
     rows' variates (B, 1) where the caller has them (`step_uniforms`); None: hashed from seed and step.
+    ``used`` (B, 1) bool: the rows whose draw the caller takes (None: all of them), for ``first``.
 
     Only the ``candidates`` most likely tokens are ranked (`torch.topk`, not a sort of the vocabulary:
     about 10x cheaper on the CPU at V = 157k); probabilities still use the full distribution's
@@ -96,7 +98,9 @@ def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
 
     ``first`` (a (1,) int64 counter buffer, zero at the start; CPU graph backends that run Python
     control flow: eager, jit): rank only the `FIRST_RANKS` most likely tokens, and the ``candidates``
-    only when some row keeps more than those (`draw_first`). After such a step the next `FIRST_PAUSE`
+    only when some row it takes (``used``) keeps more than those (`draw_first`; a row at temperature 0,
+    or a row of a batch bucket past the live ones, keeps no number, and a batch would otherwise rank
+    every candidate at each step for it). After such a step the next `FIRST_PAUSE`
     steps rank the candidates at once (counted down in ``first``), so a flat distribution, where the
     try always falls short, pays for it one step in nine. Both paths rank in canonical order (`rank`:
     value descending, ties by token id), so the draw does not depend on how many were ranked as long as
@@ -116,7 +120,9 @@ def sample_token(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
     norm = scaled.logsumexp(-1, keepdim=True)
     ranked = min(int(candidates), logits.shape[-1])
     if first is not None and ranked > FIRST_RANKS:
-        return scripted_draw_first()(scaled, norm, top_k, top_p, u, first, FIRST_RANKS, ranked, FIRST_PAUSE)
+        used = torch.ones_like(temperature, dtype=torch.bool) if used is None else used
+        return scripted_draw_first()(scaled, norm, top_k, top_p, u, first, used, FIRST_RANKS, ranked,
+                                     FIRST_PAUSE)
     return draw(scaled, norm, top_k, top_p, u, ranked, FIRST_RANKS, False)[0]
 
 
@@ -158,8 +164,10 @@ def draw(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, top_p: t
 
 
 def draw_first(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-               u: torch.Tensor, pause: torch.Tensor, first: int, k: int, steps: int) -> torch.Tensor:
-    """`draw` over the ``first`` best ranks when every row fits in them, else over ``k``; while the
+               u: torch.Tensor, pause: torch.Tensor, used: torch.Tensor, first: int, k: int,
+               steps: int) -> torch.Tensor:
+    """`draw` over the ``first`` best ranks when every ``used`` row (B, 1) fits in them, else over ``k``
+    (the other rows' tokens are the caller's to drop); while the
     counter ``pause`` (1,) is above zero, over ``k`` at once (counted down; set to ``steps`` when a try
     falls short). Run as TorchScript (`scripted_draw_first`): a traced step keeps the branches."""
     if bool(pause[0] > 0):
@@ -168,7 +176,7 @@ def draw_first(scaled: torch.Tensor, norm: torch.Tensor, top_k: torch.Tensor, to
     tokens, mass = draw(scaled, norm, top_k, top_p, u, first, first, True)
     # a row without top-k keeps nothing past these ranks once their mass reaches top_p; a row with one
     # fits when its top-k does (its probabilities are normalized over its top-k, all of which it needs)
-    if bool(torch.where(top_k > 0, top_k <= first, mass >= top_p).all()):
+    if bool((torch.where(top_k > 0, top_k <= first, mass >= top_p) | ~used).all()):
         return tokens
     pause.fill_(steps)
     return draw(scaled, norm, top_k, top_p, u, k, first, True)[0]

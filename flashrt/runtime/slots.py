@@ -233,7 +233,7 @@ class SlotDecoder:
             step = torch.zeros(1, dtype=torch.int64, device=row.device)
             uniform = step_uniforms(io.join_seed, io.uniform.shape[1])
             chosen = self._pick(io.join_logits, seen, step, *(io[f"join_{k}"] for k in KNOBS),
-                                uniform[:, :1], greedy=False)
+                                uniform[:, :1], greedy=False, used=None)
             for name in KNOBS:
                 io[name].index_copy_(0, row, io[f"join_{name}"])
             io.uniform.index_copy_(0, row, uniform)
@@ -258,7 +258,8 @@ class SlotDecoder:
             greedy = mode == "greedy"
             at = step[:, None].clamp(max=io.out.shape[1] - 1)
             u = None if greedy else io.uniform[:rows].gather(1, at)
-            chosen = self._pick(io.logits[:rows], io.seen[:rows], step, *knobs, u, greedy=greedy)
+            chosen = self._pick(io.logits[:rows], io.seen[:rows], step, *knobs, u, greedy=greedy,
+                                used=active[:, None])
             chosen = torch.where(active[:, None], chosen, io.token[:rows])
             io.token[:rows].copy_(chosen)
             out = io.out[:rows]
@@ -271,18 +272,21 @@ class SlotDecoder:
 
     def _pick(self, logits: torch.Tensor, seen: torch.Tensor, step: torch.Tensor, temperature: torch.Tensor,
               top_k: torch.Tensor, top_p: torch.Tensor, penalty: torch.Tensor, seed: torch.Tensor,
-              u: torch.Tensor | None, greedy: bool) -> torch.Tensor:
+              u: torch.Tensor | None, greedy: bool, used: torch.Tensor | None) -> torch.Tensor:
         """(R, V) logits of R rows at their steps (R,) -> (R, 1) tokens, each row with its own knobs and
-        its variate ``u`` (R, 1) of this step (sampled graphs; None in greedy ones)."""
+        its variate ``u`` (R, 1) of this step (sampled graphs; None in greedy ones). ``used`` (R, 1): the
+        rows whose token is kept (None: all); a sampled draw is taken where the temperature is above 0."""
         if self.penalty:
             logits = penalize(logits, seen, penalty)
         if self.constraint is not None:
             logits = self.constraint(logits, step[:, None])
         chosen = greedy_token(logits)
         if not greedy:
+            sampled = temperature > 0
             drawn = sample_token(logits, temperature, top_k, top_p, seed, step, self.candidates, u=u,
-                                 first=self.io.rank_pause if self.first_ranks else None)
-            chosen = torch.where(temperature > 0, drawn, chosen)
+                                 first=self.io.rank_pause if self.first_ranks else None,
+                                 used=sampled if used is None else sampled & used)
+            chosen = torch.where(sampled, drawn, chosen)
         return chosen
 
     # ------------------------------------------------------------------------------ requests

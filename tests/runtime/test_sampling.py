@@ -203,3 +203,24 @@ def test_a_try_that_falls_short_pauses_the_first_ranks():
         assert torch.equal(drawn, sample_token(logits, *knobs, seed, step, first=_fresh()))
         counts.append(int(pause))
     assert counts == [FIRST_PAUSE, *range(FIRST_PAUSE - 1, -1, -1), 0]
+
+
+def test_rows_the_caller_drops_do_not_make_the_first_ranks_fall_short():
+    """``used`` names the rows whose draw is taken: a flat row, or one at temperature 0 (no number), that
+    the caller drops does not send the batch to ranking every candidate, and the rows it takes draw the
+    same tokens bit for bit; the same rows taken do."""
+    g = torch.Generator().manual_seed(11)
+    logits = torch.cat([torch.randn(2, 500, generator=g) * 30, torch.randn(2, 500, generator=g) * 0.01])
+    knobs = (torch.tensor([[1.0], [0.7], [1.0], [0.0]]), torch.zeros((4, 1), dtype=torch.int64),
+             torch.full((4, 1), 0.95))
+    seed, step = torch.arange(4), torch.zeros(4, dtype=torch.int64)
+    taken = torch.tensor([[True], [True], [False], [False]])
+    pause = _fresh()
+    drawn = sample_token(logits, *knobs, seed, step, first=pause, used=taken)
+    assert int(pause) == 0
+    assert torch.equal(drawn[:2], sample_token(logits[:2], *(k[:2] for k in knobs), seed[:2], step[:2],
+                                               first=_fresh()))
+    for used in (None, torch.tensor([[True], [True], [True], [False]])):
+        pause = _fresh()
+        sample_token(logits, *knobs, seed, step, first=pause, used=used)
+        assert int(pause) == FIRST_PAUSE

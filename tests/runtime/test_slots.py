@@ -105,6 +105,22 @@ def test_trace_replays_the_batched_steps_bit_for_bit(one_thread):
     assert torch.equal(traced.model.buffers["lm_k"], eager.model.buffers["lm_k"])
 
 
+@pytest.mark.parametrize("backend", ["eager", "jit"])
+def test_rows_past_the_live_ones_and_greedy_rows_never_make_a_step_rank_every_candidate(backend, one_thread):
+    """Two sampled rows whose top-k fits the first ranks and a greedy one, in the batch bucket of 4 (its
+    fourth row never used, its knobs zero): no step falls back to ranking every candidate, which the
+    bucket's unused row and the greedy row (temperature 0: no number to rank) did at every step."""
+    prompts = _prompts()
+    dec = _slots(rows=8, backend=backend)
+    short = Sampling(temperature=0.8, top_k=5, seed=3)
+    for prompt, sampling in zip(prompts, (short, Sampling(), short)):
+        dec.join(prompt, 20, sampling=sampling)
+    for _ in range(5):
+        dec.step(3)
+        assert int(dec.io.rank_pause) == 0
+    assert set(dec.report()["decode_replays"]) == {"sample@4"}
+
+
 @pytest.mark.parametrize("name", ["llama_tiny", "qwen3_tiny", "qwen2_tiny"])
 def test_jit_replays_the_batched_steps_bit_for_bit(name, one_thread):
     """The decode steps and prefills traced into TorchScript (`flashrt.runtime.jit`): greedy and sampled
