@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -61,15 +61,25 @@ from flashrt.nn.rope import apply_rope
 from flashrt.ops import Form, Op, OpSlot, register
 from flashrt.ops.decoder import ADD_RMS_NORM, GELU_MUL, RMS_NORM, ROPE_QKV, SILU_MUL, NormRow, csrc_loads
 from flashrt.ops.platform import onednn_available, plain_f32
+from flashrt.ops.torch_cpu import loads as torch_cpu_loads
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin (B, L, 1, D) as in `flashrt.nn.rope`
 
 
 @dataclass(frozen=True)
 class RowPositions:
-    """One decode token per row, each stored at its own cache slot: ``positions`` (B,) int64."""
+    """One decode token per row, each stored at its own cache slot: ``positions`` (B,) int64. The
+    attention bias of those positions (`decode_bias`) is built by the first layer that asks for it and
+    shared by the others (a form that reads the positions itself never builds it)."""
 
     positions: torch.Tensor
+    _biases: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def bias(self, slots: int, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, 1, slots) additive bias: each row sees the slots up to its position."""
+        if (slots, dtype) not in self._biases:
+            self._biases[slots, dtype] = decode_bias(self.positions, slots, dtype)
+        return self._biases[slots, dtype]
 
 
 Slot = int | torch.Tensor | RowPositions   # prefill start slot, a (1,) decode position, or one per row
@@ -227,6 +237,8 @@ class DecoderLayer(nn.Module):
         self.rope_qkv, self.token_rope = OpSlot(ROPE_QKV), OpSlot(TOKEN_ROPE)
         self.act_mul = OpSlot(ACTIVATIONS[s.act])
         self.geglu = OpSlot(GEGLU) if s.act == "gelu_tanh" else None  # a GeGLU's GEMMs (`GEGLU`)
+        # the attention of a slot-batched decode step (`RowPositions`): the `Llama` stack sets the slot
+        self.decode_attention: OpSlot | None = None
 
     def project(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, start: int,
                 with_q: bool = True) -> torch.Tensor | None:
@@ -241,7 +253,7 @@ class DecoderLayer(nn.Module):
         return q if with_q else None
 
     def _attend(self, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
-                bias: torch.Tensor) -> torch.Tensor:
+                bias: torch.Tensor | None) -> torch.Tensor:
         """Normed h (B, L, W) -> attention output (B, L, H D); this call's K/V stored at ``slot``."""
         s = self.s
         if self.q_norm is None and isinstance(slot, int) and kv.slot_views:
@@ -262,11 +274,14 @@ class DecoderLayer(nn.Module):
             att = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=bias,
                                                  scale=s.head_dim ** -0.5, enable_gqa=True)
             return att.transpose(1, 2).flatten(2)
+        if isinstance(slot, RowPositions):  # one token per row, each over its own keys
+            run = _decode_attention_sdpa if self.decode_attention is None else self.decode_attention.run
+            return run(q, keys, values, slot, s.head_dim ** -0.5)
         end = keys.shape[2]  # a key-only bias: each group's queries fold into one call
         return attend(q, keys, values, bias if bias.shape[-1] == end else bias[..., :end])
 
     def block(self, x: torch.Tensor, h: torch.Tensor, rope: Rope, kv: StaticKV, index: int, slot: Slot,
-              bias: torch.Tensor, rows: Sequence[NormRow | None]):
+              bias: torch.Tensor | None, rows: Sequence[NormRow | None]):
         """The layer on the residual stream x and its normed input h (both (B, L, W)); ``rows``: this
         layer's input and post-attention norms and the norm after it (None: none, a plain residual).
         -> (x, that norm of x) (the norm None without one)."""
@@ -358,6 +373,33 @@ TOKEN_ROPE = register(Op("token_rope", _rope_split, group="decoder", forms={
     "fused": Form(_rope_fused, device="cuda", available=csrc_loads)}))
 
 
+def _decode_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowPositions,
+                           scale: float) -> torch.Tensor:
+    """q (B, 1, H, D) over k, v (B, KV, S, D), each row up to its position -> (B, 1, H D): SDPA under the
+    rows' bias (``scale`` is SDPA's default, 1 / sqrt(D))."""
+    return attend(q, k, v, rows.bias(k.shape[2], q.dtype))
+
+
+def _decode_attention_native(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: RowPositions,
+                             scale: float) -> torch.Tensor:
+    """The same by ``flashrt_cpu::decode_attention`` (csrc/decode_attention_cpu.cpp): each row reads its
+    own keys only, no bias."""
+    return torch.ops.flashrt_cpu.decode_attention(q, k, v, rows.positions, scale)
+
+
+def _native_decode_fits(layer: DecoderLayer) -> bool:
+    """What the kernel takes: float32 weights, head_dim a multiple of 16 up to 256, at most 16 query heads
+    per K/V head."""
+    heads, kv_heads, dim = layer.shape
+    return layer.qkv.weight.dtype == torch.float32 and dim % 16 == 0 and dim <= 256 and heads <= 16 * kv_heads
+
+
+# (q, k, v, rows, scale) -> (B, 1, H D): a slot-batched decode token's attention (`RowPositions`)
+DECODE_ATTENTION = register(Op("decode_attention", _decode_attention_sdpa, reference_name="sdpa", forms={
+    "native": Form(_decode_attention_native, device="cpu", available=torch_cpu_loads,
+                   dtypes=(torch.float32,), fits=_native_decode_fits)}))
+
+
 def _store(kv: StaticKV, index: int, slot: Slot, k: torch.Tensor,
            v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Write k, v (B, L, KV, D) at ``slot``; return the keys/values to attend to, (B, KV, S, D) each."""
@@ -386,12 +428,14 @@ class Llama(nn.Module):
         self.norm = _norm(s.width, s)
         self.head = None if tied else nn.Linear(s.width, vocab_size, bias=False)
         self.rms_norm = OpSlot(RMS_NORM)  # the first layer's input norm
+        for layer in self.layers:
+            layer.decode_attention = OpSlot(DECODE_ATTENTION)
         # every norm in order, a plain tuple (no ModuleList slicing per call): layer i's input norm at 2i,
         # its post-attention norm at 2i + 1, the final norm last (as `flashrt.nn.gemma.Gemma.norms`)
         self._norms = (*(n for layer in self.layers for n in (layer.input_norm, layer.post_norm)), self.norm)
 
     def hidden(self, tokens: torch.Tensor, rope: Rope, kv: StaticKV, slot: Slot,
-               bias: torch.Tensor) -> torch.Tensor:
+               bias: torch.Tensor | None) -> torch.Tensor:
         """tokens (B, L) int64 -> final-normed hidden states (B, L, W)."""
         x = self.embed(tokens)
         rows = [NormRow(n.scale) for n in self._norms]

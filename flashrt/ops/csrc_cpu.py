@@ -45,7 +45,7 @@ from flashrt.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ABI", "FLAGS", "build", "cache_folder", "compiler", "key_fields", "load", "sources"]
+__all__ = ["ABI", "FLAGS", "build", "cache_folder", "compiler", "cpu", "key_fields", "load", "sources"]
 
 ABI = 1  # FLASHRT_CPU_ABI of csrc/*_cpu.c
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11")
@@ -79,7 +79,7 @@ def compiler() -> str | None:
     return next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
 
 
-def _cpu() -> str:
+def cpu() -> str:
     """This CPU as ``-march=native`` sees it: its model name and feature flags (Linux), else the platform."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -104,7 +104,7 @@ def key_fields(cc: str, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     compiler's ``--version`` fails or hangs."""
     headers = sorted(csrc_dir().glob("*.h"))
     return {"library": RECIPE.library, "sources": library.sources_digest(sources(), headers),
-            "compiler": native.tool_version(cc, timeout_s), "cpu": _cpu(), "flags": " ".join(FLAGS),
+            "compiler": native.tool_version(cc, timeout_s), "cpu": cpu(), "flags": " ".join(FLAGS),
             "openmp": " ".join(OPENMP), "abi": ABI}
 
 

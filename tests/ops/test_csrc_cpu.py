@@ -85,7 +85,7 @@ KEY_FIELDS = {
     "a source's contents": _change_source,
     "a header's contents": _change_header,
     "a source's name": _rename_source,
-    "the CPU": lambda tmp_path, mp: mp.setattr(csrc_cpu, "_cpu", lambda: "model name: another CPU"),
+    "the CPU": lambda tmp_path, mp: mp.setattr(csrc_cpu, "cpu", lambda: "model name: another CPU"),
     "the flags": lambda tmp_path, mp: mp.setattr(csrc_cpu, "FLAGS", (*csrc_cpu.FLAGS, "-ffast-math")),
     "the OpenMP flags": lambda tmp_path, mp: mp.setattr(csrc_cpu, "OPENMP", ("-fopenmp-simd",)),
     "the ABI": lambda tmp_path, mp: mp.setattr(csrc_cpu, "ABI", csrc_cpu.ABI + 1),

@@ -251,10 +251,10 @@ def _llama_steps(model, dtype):
 def test_llama_on_the_fused_row_equals_the_aten_row(qk_norm, dtype):
     model = _llama(qk_norm, dtype)
     want, kv_want = _llama_steps(model, dtype)
-    choices = ops.select(model, "cpu", prefer={"decoder": "fused"})
+    choices = ops.select(model, "cpu", prefer={"decoder": "fused", "decode_attention": "sdpa"})
     assert choices == {"add_rms_norm": {"fused": DEPTH}, "rms_norm": {"fused": DEPTH + 1},
                        "rope_qkv": {"fused": DEPTH}, "silu_mul": {"fused": DEPTH},
-                       "token_rope": {"fused": DEPTH}}
+                       "token_rope": {"fused": DEPTH}, "decode_attention": {"sdpa": DEPTH}}
     got, kv_got = _llama_steps(model, dtype)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert torch.equal(kv_got.k, kv_want.k) and torch.equal(kv_got.v, kv_want.v)

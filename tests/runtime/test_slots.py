@@ -8,8 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from flashrt import ops
 from flashrt.errors import ConfigError, InputError
 from flashrt.frontends.lm import load_lm
+from flashrt.ops import torch_cpu
 from flashrt.runtime.decode import Decoder, Sampling
 from flashrt.runtime.slots import SlotDecoder, SlotModel
 
@@ -119,6 +121,23 @@ def test_rows_past_the_live_ones_and_greedy_rows_never_make_a_step_rank_every_ca
         dec.step(3)
         assert int(dec.io.rank_pause) == 0
     assert set(dec.report()["decode_replays"]) == {"sample@4"}
+
+
+@pytest.mark.skipif(not torch_cpu.loads(), reason="the CPU torch ops do not build here")
+@pytest.mark.parametrize("name", ["llama_tiny", "qwen2_tiny"])
+def test_the_native_decode_attention_gives_sdpas_tokens(name, one_thread):
+    """The CPU default for a float32 slot step's attention (``flashrt_cpu::decode_attention``, each row
+    over its own keys) against SDPA under the rows' bias: the same tokens for greedy and sampled requests
+    joining and leaving, caches within float32 rounding."""
+    prompts = _prompts(name)
+    requests = [(prompts[i], 20 + 3 * i, PENALIZED if i % 2 else _sampled(i)) for i in range(5)]
+    sdpa_lm = load_lm(FIXTURES / name, batch=4)
+    ops.select(sdpa_lm.module, "cpu", torch.float32, prefer={"decode_attention": "sdpa"})
+    sdpa = SlotDecoder(sdpa_lm, prompt_buckets=(8, 64), max_new_tokens=48, backend="jit").capture()
+    native = _slots(name, rows=4, backend="jit")
+    assert native.model.describe()["ops"]["decode_attention"] == {"native": native.model.cfg.depth}
+    assert _drive(native, requests) == _drive(sdpa, requests)
+    torch.testing.assert_close(native.model.buffers["lm_k"], sdpa.model.buffers["lm_k"], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["llama_tiny", "qwen3_tiny", "qwen2_tiny"])

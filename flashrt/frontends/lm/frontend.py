@@ -105,9 +105,8 @@ class CausalLM:
         keys = self.cache_len if keys is None else int(keys)
         position = io.position[:rows]
         rope = gather_rope(self.rope, position[:, None], self.dtype)
-        bias = decode_bias(position, keys, self.dtype)
         kv = StaticKV(self.buffers["lm_k"][:, :rows, :, :keys], self.buffers["lm_v"][:, :rows, :, :keys])
-        h = self.module.hidden(io.token[:rows], rope, kv, RowPositions(position), bias)
+        h = self.module.hidden(io.token[:rows], rope, kv, RowPositions(position), None)
         io.logits[:rows].copy_(self.module.logits(h)[:, 0])
 
     def move_row(self, src: int, dst: int) -> None:

@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from flashrt.errors import CheckpointError, ConfigError
 from flashrt.frontends.lm import LMConfig, load_lm
 from flashrt.nn.llama import causal_bias, gather_rope
+from flashrt.ops import torch_cpu
 from flashrt.runtime.decode import Decoder, Sampling
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "lm"
@@ -94,15 +95,18 @@ def test_weight_map_is_strict(tmp_path):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_the_loader_selects_the_kernel_row(name):
-    """"auto" is the ATen references on the CPU; "fused" routes the norms, RoPE and SwiGLU through the
-    ``flashrt::`` custom ops (their references on the CPU: the same prefill logits, bit for bit)."""
+    """"auto" is the ATen references on the CPU (the slot-batched decode's attention: the native torch
+    op where it builds); "fused" routes the norms, RoPE and SwiGLU through the ``flashrt::`` custom ops
+    (their references on the CPU: the same prefill logits, bit for bit)."""
     lm, fused = load_lm(FIXTURES / name), load_lm(FIXTURES / name, kernels="fused")
     n = lm.cfg.depth  # one slot per op per layer (the q / k norms share the layer's rms_norm slot)
+    attention = {"native" if torch_cpu.loads() else "sdpa": n}
     assert lm.describe()["kernels"] == "aten"
-    assert all(set(c) == {"aten"} for c in lm.describe()["ops"].values())
+    auto = lm.describe()["ops"]
+    assert auto.pop("decode_attention") == attention and all(set(c) == {"aten"} for c in auto.values())
     assert fused.describe()["ops"] == {"add_rms_norm": {"fused": n}, "rms_norm": {"fused": n + 1},
                                        "rope_qkv": {"fused": n}, "silu_mul": {"fused": n},
-                                       "token_rope": {"fused": n}}
+                                       "token_rope": {"fused": n}, "decode_attention": attention}
     tokens = torch.arange(7)[None] % lm.cfg.vocab_size
     rope = gather_rope(lm.rope, torch.arange(7)[None], lm.dtype)
     with torch.no_grad():
