@@ -40,7 +40,10 @@ Attention is SDPA with an additive bias from `causal_bias` / `decode_bias` (fini
 -inf): a prefill with ``enable_gqa`` (its causal mask depends on the query), a decode token through
 `flashrt.nn.attention.attend` (its bias depends on the key only, so the queries of each K/V group fold
 into one call: no ``enable_gqa`` with a mask, which CUDA's fused SDPA kernels refuse, sending the call
-to the math path, op by op).
+to the math path, op by op). A slot-batched decode token (`RowPositions`) goes through the Llama stack's
+``decode_attention`` slot (`DECODE_ATTENTION`): "sdpa" (that call, its bias built once per step and
+shared by the layers) or "native" (CPU float32: ``flashrt_cpu::decode_attention``, each row over its
+own keys, no bias; `flashrt.ops.torch_cpu`).
 """
 
 from __future__ import annotations

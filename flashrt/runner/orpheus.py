@@ -35,6 +35,11 @@ from flashrt.runtime.slots import DEFAULT_BATCH_BUCKETS, SlotDecoder
 __all__ = ["OrpheusTTS", "load_orpheus", "load_snac", "snac_folder", "detect", "FAMILY", "ORPHEUS_SAMPLING",
            "to_pcm16", "frame_constraint", "chunk_plan", "stage_threads"]
 
+# requests decoded at once by default (K/V cache rows: `describe()['decoder']['model']['cache_bytes']`):
+# on the CPU a 16-row step of the tiny fixture costs ~1.2x an 8-row one, and served at 4x its capacity
+# 16 rows kept the first audio of 0.88-1.00 of requests in time where 8 rows kept 0.75-0.79
+# (docs/benchmarks/serve.md); on a GPU a step costs about the same at 8 and 16 rows
+DEFAULT_SLOTS = 16
 CPU_MAX_STREAM_CHUNK = 16  # SNAC frames a later stream window decodes at most on a CPU (`load_orpheus`)
 
 
@@ -44,7 +49,7 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
                  stream_chunk: int | None = None, max_stream_chunk: int | None = None,
                  frames_per_chunk: int | None = None, queue_size: int = 8,
                  sampling: Sampling = ORPHEUS_SAMPLING, constrain_frames: bool = False,
-                 snac_noise: str | None = None, slots: int = 8,
+                 snac_noise: str | None = None, slots: int = DEFAULT_SLOTS,
                  batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS, vocoder: bool = True,
                  lm_graphs: str | None = None, threads: int | str | None = "auto") -> OrpheusTTS:
     """Load the LM (strict), the SNAC decoder (`flashrt.load_vocoder`), capture, and build the chain.
@@ -89,7 +94,7 @@ def load_orpheus(folder: str | Path, *, snac: str | Path | None = None, device: 
 
 def load_snac(snac_dir: str | Path, *, device: str = "cpu", backend: str | None = None,
               stream_chunk: int | None = None, max_stream_chunk: int | None = None,
-              snac_noise: str | None = None, slots: int = 8) -> tuple[Any, bool]:
+              snac_noise: str | None = None, slots: int = DEFAULT_SLOTS) -> tuple[Any, bool]:
     """The SNAC decoder as `load_orpheus` loads it (same options, same meaning) and whether its stream
     windows are stacked as rows of one replay: (vocoder, stack_windows)."""
     cuda = torch.device(device).type == "cuda"

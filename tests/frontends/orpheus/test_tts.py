@@ -68,7 +68,7 @@ def test_stream_concatenates_to_the_one_shot_audio_without_recapture(tts, io):
     # 4 prompt buckets + 2 modes x batch buckets (1, 2, 4, 8) x key buckets (128, 256, 512): all at
     # load, none since
     assert tts.decoder.key_buckets == (128, 256, 512)
-    assert tts.decoder.report()["captures"] == captures == 4 + 2 * 4 * 3
+    assert tts.decoder.report()["captures"] == captures == 4 + 2 * 5 * 3  # prompts + modes x batch x keys
     pcm = np.concatenate(list(tts.stream(text, voice=voice, sampling=GREEDY, format="pcm16")))
     assert pcm.dtype == np.int16 and np.array_equal(pcm, to_pcm16(one_shot))
 
