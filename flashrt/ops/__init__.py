@@ -1,7 +1,7 @@
 """flashrt.ops: one home for kernels. Each op's forms (the reference, CPU forms, the CUDA custom op,
 the portable form an export records), the one load-time choice between them (`select`), and the native
-libraries that hold the CPU and CUDA kernels (`library`: one builder; `csrc`, `csrc_cpu`: the two
-libraries; `native`: the trust rules of a cache folder).
+libraries that hold the CPU and CUDA kernels (`library`: one builder; `csrc`, `csrc_cpu`, `torch_cpu`:
+the CUDA kernels, the C CPU kernels, the CPU torch ops; `native`: the trust rules of a cache folder).
 
     from flashrt import ops
     choices = ops.select(model, device, dtype)       # {"rms_norm": {"fused": 37}, "geglu": {...}, ...}

@@ -283,9 +283,11 @@ class SlotDecoder:
         chosen = greedy_token(logits)
         if not greedy:
             sampled = temperature > 0
+            first = used_rows = None
+            if self.first_ranks:  # only the first-ranks try asks which rows are kept
+                first, used_rows = self.io.rank_pause, sampled if used is None else sampled & used
             drawn = sample_token(logits, temperature, top_k, top_p, seed, step, self.candidates, u=u,
-                                 first=self.io.rank_pause if self.first_ranks else None,
-                                 used=sampled if used is None else sampled & used)
+                                 first=first, used=used_rows)
             chosen = torch.where(sampled, drawn, chosen)
         return chosen
 
