@@ -34,7 +34,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import platform
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,7 @@ def cache_folder() -> Path:
 
 def compiler() -> str | None:
     """The C compiler on PATH (cc, gcc, clang); None without one."""
-    return next(filter(None, map(shutil.which, ("cc", "gcc", "clang"))), None)
+    return native.first_on_path(("cc", "gcc", "clang"))
 
 
 def cpu() -> str:
@@ -151,15 +150,5 @@ def load(build_missing: bool = True, *, folder: str | Path | None = None,
 
 
 def _load_or_build(folder: Path, build_missing: bool, timeout_s: float) -> Library | None:
-    """Without a compiler nothing loads: a cached library's key (this CPU, the compiler's version) cannot
-    be checked, and one built for another CPU of a shared cache could fault."""
-    cc = compiler()
-    if cc is None:
-        native.warn_once(NO_COMPILER)
-        return None
-    try:
-        fields = key_fields(cc, timeout_s)
-    except BuildError as exc:
-        log.warning("native CPU kernels off, the torch forms run instead (slower): %s", exc)
-        return None
-    return library.load(RECIPE, folder, cc, fields, _bind, timeout_s, build_missing)
+    return library.load_compiled(RECIPE, folder, compiler(), NO_COMPILER, key_fields, _bind, timeout_s,
+                                 build_missing)

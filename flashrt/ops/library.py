@@ -25,7 +25,7 @@ from flashrt.ops.native import Library
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Recipe", "build", "library_name", "load", "sources_digest"]
+__all__ = ["Recipe", "build", "library_name", "load", "load_compiled", "sources_digest"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +75,21 @@ def load(recipe: Recipe, folder: Path, compiler: str, fields: dict[str, Any],
     ``build_missing``); None where it cannot be (the reason logged)."""
     rebuild = (lambda out_dir: build(recipe, out_dir, compiler, fields, timeout_s)) if build_missing else None
     return native.load_library(folder, library_name(recipe, fields), fields, rebuild, bind, recipe.what)
+
+
+def load_compiled(recipe: Recipe, folder: Path, compiler: str | None, missing: str,
+                  key_fields: Callable[[str, float], dict[str, Any]], bind: Callable[[ctypes.CDLL], bool],
+                  timeout_s: float, build_missing: bool = True) -> Library | None:
+    """`load` for a library the machine's own ``compiler`` builds. Without one nothing loads (``missing``
+    said once at WARNING): a cached library's key (this CPU, the compiler's version) cannot be checked,
+    and one built for another CPU of a shared cache could fault. A compiler whose ``--version`` fails:
+    None, with a warning."""
+    if compiler is None:
+        native.warn_once(missing)
+        return None
+    try:
+        fields = key_fields(compiler, timeout_s)
+    except native.BuildError as exc:
+        log.warning("%s off, the reference forms run instead (slower): %s", recipe.what, exc)
+        return None
+    return load(recipe, folder, compiler, fields, bind, timeout_s, build_missing)

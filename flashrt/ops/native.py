@@ -259,6 +259,11 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.communicate(timeout=5)
 
 
+def first_on_path(names: Sequence[str]) -> str | None:
+    """The first of ``names`` found on PATH (a compiler's usual names, in order); None for none."""
+    return next(filter(None, map(shutil.which, names)), None)
+
+
 def tool_version(exe: str, timeout_s: float) -> str:
     """``exe --version``'s output; BuildError when it fails or hangs (a broken compiler)."""
     done = run_tool([exe, "--version"], timeout_s)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ import torch
 from flashrt.ops import csrc_cpu, library, native
 from flashrt.ops.csrc import csrc_dir
 from flashrt.ops.native import OUT, BuildError, Library
-from flashrt.paths import user_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +56,13 @@ def sources() -> list[Path]:
 
 
 def cache_folder() -> Path:
-    """Where the built libraries are kept: ``<user cache dir>/flashrt/csrc`` (beside the C library)."""
-    return user_cache_dir("csrc")
+    """Where the built libraries are kept: the C library's folder (`flashrt.ops.csrc_cpu.cache_folder`)."""
+    return csrc_cpu.cache_folder()
 
 
 def compiler() -> str | None:
     """The C++ compiler on PATH (c++, g++, clang++); None without one."""
-    return next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
+    return native.first_on_path(("c++", "g++", "clang++"))
 
 
 def _torch_paths() -> tuple[list[str], str]:
@@ -152,13 +150,5 @@ def _load_or_build(folder: Path, build_missing: bool, timeout_s: float) -> Libra
     if registered():  # another copy of the library was loaded into this process (not by `load`)
         log.warning("the flashrt_cpu torch ops were registered before flashrt loaded them; not loading again")
         return None
-    cxx = compiler()
-    if cxx is None:
-        native.warn_once(NO_COMPILER)
-        return None
-    try:
-        fields = key_fields(cxx, timeout_s)
-    except BuildError as exc:
-        log.warning("CPU torch ops off, their reference forms run instead (slower): %s", exc)
-        return None
-    return library.load(RECIPE, folder, cxx, fields, _bind, timeout_s, build_missing)
+    return library.load_compiled(RECIPE, folder, compiler(), NO_COMPILER, key_fields, _bind, timeout_s,
+                                 build_missing)

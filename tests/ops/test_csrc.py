@@ -5,6 +5,7 @@ import ctypes
 
 import pytest
 import torch
+from support.fake_tools import fake_tool
 
 from flashrt.ops import csrc
 
@@ -50,11 +51,7 @@ def test_a_compile_error_is_reported_with_the_compiler_output(tmp_path, monkeypa
 
 
 def _fake_nvcc(folder, version: str) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "nvcc"
-    path.write_text(f"#!/bin/sh\necho '{version}'\n")
-    path.chmod(0o755)
-    return str(path)
+    return fake_tool(folder, "nvcc", version)
 
 
 def _edited_sources(tmp_path, edit):

@@ -4,6 +4,7 @@ CPU; without a compiler nothing loads and the torch forms run."""
 import ctypes
 
 import pytest
+from support.fake_tools import fake_tool
 
 from flashrt.ops import csrc_cpu
 
@@ -46,11 +47,7 @@ def test_nothing_loads_without_a_compiler(monkeypatch):
 
 
 def _fake_cc(folder, version: str) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "cc"
-    path.write_text(f"#!/bin/sh\necho '{version}'\n")
-    path.chmod(0o755)
-    return str(path)
+    return fake_tool(folder, "cc", version)
 
 
 def _sources_copy(dest, edit=None, rename=None, add=None):

@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from support.fake_tools import fake_tool
 
 from flashrt.nn.attention import attend
 from flashrt.nn.llama import decode_bias
@@ -35,11 +36,7 @@ def test_nothing_loads_without_a_compiler(monkeypatch):
 
 
 def _fake_cxx(folder, version: str) -> str:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "c++"
-    path.write_text(f"#!/bin/sh\necho '{version}'\n")
-    path.chmod(0o755)
-    return str(path)
+    return fake_tool(folder, "c++", version)
 
 
 def _edited_source(tmp_path, monkeypatch):
