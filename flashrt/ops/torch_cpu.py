@@ -15,8 +15,8 @@ codec stage, the server). The price is torch's C++ ABI: the library is keyed by 
 ``_GLIBCXX_USE_CXX11_ABI`` as well as the sources, the compiler's version, this CPU and the flags.
 
 Build: ``c++ -O3 -march=native -std=c++20 -shared`` with torch's include folders, linked to
-``libc10`` and ``libtorch_cpu`` (rpath to torch's lib folder); then without ``-march=native``. About
-seven seconds on a 2-core VM, once per cache key. No OpenMP (the kernel runs on the calling thread:
+``libc10`` and ``libtorch_cpu`` (rpath to torch's lib folder); then without ``-march=native``. Once per
+cache key. No OpenMP (the kernel runs on the calling thread:
 `flashrt.frontends.orpheus.tts.stage_threads` gives a CPU LM stage its own torch threads anyway).
 
 Loading: `flashrt.ops.native`'s checks (the sha256 sidecar, ownership and permissions, the verified bytes

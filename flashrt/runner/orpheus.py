@@ -36,9 +36,8 @@ __all__ = ["OrpheusTTS", "load_orpheus", "load_snac", "snac_folder", "detect", "
            "to_pcm16", "frame_constraint", "chunk_plan", "stage_threads"]
 
 # requests decoded at once by default (K/V cache rows: `describe()['decoder']['model']['cache_bytes']`):
-# on the CPU a 16-row step of the tiny fixture costs ~1.2x an 8-row one, and served at 4x its capacity
-# 16 rows kept the first audio of 0.88-1.00 of requests in time where 8 rows kept 0.75-0.79
-# (docs/benchmarks/serve.md); on a GPU a step costs about the same at 8 and 16 rows
+# under load 16 rows kept more first audio in time than 8 on the CPU (docs/benchmarks/serve.md, the
+# seventh look), and on a GPU a step costs about the same at 8 and 16 rows
 DEFAULT_SLOTS = 16
 CPU_MAX_STREAM_CHUNK = 16  # SNAC frames a later stream window decodes at most on a CPU (`load_orpheus`)
 
