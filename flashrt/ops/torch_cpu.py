@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ TIMEOUT_S = 300.0
 NO_COMPILER = ("no C++ compiler (c++, g++, clang++): the CPU torch ops are off, their reference forms run "
                "(slower)")
 _LOADED: list[Library | None] = []  # the process's one answer (see the module docstring)
+_LOADING = threading.Lock()  # two threads loading models at once must not load the library twice
 
 
 def sources() -> list[Path]:
@@ -133,12 +135,14 @@ def load(build_missing: bool = True, *, folder: str | Path | None = None,
          timeout_s: float = TIMEOUT_S) -> Library | None:
     """The CPU torch ops, from ``folder`` (default `cache_folder`), built on a miss; None where they
     cannot be (the reason logged). The first answer serves the process (module docstring)."""
-    if not _LOADED:
-        lib = _load_or_build(Path(folder) if folder is not None else cache_folder(), build_missing, timeout_s)
-        if lib is None and not build_missing:
-            return None  # a later call may build it
-        _LOADED.append(lib)
-    return _LOADED[0]
+    with _LOADING:
+        if not _LOADED:
+            lib = _load_or_build(Path(folder) if folder is not None else cache_folder(), build_missing,
+                                 timeout_s)
+            if lib is None and not build_missing:
+                return None  # a later call may build it
+            _LOADED.append(lib)
+        return _LOADED[0]
 
 
 def loads() -> bool:

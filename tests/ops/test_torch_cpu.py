@@ -138,3 +138,27 @@ def test_bad_inputs_are_refused_with_a_message():
     for message, args in bad.items():
         with pytest.raises(RuntimeError, match=re.escape(message)):
             op(*args, 0.25)
+
+
+def test_threads_loading_at_once_load_the_library_once(monkeypatch):
+    """An op registers itself when its library is loaded, and a second registration aborts the process:
+    two threads loading models at once build and load it once."""
+    import threading
+    import time
+
+    calls = []
+
+    def slow_load(folder, build_missing, timeout_s):
+        calls.append(folder)
+        time.sleep(0.05)
+        return "the library"
+
+    monkeypatch.setattr(torch_cpu, "_LOADED", [])
+    monkeypatch.setattr(torch_cpu, "_load_or_build", slow_load)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(torch_cpu.load())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == ["the library"] * 4 and len(calls) == 1
