@@ -100,7 +100,7 @@ class Op:
             if form.device not in (None, device) or (form.dtypes and dtype is not None
                                                       and dtype not in form.dtypes):
                 continue
-            if available(form) and form.fits(owner):
+            if form.fits(owner) and available(form):  # fits first: a platform check may build a library
                 return name
         return self.reference_name
 

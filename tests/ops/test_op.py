@@ -90,6 +90,17 @@ def test_select_takes_the_first_form_for_the_device_that_is_available_and_fits()
     assert ops.select(model, "cpu", torch.bfloat16)["test_double"] == {"aten": 3}  # not a dtype it runs
 
 
+def test_a_form_no_slot_fits_is_never_asked_whether_it_is_available():
+    """The platform check may build a library (`flashrt.ops.torch_cpu`): a model none of whose slots fit
+    the form (here every weight bfloat16, the precision not given) never asks it."""
+    model = Model()
+    for block in model.blocks:
+        block.weight.data = block.weight.data.to(torch.bfloat16)
+    ASKED.clear()
+    assert ops.select(model, "cpu")["test_double"] == {"aten": 3}  # cpu_missing: asked, not there
+    assert ASKED == ["cpu_missing"]
+
+
 def test_prefer_forces_a_form_by_op_or_group_where_it_fits():
     model = Model()
     assert ops.select(model, "cuda", prefer={"test_group": "cpu_fast"})["test_double"] == \
