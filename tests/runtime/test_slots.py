@@ -135,7 +135,9 @@ def test_the_native_decode_attention_gives_sdpas_tokens(name, one_thread):
     ops.select(sdpa_lm.module, "cpu", torch.float32, prefer={"decode_attention": "sdpa"})
     sdpa = SlotDecoder(sdpa_lm, prompt_buckets=(8, 64), max_new_tokens=48, backend="jit").capture()
     native = _slots(name, rows=4, backend="jit")
-    assert native.model.describe()["ops"]["decode_attention"] == {"native": native.model.cfg.depth}
+    depth = native.model.cfg.depth
+    assert native.model.describe()["ops"]["decode_attention"] == {"native": depth}
+    assert sdpa_lm.describe()["ops"]["decode_attention"] == {"sdpa": depth}
     assert _drive(native, requests) == _drive(sdpa, requests)
     torch.testing.assert_close(native.model.buffers["lm_k"], sdpa.model.buffers["lm_k"], rtol=1e-5, atol=1e-5)
 
