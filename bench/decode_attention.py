@@ -9,10 +9,12 @@ Two parts, both interleaved A/B with the minimum of several repeats per side:
 * the tiny Orpheus LM's slot decode block (7 tokens, the lm stage's unit) at 1, 8 and 16 live rows, the
   two forms in two decoders of the same weights (jit backend, one torch thread).
 
-Prints a table on stderr, then ONE JSON line on stdout ({"bench": "decode-attention", "op": [...],
-"block": [...]}, times in microseconds / milliseconds, ``speedup`` = sdpa / native).
+The op sweep runs at ``--threads`` torch threads (a large call is split over rows x K/V heads, as SDPA
+splits its own). Prints a table on stderr, then ONE JSON line on stdout ({"bench": "decode-attention",
+"op": [...], "block": [...]}, times in microseconds / milliseconds, ``speedup`` = sdpa / native).
 
     python bench/decode_attention.py                 # the whole sweep (about a minute on 2 cores)
+    python bench/decode_attention.py --threads 2     # the op sweep at two torch threads
     python bench/decode_attention.py --quick         # one small case of each part (the CPU smoke test)
 """
 
@@ -111,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small case of each part")
     parser.add_argument("--pairs", type=int, default=5, help="alternating runs per side [5]")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads for the op sweep (the block part runs one, as an LM stage) [1]")
     args = parser.parse_args(argv)
     from flashrt.ops import torch_cpu
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if not torch_cpu.loads():
         print(json.dumps({"bench": "decode-attention", "status": "unavailable",
                           "why": "the CPU torch ops do not build here (no C++ compiler?)"}))
@@ -127,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in op:
         print(f"{r['layout']:20s} {r['rows']:4d} {r['keys']:5d} {r['sdpa_us']:9.1f} {r['native_us']:9.1f} "
               f"{r['speedup']:6.2f}", file=err)
+    torch.set_num_threads(1)
     block = block_cases((2,) if args.quick else BLOCK_ROWS, 2 if args.quick else args.pairs)
     print(f"\n{'block rows':>10s} {'sdpa ms':>8s} {'native ms':>9s} {'x':>6s}", file=err)
     for r in block:
         print(f"{r['rows']:10d} {r['sdpa_ms']:8.3f} {r['native_ms']:9.3f} {r['speedup']:6.2f}", file=err)
-    print(json.dumps({"bench": "decode-attention", "status": "ok", "threads": 1, "op": op, "block": block}))
+    print(json.dumps({"bench": "decode-attention", "status": "ok", "threads": args.threads, "op": op,
+                      "block": block}))
     return 0
 
 

@@ -14,19 +14,25 @@
 // subtracted; a vectorized exp, Cephes' expf polynomial, <= 2 ulp on the softmax's range), the weighted
 // sum of the values. Accuracy against a float64 softmax is SDPA's (tests/ops/test_torch_cpu.py).
 //
-// One thread (rows and heads in order): the CPU LM stage runs one torch thread per op
-// (`flashrt.frontends.orpheus.tts.stage_threads`), and torch's OpenMP loop is a header template that
-// would bring a second OpenMP runtime. Summation order is fixed (a row's result does not depend on its
-// neighbours or on the key bucket).
+// Threads: the caller's torch intra-op setting (`torch.set_num_threads`, a stage's `threads`); a large
+// call is split over rows x K/V heads on torch's inter-op pool (torch's OpenMP loop is a header
+// template that would bring a second OpenMP runtime), a small one (the tiny LM's steps) runs on the
+// calling thread. Summation order is fixed: a row's result does not depend on its neighbours, the key
+// bucket or the split.
 //
 // Built against the running torch's headers by `flashrt.ops.torch_cpu` (g++/clang++ -O3 -march=native,
 // C++20); the op registers itself when the library is loaded.
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <vector>
 
 #define FLASHRT_TORCH_CPU_ABI 1
@@ -168,6 +174,48 @@ void attend_row(const float* q, const float* keys, int64_t key_stride, const flo
   }
 }
 
+constexpr double PARALLEL_WORK = 1 << 20;  // rows x heads x keys x dim below which one thread runs it all
+
+// fn(begin, end) over [0, tasks): on the calling thread, or, where torch's intra-op setting allows more
+// threads and the work is large enough, split into that many contiguous ranges, all but the first run on
+// torch's inter-op pool (`at::launch`). Each (row, K/V head) is computed by the same code either way, so
+// the result does not depend on the split.
+template <typename Fn>
+void run_split(int64_t tasks, double work, const Fn& fn) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), tasks);
+  if (threads < 2 || work < PARALLEL_WORK || at::in_parallel_region()) {
+    fn(0, tasks);
+    return;
+  }
+  const int64_t chunk = (tasks + threads - 1) / threads;
+  std::mutex mutex;
+  std::condition_variable done;
+  int64_t left = 0;
+  std::exception_ptr error;
+  for (int64_t begin = chunk; begin < tasks; begin += chunk) {
+    const int64_t end = std::min(tasks, begin + chunk);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++left;
+    }
+    at::launch([&, begin, end] {
+      std::exception_ptr failed;
+      try {
+        fn(begin, end);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      if (failed && !error) error = failed;
+      if (--left == 0) done.notify_one();
+    });
+  }
+  fn(0, std::min(tasks, chunk));
+  std::unique_lock<std::mutex> lock(mutex);
+  done.wait(lock, [&] { return left == 0; });
+  if (error) std::rethrow_exception(error);
+}
+
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& position, double scale) {
   TORCH_CHECK(q.dim() == 4 && q.size(1) == 1, "decode_attention: q must be (B, 1, H, D), got ", q.sizes());
@@ -196,11 +244,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const float* vp = v.data_ptr<float>();
   const int64_t* pp = pos.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
-  std::vector<float> scores(group * padded), queries(group * s.dim);
-  for (int64_t b = 0; b < rows; ++b) {
-    int64_t n = pp[b] + 1;
-    n = n < 1 ? 1 : (n > s.keys ? s.keys : n);
-    for (int64_t h = 0; h < s.kv_heads; ++h) {
+  // rows x K/V heads [begin, end), with this task's own scratch
+  auto attend_range = [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * padded), queries(group * s.dim);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / s.kv_heads, h = bh % s.kv_heads;
+      int64_t n = pp[b] + 1;
+      n = n < 1 ? 1 : (n > s.keys ? s.keys : n);
       for (int64_t g = 0; g < group; ++g) {
         const float* src = qp + b * q.stride(0) + (h * group + g) * q.stride(2);
         for (int64_t d = 0; d < s.dim; ++d) queries[g * s.dim + d] = src[d] * static_cast<float>(scale);
@@ -209,7 +259,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
                  vp + b * v.stride(0) + h * v.stride(1), v.stride(2), n, s, scores.data(), padded,
                  op + b * s.heads * s.dim + h * group * s.dim);
     }
-  }
+  };
+  run_split(rows * s.kv_heads, static_cast<double>(rows) * s.heads * s.keys * s.dim, attend_range);
   return out;
 }
 

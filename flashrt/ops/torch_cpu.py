@@ -16,8 +16,8 @@ codec stage, the server). The price is torch's C++ ABI: the library is keyed by 
 
 Build: ``c++ -O3 -march=native -std=c++20 -shared`` with torch's include folders, linked to
 ``libc10`` and ``libtorch_cpu`` (rpath to torch's lib folder); then without ``-march=native``. Once per
-cache key. No OpenMP (the kernel runs on the calling thread:
-`flashrt.frontends.orpheus.tts.stage_threads` gives a CPU LM stage its own torch threads anyway).
+cache key. No OpenMP of its own: a large call is split over torch's inter-op pool as far as the caller's
+intra-op thread setting allows (`torch.set_num_threads`, a stage's ``threads``).
 
 Loading: `flashrt.ops.native`'s checks (the sha256 sidecar, ownership and permissions, the verified bytes
 loaded), once per process: an op registers itself when its library is loaded, and registering it twice

@@ -127,6 +127,24 @@ def test_a_row_is_computed_the_same_alone_in_any_batch_and_key_bucket():
 
 
 @needs_op
+def test_a_large_call_split_over_threads_gives_the_values_of_one_thread():
+    """Where torch's thread setting allows, a large call runs its (row, K/V head) pairs on torch's
+    inter-op pool: the same values bit for bit as on one thread (each pair computed by the same code)."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v, position = _case(g, 6, 8, 3, 128, 700)
+    op = torch.ops.flashrt_cpu.decode_attention
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = op(q, k, v, position, 0.1)
+        torch.set_num_threads(4)
+        split = op(q, k, v, position, 0.1)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, split)
+
+
+@needs_op
 def test_bad_inputs_are_refused_with_a_message():
     g = torch.Generator().manual_seed(4)
     q, k, v, position = _case(g, 2, 2, 2, 16, 20)
