@@ -169,8 +169,11 @@ void attend_row(const float* q, const float* keys, int64_t key_stride, const flo
   for (int64_t g = 0; g < s.group; ++g) {
     const float* weights = scores + g * padded;
     int64_t c = 0;
-    for (; c + 4 <= dim / 16; c += 4) weighted_sum<4>(weights, values + 16 * c, value_stride, n, inverse[g], out + g * dim + 16 * c);
-    for (; c < dim / 16; ++c) weighted_sum<1>(weights, values + 16 * c, value_stride, n, inverse[g], out + g * dim + 16 * c);
+    float* o = out + g * dim;
+    for (; c + 4 <= dim / 16; c += 4)
+      weighted_sum<4>(weights, values + 16 * c, value_stride, n, inverse[g], o + 16 * c);
+    for (; c < dim / 16; ++c)
+      weighted_sum<1>(weights, values + 16 * c, value_stride, n, inverse[g], o + 16 * c);
   }
 }
 
@@ -219,8 +222,8 @@ void run_split(int64_t tasks, double work, const Fn& fn) {
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& position, double scale) {
   TORCH_CHECK(q.dim() == 4 && q.size(1) == 1, "decode_attention: q must be (B, 1, H, D), got ", q.sizes());
-  TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(), "decode_attention: k, v must be (B, KV, S, D) alike, got ",
-              k.sizes(), " and ", v.sizes());
+  TORCH_CHECK(k.dim() == 4 && v.sizes() == k.sizes(),
+              "decode_attention: k, v must be (B, KV, S, D) alike, got ", k.sizes(), " and ", v.sizes());
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
               "decode_attention: float32 q, k, v only");
   TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() && position.device().is_cpu(),
@@ -233,7 +236,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   TORCH_CHECK(s.dim % 16 == 0 && s.dim <= MAX_DIM && group <= MAX_GROUP && s.keys > 0,
               "decode_attention: head_dim a multiple of 16 up to ", MAX_DIM, ", at most ", MAX_GROUP,
               " query heads per K/V head, keys > 0");
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "decode_attention: head_dim must be dense");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "decode_attention: head_dim must be dense");
   TORCH_CHECK(position.scalar_type() == at::kLong && position.numel() == q.size(0),
               "decode_attention: position must be (B,) int64");
   const int64_t rows = q.size(0), padded = (s.keys + 15) / 16 * 16;
